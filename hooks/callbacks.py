@@ -1,0 +1,101 @@
+"""Hydra callbacks: the run manifest (what ran, from which code, with which packages)."""
+from __future__ import annotations
+
+import functools
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+SECRETISH = re.compile(r"(token|secret|password|api_key|apikey|access_key|private_key)", re.I)
+PACKAGES = ("verl", "ray", "hydra-core", "omegaconf", "torch", "submitit", "hydra-submitit-launcher", "vllm")
+
+
+def redact(obj: Any) -> Any:
+    """Values under secret-looking keys become '<redacted>'."""
+    if isinstance(obj, dict):
+        return {k: "<redacted>" if SECRETISH.search(str(k)) and v not in (None, "") else redact(v)
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def redact_arg(arg: str) -> str:
+    key, eq, _ = arg.partition("=")
+    return f"{key}=<redacted>" if eq and SECRETISH.search(key) else arg
+
+
+@functools.lru_cache(maxsize=1)
+def git_state() -> dict:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {"commit": commit, "dirty": dirty}
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for name in PACKAGES:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        entry = {"version": dist.version}
+        try:
+            direct = json.loads(dist.read_text("direct_url.json") or "{}")
+            if direct.get("vcs_info", {}).get("commit_id"):
+                entry["commit"] = direct["vcs_info"]["commit_id"]
+        except (json.JSONDecodeError, OSError):
+            pass
+        out[name] = entry
+    return out
+
+
+def manifest(config: DictConfig, output_dir: str, argv: list[str]) -> dict:
+    from omegaconf import open_dict
+
+    c = config.copy()
+    with open_dict(c):
+        c.pop("hydra", None)
+    run_cfg = OmegaConf.to_container(c, resolve=True)
+    return {
+        "command": [Path(argv[0]).name] + [redact_arg(a) for a in argv[1:]],
+        "python": sys.executable,
+        "run_dir": output_dir,
+        "git": git_state(),
+        "packages": versions(),
+        "config": redact(run_cfg),
+    }
+
+
+class RunManifest(Callback):
+    """Writes <run dir>/manifest.json before the job runs (rank 0 only where several tasks share the dir)."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not _is_rank_zero():
+            return
+        out = Path(HydraConfig.get().runtime.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "manifest.json").write_text(json.dumps(manifest(config, str(out), sys.argv), indent=2) + "\n")
+
+
+def _is_rank_zero() -> bool:
+    import os
+
+    return os.environ.get("SLURM_PROCID", "0") == "0"

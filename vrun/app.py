@@ -1,0 +1,45 @@
+"""The task Hydra runs for each job: plan, then (by mode) preflight and hand off."""
+from __future__ import annotations
+
+import sys
+
+from omegaconf import DictConfig, OmegaConf
+
+from vrun import errors, plan as planning
+from vrun.problems import PlanError
+
+MODES = ("plan", "preflight", "train")
+# plans made up front by the sweeper, keyed by run dir (the basic launcher runs jobs in this process)
+PLANNED: dict[str, "planning.Plan"] = {}
+
+
+def run(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    run_dir = HydraConfig.get().runtime.output_dir
+    try:
+        p = PLANNED.pop(run_dir, None) or plan_config(cfg, run_dir)
+        planning.write(p)
+        print(planning.table(p), flush=True)
+        if p.cfg["mode"] == "plan":
+            return
+        from vrun import preflight
+
+        preflight.require(p)
+        if p.cfg["mode"] == "preflight":
+            print("preflight: all checks passed", flush=True)
+            return
+        from vrun import launch
+
+        sys.exit(launch.train(p))
+    except PlanError as e:
+        errors.emit([pr.line() for pr in e.problems])
+
+
+def plan_config(cfg: DictConfig, run_dir: str, single_model: bool = True) -> "planning.Plan":
+    c = OmegaConf.to_container(cfg, resolve=True)
+    if c["mode"] not in MODES:
+        from vrun.problems import Problem
+
+        raise PlanError([Problem("mode", c["mode"], f"not one of {list(MODES)}", "mode=plan")])
+    return planning.make_plan(c, run_dir, single_model=single_model)

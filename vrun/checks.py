@@ -1,0 +1,207 @@
+"""Plan-time checks on the run config and the resolved verl config: what verl or Megatron Lite would reject
+at job start (or silently get wrong), found before the allocation. Pure functions of their inputs."""
+from __future__ import annotations
+
+from typing import Any
+
+from vrun.mesh import Arch, Mesh, mesh_problems, rollout_problems
+from vrun.problems import Problem
+
+ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def _get(tree: dict, key: str, default: Any = None) -> Any:
+    node: Any = tree
+    for p in key.split("."):
+        if not isinstance(node, dict) or p not in node:
+            return default
+        node = node[p]
+    return node
+
+
+def check_all(cfg: dict, verl: dict) -> list[Problem]:
+    ep = cfg["algo"]["entrypoint"]
+    mesh = Mesh.of(cfg["mesh"])
+    model = cfg["model"]
+    arch = Arch.of(model["arch"])
+    eng = _get(verl, f"{ACTOR}.engine" if ep == "ppo" else "engine", {})
+    out = mesh_problems(mesh, arch, model["tp_allowed"], model["etp_allowed"], model["name"],
+                        use_deepep=bool(_get(eng, "impl_cfg.use_deepep", False)))
+    if out:
+        return out + engine_problems(eng, cfg)
+    out += engine_problems(eng, cfg)
+    out += trainer_problems(verl, mesh)
+    if ep == "ppo":
+        out += rollout_problems(mesh, _get(verl, f"{ROLLOUT}.tensor_model_parallel_size"), arch, model["name"])
+        out += ppo_batch_problems(verl, mesh)
+        out += algorithm_problems(verl, cfg["algo"]["name"])
+    else:
+        out += sft_batch_problems(verl, mesh)
+    return out
+
+
+def engine_problems(eng: dict, cfg: dict) -> list[Problem]:
+    out = []
+    pre = "engine"
+    if _get(eng, "impl_cfg.use_thd", True) is not True:
+        out.append(Problem(f"{pre}.impl_cfg.use_thd", _get(eng, "impl_cfg.use_thd"),
+                           "the Megatron Lite engine only runs packed (THD) sequences", f"{pre}.impl_cfg.use_thd=true"))
+    opt = _get(eng, "impl_cfg.optimizer")
+    if opt not in ("fsdp2", "dist_opt"):
+        out.append(Problem("optimizer.name", opt, "Megatron Lite takes fsdp2 or dist_opt", "optimizer=fsdp2"))
+    rrm = _get(eng, "router_replay_mode", "disabled")
+    if rrm not in ("disabled", "R3"):
+        out.append(Problem(f"{pre}.router_replay_mode", rrm, "the Megatron Lite engine supports disabled or R3",
+                           f"{pre}.router_replay_mode=R3"))
+    if _get(eng, "resync_config") and _get(eng, "resync_format") is None:
+        out.append(Problem(f"{pre}.resync_config", _get(eng, "resync_config"), "resync_config needs resync_format",
+                           f"set {pre}.resync_format (e.g. block_fp8)"))
+    return out
+
+
+def trainer_problems(verl: dict, mesh: Mesh) -> list[Problem]:
+    out = []
+    for key, want, knob in (("trainer.nnodes", mesh.nnodes, "mesh.nnodes"),
+                            ("trainer.n_gpus_per_node", mesh.gpus_per_node, "mesh.gpus_per_node")):
+        if _get(verl, key) != want:
+            out.append(Problem(key, _get(verl, key), f"must equal the mesh's {want}", f"set {knob} instead"))
+    return out
+
+
+def ppo_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
+    """verl's job-start assertions (validate_config, ActorConfig.validate), with Megatron Lite's real DP."""
+    out = []
+    tbs = _get(verl, "data.train_batch_size")
+    n = _get(verl, f"{ROLLOUT}.n")
+    mini = _get(verl, f"{ACTOR}.ppo_mini_batch_size")
+    micro = _get(verl, f"{ACTOR}.ppo_micro_batch_size_per_gpu")
+    dyn = bool(_get(verl, f"{ACTOR}.use_dynamic_bsz"))
+    for key, v in (("data.train_batch_size", tbs), (f"{ROLLOUT}.n", n), (f"{ACTOR}.ppo_mini_batch_size", mini)):
+        if not isinstance(v, int) or v < 1:
+            return [Problem(key, v, "must be a positive integer", f"set {key}")]
+    dp, world = mesh.dp, mesh.world
+    if mini > tbs:
+        out.append(Problem(f"{ACTOR}.ppo_mini_batch_size", mini, f"larger than data.train_batch_size={tbs}",
+                           f"{ACTOR}.ppo_mini_batch_size in {[d for d in _divs(tbs) if d <= tbs][-4:]}"))
+    elif tbs % mini:
+        out.append(Problem(f"{ACTOR}.ppo_mini_batch_size", mini,
+                           f"must divide data.train_batch_size={tbs} (verl does not check: the remainder "
+                           "prompts are dropped from every update)",
+                           f"{ACTOR}.ppo_mini_batch_size in {_divs(tbs)[-4:]}"))
+    if (tbs * n) % dp:
+        out.append(Problem("data.train_batch_size", tbs,
+                           f"train_batch_size·n = {tbs}·{n} = {tbs * n} samples do not split over dense DP={dp} "
+                           f"(world {world} / tp·cp·pp {mesh.dense})",
+                           f"data.train_batch_size a multiple of {dp // _gcd(dp, n)}"))
+    elif (mini * n) % dp:
+        out.append(Problem(f"{ACTOR}.ppo_mini_batch_size", mini,
+                           f"mini batch·n = {mini}·{n} samples do not split over dense DP={dp}",
+                           f"{ACTOR}.ppo_mini_batch_size a multiple of {dp // _gcd(dp, n)}"))
+    if not dyn:
+        if micro is None or micro < 1:
+            out.append(Problem(f"{ACTOR}.ppo_micro_batch_size_per_gpu", micro,
+                               "needed when use_dynamic_bsz=false", f"{ACTOR}.ppo_micro_batch_size_per_gpu=1"))
+        else:
+            # verl treats strategy mlite like FSDP here: every GPU is a data-parallel rank
+            if (tbs * n) % world:
+                out.append(Problem("data.train_batch_size", tbs,
+                                   f"with use_dynamic_bsz=false verl asserts train_batch_size·n = {tbs * n} divisible "
+                                   f"by all {world} GPUs (it counts strategy mlite as FSDP)",
+                                   f"data.train_batch_size a multiple of {world // _gcd(world, n)}, or "
+                                   f"{ACTOR}.use_dynamic_bsz=true"))
+            elif (tbs * n) % (dp * micro):
+                out.append(Problem(f"{ACTOR}.ppo_micro_batch_size_per_gpu", micro,
+                                   f"train_batch_size·n = {tbs * n} is not divisible by DP·micro = {dp}·{micro}",
+                                   f"{ACTOR}.ppo_micro_batch_size_per_gpu in "
+                                   f"{[m for m in _divs(tbs * n // dp) if m <= 8]}"))
+    else:
+        budget = _get(verl, f"{ACTOR}.ppo_max_token_len_per_gpu")
+        seq = (_get(verl, "data.max_prompt_length") or 0) + (_get(verl, "data.max_response_length") or 0)
+        if isinstance(budget, int) and seq and budget < seq:
+            out.append(Problem(f"{ACTOR}.ppo_max_token_len_per_gpu", budget,
+                               f"smaller than one full sequence (max_prompt_length+max_response_length = {seq})",
+                               f"{ACTOR}.ppo_max_token_len_per_gpu={seq} or more"))
+    return out
+
+
+def algorithm_problems(verl: dict, algo: str) -> list[Problem]:
+    out = []
+    est = _get(verl, "algorithm.adv_estimator")
+    n = _get(verl, f"{ROLLOUT}.n")
+    if est in ("grpo", "rloo", "grpo_passk") and isinstance(n, int) and n < 2:
+        out.append(Problem(f"{ROLLOUT}.n", n, f"{est} compares samples within a group: with n={n} every advantage is 0",
+                           f"{ROLLOUT}.n=8 (any n >= 2)"))
+    if _get(verl, f"{ROLLOUT}.name") not in ("vllm", "sglang", "trtllm"):
+        out.append(Problem(f"{ROLLOUT}.name", _get(verl, f"{ROLLOUT}.name"), "verl rolls out with vllm, sglang or trtllm",
+                           f"{ROLLOUT}.name=vllm"))
+    fg = _get(verl, "algorithm.filter_groups") or {}
+    if fg.get("enable") and not fg.get("metric"):
+        out.append(Problem("algorithm.filter_groups.metric", fg.get("metric"),
+                           "dynamic sampling needs a metric to filter groups on (verl does not check)",
+                           "algorithm.filter_groups.metric=acc"))
+    rk = _get(verl, "reward.reward_kwargs") or {}
+    ob = rk.get("overlong_buffer_cfg") or {}
+    manager = _get(verl, "reward.reward_manager.name")
+    if ob.get("enable"):
+        if manager != "dapo":
+            out.append(Problem("reward.reward_manager.name", manager,
+                               "only verl's DAPO reward manager reads overlong_buffer_cfg: the overlong penalty would "
+                               "be inert", "reward.reward_manager.name=dapo"))
+        resp = _get(verl, "data.max_response_length")
+        max_resp = rk.get("max_resp_len")
+        length = ob.get("len")
+        if max_resp is None:
+            out.append(Problem("reward.reward_kwargs.max_resp_len", None, "the DAPO reward manager asserts it is set",
+                               f"reward.reward_kwargs.max_resp_len={resp}"))
+        elif not isinstance(length, int) or length <= 0 or length > max_resp:
+            out.append(Problem("reward.reward_kwargs.overlong_buffer_cfg.len", length,
+                               f"must be positive and at most max_resp_len={max_resp}",
+                               f"reward.reward_kwargs.overlong_buffer_cfg.len={max_resp // 2 if max_resp else 1}"))
+    if algo == "dapo":
+        want = {"algorithm.filter_groups.enable": True, f"{ACTOR}.loss_agg_mode": "token-mean",
+                f"{ACTOR}.use_kl_loss": False, "algorithm.use_kl_in_reward": False,
+                "reward.reward_manager.name": "dapo"}
+        for key, v in want.items():
+            if _get(verl, key) != v:
+                out.append(Problem(key, _get(verl, key), "algo=dapo needs it for DAPO to be applied",
+                                   f"{key}={str(v).lower() if isinstance(v, bool) else v}, or algo=grpo"))
+        lo, hi = _get(verl, f"{ACTOR}.clip_ratio_low"), _get(verl, f"{ACTOR}.clip_ratio_high")
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and hi <= lo:
+            out.append(Problem(f"{ACTOR}.clip_ratio_high", hi, f"DAPO's clip-higher needs clip_ratio_high > "
+                               f"clip_ratio_low={lo}", f"{ACTOR}.clip_ratio_high=0.28"))
+    return out
+
+
+def sft_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
+    out = []
+    tbs = _get(verl, "data.train_batch_size")
+    micro = _get(verl, "data.micro_batch_size_per_gpu")
+    dyn = bool(_get(verl, "data.use_dynamic_bsz"))
+    dp = mesh.dp
+    if not isinstance(tbs, int) or tbs < 1:
+        return [Problem("data.train_batch_size", tbs, "must be a positive integer", "data.train_batch_size=32")]
+    if tbs % dp:
+        out.append(Problem("data.train_batch_size", tbs, f"must split over dense DP={dp} "
+                           f"(world {mesh.world} / tp·cp·pp {mesh.dense})", f"data.train_batch_size a multiple of {dp}"))
+    elif not dyn and isinstance(micro, int) and micro > 0 and (tbs // dp) % micro:
+        out.append(Problem("data.micro_batch_size_per_gpu", micro, f"must divide the per-rank batch {tbs}/{dp}",
+                           f"data.micro_batch_size_per_gpu in {_divs(tbs // dp)}"))
+    if _get(verl, "data.pad_mode") != "no_padding":
+        out.append(Problem("data.pad_mode", _get(verl, "data.pad_mode"), "Megatron Lite only takes packed sequences",
+                           "data.pad_mode=no_padding"))
+    budget, length = _get(verl, "data.max_token_len_per_gpu"), _get(verl, "data.max_length")
+    if dyn and isinstance(budget, int) and isinstance(length, int) and budget < length:
+        out.append(Problem("data.max_token_len_per_gpu", budget, f"smaller than data.max_length={length}",
+                           f"data.max_token_len_per_gpu={length}"))
+    return out
+
+
+def _divs(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _gcd(a: int, b: int) -> int:
+    import math
+
+    return math.gcd(a, b)

@@ -1,0 +1,94 @@
+"""Every error a user can cause ends as one line (key, value, why, fix) and a non-zero exit: Hydra's
+composition errors are rewritten here, plan errors are printed by the runner."""
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from dataclasses import fields, is_dataclass
+
+EXIT_USAGE = 2
+
+
+def emit(lines: list[str], code: int = EXIT_USAGE) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
+    sys.exit(code)
+
+
+def one_line_hydra_errors() -> None:
+    """Replace Hydra's error reporter (hydra-core is pinned; tests/test_errors.py covers it)."""
+    import hydra._internal.utils as hu
+
+    def run_and_report(func):
+        try:
+            return func()
+        except SystemExit:
+            raise
+        except Exception as ex:  # noqa: BLE001 - every user error must end in one line
+            import os
+
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            emit([describe(ex)])
+
+    hu.run_and_report = run_and_report
+
+
+def describe(ex: BaseException) -> str:
+    from vrun.problems import PlanError
+
+    if isinstance(ex, PlanError):
+        return str(ex)
+    msg = str(ex)
+    cause = ex.__cause__ or ex.__context__
+    m = re.search(r"Could not find '([^']+)'", msg)
+    if m:
+        group, _, option = m.group(1).rpartition("/")
+        avail = re.findall(r"^\t(\S+)$", msg, re.M)
+        near = difflib.get_close_matches(option, avail, n=1, cutoff=0.3)
+        best = f"{group}={near[0]}" if near else f"{group}=<option>"
+        return (f"error: {group}={option}: no such option in conf/{group}; fix: {best} "
+                f"(options: {', '.join(avail)})")
+    m = re.search(r"Could not override '([^']+)'", msg)
+    key = m.group(1) if m else None
+    if key is None and cause is not None:
+        key = getattr(cause, "full_key", None)
+    if key is None:
+        key = getattr(ex, "full_key", None)
+    if key and ("not in struct" in msg or "not in struct" in str(cause) or "Key '" in str(cause or msg)):
+        value = _value_of(key)
+        return (f"error: {key}={value}: no such key in the run config; fix: {_near_keys(key)}")
+    if cause is not None and getattr(cause, "full_key", None):
+        first = str(cause).splitlines()[0]
+        return f"error: {cause.full_key}={_value_of(cause.full_key)}: {first}; fix: give a value of the right type"
+    first = " ".join(line.strip() for line in msg.splitlines() if line.strip())
+    return f"error: {first}; fix: see README (Modes, Config groups)"
+
+
+def _value_of(key: str) -> str:
+    for arg in sys.argv[1:]:
+        k, _, v = arg.lstrip("+~").partition("=")
+        if k == key:
+            return v
+    return "?"
+
+
+def _near_keys(key: str) -> str:
+    from vrun.schema import RunConfig
+
+    node, known = RunConfig(), []
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = getattr(node, part, None) if is_dataclass(node) else None
+        if not is_dataclass(child):
+            break
+        node, known = child, known + [part]
+    options = [x.name for x in fields(node)]
+    bad = parts[len(known)]
+    near = difflib.get_close_matches(bad, options, n=2, cutoff=0.5)
+    prefix = "".join(p + "." for p in known)
+    if near:
+        return " or ".join(prefix + n for n in near)
+    return (f"one of {prefix}{{{', '.join(options)}}}; verl keys go under verl. "
+            "(e.g. verl.trainer.save_freq=10)")

@@ -1,0 +1,40 @@
+"""What a check reports: one line with the key, the value, why, and a fix."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str
+    value: Any
+    why: str
+    fix: str
+    warning: bool = False
+
+    def line(self) -> str:
+        kind = "warning" if self.warning else "error"
+        return f"{kind}: {self.key}={_show(self.value)}: {self.why}; fix: {self.fix}"
+
+
+class PlanError(Exception):
+    """Raised with every error a plan found; the runner prints one line each and exits non-zero."""
+
+    def __init__(self, problems: list[Problem], where: str = ""):
+        self.problems = [p for p in problems if not p.warning]
+        self.where = where
+        super().__init__("\n".join(p.line() for p in self.problems))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_show(v) for v in value) + "]"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def raise_if_errors(problems: list[Problem], where: str = "") -> None:
+    if any(not p.warning for p in problems):
+        raise PlanError(problems, where)

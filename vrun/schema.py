@@ -1,0 +1,147 @@
+"""Typed schema of the run config (conf/run.yaml and its groups).
+
+Registered in Hydra's ConfigStore as the base of the primary config, so a misspelled key in any group file
+or override fails at composition with the key named. The `engine`, `optim`, `recipe` and `verl` nodes hold
+verl keys: they are open here and checked against verl's own tree at plan time (vrun.verl_tree).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class Arch:
+    """Architecture facts the plan checks need (the checkpoint's config.json is the truth when present)."""
+    layers: int = MISSING
+    dense_layers: int = 0
+    routed_experts: int = MISSING
+    experts_per_token: int = MISSING
+    shared_experts: int = 0
+    heads: int = MISSING
+    # null for MLA attention (no separate KV heads to shard)
+    kv_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    hidden: int = MISSING
+    vocab: Optional[int] = None
+    mtp_layers: int = 0
+    # DeepSeek-V4 output-projection groups: rollout TP must divide them
+    o_groups: Optional[int] = None
+    # Qwen3.5 gated-delta-net heads: TP must divide them
+    gdn_k_heads: Optional[int] = None
+    gdn_v_heads: Optional[int] = None
+    source: str = ""
+
+
+@dataclass
+class Model:
+    name: str = MISSING
+    # Megatron Lite model family (engine.model_name): deepseek_v4, glm5, kimi_k2, qwen3_5
+    mlite_name: str = MISSING
+    # explicit checkpoint path; when null, path_env, then MODEL_PATH (single-model runs only), then default_path
+    path: Optional[str] = None
+    path_env: str = MISSING
+    default_path: Optional[str] = None
+    tp_allowed: List[int] = field(default_factory=lambda: [1])
+    etp_allowed: List[int] = field(default_factory=lambda: [1])
+    arch: Arch = field(default_factory=Arch)
+    # environment the model's runtime needs (vLLM switches and the like)
+    env: Dict[str, str] = field(default_factory=dict)
+    # Python modules the training runtime needs besides verl/verl_mlite (checked in preflight)
+    requires: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Mesh:
+    nnodes: int = 1
+    gpus_per_node: int = 8
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    ep: int = 1
+    etp: int = 1
+    cp: int = 1
+
+
+@dataclass
+class Optimizer:
+    # Megatron Lite optimizer (engine.impl_cfg.optimizer): fsdp2 or dist_opt
+    name: str = MISSING
+
+
+@dataclass
+class Algo:
+    name: str = MISSING
+    # which verl entrypoint runs it: ppo (verl.trainer.main_ppo on Ray) or sft (verl.trainer.sft_trainer, torchrun)
+    entrypoint: str = MISSING
+
+
+@dataclass
+class Data:
+    name: str = MISSING
+
+
+@dataclass
+class RayCfg:
+    # "local": start a fresh local Ray instance; "auto" or "host:port": join a running cluster
+    address: str = "local"
+    num_cpus: Optional[int] = None
+    num_gpus: Optional[int] = None
+
+
+@dataclass
+class Cluster:
+    name: str = MISSING
+    ray: RayCfg = field(default_factory=RayCfg)
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time_min: int = 240
+    # torchrun rendezvous port (SFT)
+    master_port: int = 29500
+    # GPU memory per device in GiB (for estimates); H100 80, H200 141
+    gpu_mem_gib: float = 80.0
+
+
+@dataclass
+class Run:
+    project_name: str = MISSING
+    experiment_name: str = MISSING
+    # write rollout generations under <run dir>/rollouts (verl's trainer.rollout_data_dir)
+    dump_rollouts: bool = False
+    # Ray actor class (import path) that verl's run_ppo starts; null: verl's own TaskRunner
+    task_runner: Optional[str] = None
+    python: str = "python"
+
+
+@dataclass
+class RunConfig:
+    # plan: write and print the plan only; preflight: plan + target-environment checks; train: launch
+    mode: str = "train"
+    model: Model = field(default_factory=Model)
+    mesh: Mesh = field(default_factory=Mesh)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    algo: Algo = field(default_factory=Algo)
+    data: Data = field(default_factory=Data)
+    cluster: Cluster = field(default_factory=Cluster)
+    run: Run = field(default_factory=Run)
+    # verl engine keys (actor_rollout_ref.actor.engine for PPO, engine for SFT)
+    engine: Dict[str, Any] = field(default_factory=dict)
+    # verl optimizer keys (actor_rollout_ref.actor.optim for PPO, optim for SFT)
+    optim: Dict[str, Any] = field(default_factory=dict)
+    # verl keys per entrypoint, written by the group files: recipe.ppo (ppo_trainer), recipe.sft (sft_trainer)
+    recipe: Dict[str, Any] = field(default_factory=dict)
+    # extra environment for the run (set before Ray starts and carried to every worker)
+    env: Dict[str, str] = field(default_factory=dict)
+    # names of variables passed from the launching environment to the workers, values never written
+    pass_env: List[str] = field(default_factory=list)
+    # pass-through: any verl key of the entrypoint's tree, e.g. verl.trainer.save_freq=10
+    verl: Dict[str, Any] = field(default_factory=dict)
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)
