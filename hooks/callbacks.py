@@ -65,7 +65,7 @@ def versions() -> dict:
     return out
 
 
-def manifest(config: DictConfig, output_dir: str, argv: list[str]) -> dict:
+def manifest(config: DictConfig, output_dir: str, overrides: list[str]) -> dict:
     from omegaconf import open_dict
 
     c = config.copy()
@@ -73,7 +73,8 @@ def manifest(config: DictConfig, output_dir: str, argv: list[str]) -> dict:
         c.pop("hydra", None)
     run_cfg = OmegaConf.to_container(c, resolve=True)
     return {
-        "command": [Path(argv[0]).name] + [redact_arg(a) for a in argv[1:]],
+        "command": [Path(sys.argv[0]).name] + [redact_arg(a) for a in sys.argv[1:]],
+        "overrides": [redact_arg(a) for a in overrides],
         "python": sys.executable,
         "run_dir": output_dir,
         "git": git_state(),
@@ -88,11 +89,15 @@ class RunManifest(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.hydra_config import HydraConfig
 
-        if not _is_rank_zero():
-            return
-        out = Path(HydraConfig.get().runtime.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "manifest.json").write_text(json.dumps(manifest(config, str(out), sys.argv), indent=2) + "\n")
+        if _is_rank_zero():
+            hc = HydraConfig.get()
+            write_manifest(config, hc.runtime.output_dir, list(hc.overrides.task))
+
+
+def write_manifest(config: DictConfig, run_dir: str, overrides: list[str]) -> None:
+    out = Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "manifest.json").write_text(json.dumps(manifest(config, str(out), overrides), indent=2) + "\n")
 
 
 def _is_rank_zero() -> bool:

@@ -19,6 +19,7 @@ from vrun.problems import PlanError, Problem
 
 SECRET = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 UNSET_WITH_CUDA = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -81,9 +82,9 @@ def run_env(cfg: dict, environ: dict) -> tuple[dict, list, list[Problem]]:
                                         "and the verl config", f"export {k} and add it to pass_env instead"))
                 continue
             env[k] = str(v)
-    paths = mlite.mlite_paths(environ)
-    if paths:
-        env["PYTHONPATH"] = ":".join(paths + ([environ["PYTHONPATH"]] if environ.get("PYTHONPATH") else []))
+    # Megatron Lite's paths (its sitecustomize must run in every worker), then this project (vrun.entry)
+    paths = mlite.mlite_paths(environ) + [str(PROJECT_ROOT)]
+    env["PYTHONPATH"] = ":".join(paths + ([environ["PYTHONPATH"]] if environ.get("PYTHONPATH") else []))
     unset = list(UNSET_WITH_CUDA) if environ.get("CUDA_VISIBLE_DEVICES") else []
     return env, unset, problems
 
@@ -98,13 +99,9 @@ def make_plan(cfg: dict, run_dir: str, *, single_model: bool = True, environ: Op
     problems += p
     env, unset, p = run_env(cfg, environ)
     problems += p
-    cfg = dict(cfg)
-    ray = cfg["cluster"]["ray"]
     req = translate.build(cfg, run_dir, env,
                           path if path else f"<unset: {cfg['model']['path_env']}>")
     problems += req.problems
-    if cfg["algo"]["entrypoint"] == "ppo" and ray.get("address"):
-        req.overrides.append(verl_tree.Override("ray_kwargs.ray_init.address", ray["address"], "add"))
     tree = verl_tree.base_tree(req.config_name, req.groups)
     problems += verl_tree.apply(tree, req.overrides)
     if [x for x in problems if not x.warning]:
@@ -211,3 +208,9 @@ def table(plan: Plan) -> str:
     ]
     rows += [w.line() for w in plan.warnings]
     return "\n".join(rows)
+
+
+def one_line(idx: int, overrides, plan: Plan) -> str:
+    m = plan.mesh
+    return (f"point {idx} [{' '.join(overrides)}]: {m.world} GPUs TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} "
+            f"EP{m.ep} ETP{m.etp} EDP{m.edp} → {plan.run_dir}")

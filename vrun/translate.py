@@ -94,8 +94,12 @@ def build(cfg: dict, run_dir: str, env: dict, model_path: str) -> VerlRequest:
         if cfg["run"].get("dump_rollouts"):
             derived.append(("trainer.rollout_data_dir", f"{run_dir}/rollouts"))
         derived += [(f"ray_kwargs.ray_init.runtime_env.env_vars.{k}", str(v)) for k, v in env.items()]
-        if cfg["cluster"]["ray"].get("num_cpus") is not None:
-            derived.append(("ray_kwargs.ray_init.num_cpus", cfg["cluster"]["ray"]["num_cpus"]))
+        ray = cfg["cluster"]["ray"]
+        # a fresh local instance ("local") or a deliberate join, never an accidental one
+        derived.append(("ray_kwargs.ray_init.address", ray["address"]))
+        for k in ("num_cpus", "num_gpus"):
+            if ray.get(k) is not None:
+                derived.append((f"ray_kwargs.ray_init.{k}", ray[k]))
     put(derived, "project")
     put([(k, v) for k, v in passthrough if k not in owned], "verl")
 

@@ -292,7 +292,7 @@ def _split_args(s: str) -> list[str]:
 
 # ---------------------------------------------------------------- CLI rendering
 
-_PLAIN = re.compile(r"[A-Za-z0-9_./\-~@:]+")
+_PLAIN = re.compile(r"[A-Za-z0-9_./\-]+")
 
 
 def render(value: Any) -> str:

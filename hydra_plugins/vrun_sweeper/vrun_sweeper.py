@@ -1,0 +1,101 @@
+"""The project's sweeper (hydra/sweeper=vrun, the default in conf/run.yaml).
+
+Hydra's basic sweeper only composes each point. This one expands the sweep the same way, then plans and
+checks every point before the first runs: one invalid point and nothing runs, with that point named.
+mode=plan sweeps stop there (every point's run dir written, one line per point); other modes hand the
+checked points to the configured launcher, and each job reuses its plan.
+"""
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Optional, Sequence
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+
+@dataclass
+class PlanningSweeperConf:
+    _target_: str = "hydra_plugins.vrun_sweeper.vrun_sweeper.PlanningSweeper"
+    max_batch_size: Optional[int] = None
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="vrun", node=PlanningSweeperConf, provider="vrun")
+
+
+class PlanningSweeper(Sweeper):
+    def __init__(self, max_batch_size: Optional[int] = None):
+        self.max_batch_size = max_batch_size
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.launcher = None
+        self.task_function: Optional[TaskFunction] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                                task_function=task_function, config=config)
+
+    def sweep(self, arguments: List[str]) -> Any:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+        from vrun import app, errors, plan as planning
+
+        parsed = OverridesParser.create().parse_overrides(arguments)
+        points: Sequence[Sequence[str]] = BasicSweeper.split_arguments(parsed, None)[0]
+        # resolve the sweep dir once: every point, the launcher and the jobs see the same one
+        with open_dict(self.config):
+            self.config.hydra.sweep.dir = str(Path(str(self.config.hydra.sweep.dir)).absolute())
+        composed, failures = [], []
+        for idx, overrides in enumerate(points):
+            try:
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+                with open_dict(cfg):
+                    cfg.hydra.job.num = idx
+                    cfg.hydra.job.id = f"{idx}"
+                run_dir = str(Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))
+                with open_dict(cfg):
+                    hydra_node = cfg.pop("hydra")
+                composed.append((idx, overrides, cfg, run_dir, hydra_node))
+            except Exception as e:  # noqa: BLE001 - reported per point below
+                failures.append((idx, overrides, errors.describe(e)))
+        models = {c.model.name for _, _, c, _, _ in composed}
+        plans = []
+        for idx, overrides, cfg, run_dir, _ in composed:
+            try:
+                plans.append((idx, overrides, app.plan_config(cfg, run_dir, single_model=len(models) == 1)))
+            except Exception as e:  # noqa: BLE001
+                failures.append((idx, overrides, errors.describe(e)))
+        if failures:
+            lines = [f"sweep: {len(failures)} of {len(points)} point(s) do not plan; nothing was run"]
+            for idx, overrides, why in sorted(failures):
+                for line in why.splitlines():
+                    lines.append(f"point {idx} [{' '.join(overrides)}]: {line}")
+            errors.emit(lines)
+        modes = {p.cfg["mode"] for _, _, p in plans}
+        if modes == {"plan"}:
+            from hooks.callbacks import write_manifest
+
+            for (idx, overrides, p), (_, _, cfg, _, _) in zip(plans, composed):
+                planning.write(p)
+                write_manifest(cfg, p.run_dir, list(overrides))
+                print(planning.one_line(idx, overrides, p), flush=True)
+            print(f"sweep: {len(plans)} point(s) planned and checked under {self.config.hydra.sweep.dir}", flush=True)
+            return []
+        for idx, overrides, p in plans:
+            app.PLANNED[p.run_dir] = p
+        print(f"sweep: {len(plans)} point(s) planned and checked; launching", flush=True)
+        returns = []
+        batch = self.max_batch_size or len(points)
+        for start in range(0, len(points), batch):
+            chunk = [list(o) for o in points[start:start + batch]]
+            results = self.launcher.launch(chunk, initial_job_idx=start)
+            returns.append(results)
+            for r in results:
+                _ = r.return_value  # re-raises a failed job's exception
+        return returns

@@ -1,0 +1,203 @@
+"""Parity: each run config hands verl the same resolved config as the shell launcher it replaces.
+
+The launcher side is composed by Hydra's own compose API from the installed verl's config dir with the
+launcher's override strings (tests/launchers.py), exactly as `python -m verl.trainer.main_ppo ...` would;
+the project side is the run config composed from conf/ and planned by vrun.plan.make_plan. The two trees
+are compared leaf by leaf; only the differences in DELIBERATE are taken out, and every other difference
+fails the test with its key and both values.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+import launchers
+from vrun import plan, schema
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+# A fixed HOME for both sides: the launchers expand $HOME in the shell, the project reads ${oc.env:HOME}.
+# It need not exist; nothing reads the data files at plan time.
+HOME = "/home/parity"
+
+OPTIMIZERS = ["fsdp2", "dist_opt"]
+
+# Keys where the project departs from the launchers on purpose (removed from both trees before comparing;
+# a key's whole subtree goes with it).
+DELIBERATE = {
+    "trainer.default_local_dir":
+        "the project writes checkpoints under its run dir, not under the launch directory",
+    "ray_kwargs.ray_init.runtime_env.env_vars":
+        "the project carries its env vars to Ray workers explicitly instead of relying on the launching shell",
+    "ray_kwargs.ray_init.address":
+        "the project starts a fresh local Ray (or joins a named one) deliberately instead of whatever is running",
+    "actor_rollout_ref.actor.engine.model_name":
+        "the project pins the Megatron Lite model family instead of `auto` (guessed from the checkpoint)",
+    "engine.model_name":
+        "the same pin for the SFT trainer's engine",
+}
+
+# Shown for a key one tree has and the other lacks
+ABSENT = "<absent>"
+
+
+# ---------------------------------------------------------------- composing
+
+
+@contextmanager
+def _hydra_at(config_dir: Path) -> Iterator[None]:
+    """Hydra initialised on one config dir, with no global state leaking in or out."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            yield
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose_plain(config_dir: Path, config_name: str, overrides: list[str]) -> dict:
+    """Compose with Hydra's compose API and resolve every interpolation into plain containers."""
+    with _hydra_at(config_dir):
+        cfg = compose(config_name=config_name, overrides=overrides)
+        return OmegaConf.to_container(cfg, resolve=True)
+
+
+@pytest.fixture(scope="module")
+def verl_config_dir() -> Path:
+    """The installed verl's own trainer/config, located without importing verl (that takes seconds)."""
+    spec = importlib.util.find_spec("verl")
+    assert spec is not None and spec.submodule_search_locations, "verl is not installed in this Python"
+    return Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
+
+
+@pytest.fixture(autouse=True)
+def fixed_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same HOME on both sides, and no real verl_mlite, so both plan against the same stand-in."""
+    monkeypatch.setenv("HOME", HOME)
+    for name in ("MLITE_ROOT", "MLITE_VERL_ROOT", "MLITE_LITE_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def launcher_tree(verl_config_dir: Path, launcher: tuple[str, list[str]]) -> dict:
+    config_name, overrides = launcher
+    return compose_plain(verl_config_dir, config_name, overrides)
+
+
+def project_tree(command: list[str], path_env: str, model_path: str, run_dir: Path) -> dict:
+    schema.register()
+    cfg = compose_plain(CONF_DIR, "run", command)
+    p = plan.make_plan(cfg, str(run_dir), environ={"HOME": HOME, path_env: model_path})
+    # the launcher side searches the project's record of verl_mlite's config: so must the plan
+    assert p.mlite.kind == "record", p.mlite
+    return p.verl
+
+
+# ---------------------------------------------------------------- comparing
+
+
+def without(tree: dict, keys) -> dict:
+    """A copy of tree with each dotted key (and its subtree) removed where present."""
+    out = copy.deepcopy(tree)
+    for key in keys:
+        *parents, leaf = key.split(".")
+        node: Any = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return out
+
+
+def leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key → value; lists and empty dicts are leaves, so a section dropped on one side still shows."""
+    if isinstance(tree, dict) and tree:
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: tree}
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal values of the same type: verl's dataclasses see 1 and 1.0, or 1 and True, differently."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def diff(launcher: dict, project: dict) -> list[tuple[str, Any, Any]]:
+    """(dotted key, launcher value, project value) for every leaf that differs."""
+    a, b = leaves(launcher), leaves(project)
+    out = []
+    for key in sorted(a.keys() | b.keys()):
+        x, y = a.get(key, ABSENT), b.get(key, ABSENT)
+        if not same(x, y):
+            out.append((key, x, y))
+    return out
+
+
+def assert_parity(verl_config_dir: Path, launcher: tuple[str, list[str]], command: list[str], path_env: str,
+                  model_path: str, run_dir: Path) -> None:
+    ours = without(project_tree(command, path_env, model_path, run_dir), DELIBERATE)
+    theirs = without(launcher_tree(verl_config_dir, launcher), DELIBERATE)
+    found = diff(theirs, ours)
+    assert not found, f"{len(found)} difference(s) from the launcher:\n" + "\n".join(
+        f"  {k}: launcher={x!r} project={y!r}" for k, x, y in found)
+
+
+# ---------------------------------------------------------------- one test per launcher command
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_kimi_k2_6_grpo_matches_launcher(verl_config_dir, tmp_path, optimizer):
+    """model=kimi_k2_6 mesh=256gpu algo=grpo plans the Kimi/GLM launcher's MODEL_VARIANT=kimi_k2_6 config."""
+    path = "/models/Kimi-K2.6"
+    assert_parity(verl_config_dir, launchers.kimi_k2_6_glm5_1("kimi_k2_6", optimizer, path, HOME),
+                  ["model=kimi_k2_6", "mesh=256gpu", "algo=grpo", f"optimizer={optimizer}"],
+                  "KIMI_K2_6_MODEL_PATH", path, tmp_path)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_glm5_1_grpo_matches_launcher(verl_config_dir, tmp_path, optimizer):
+    """model=glm5_1 mesh=256gpu algo=grpo plans the Kimi/GLM launcher's MODEL_VARIANT=glm5_1 config."""
+    path = "/models/GLM-5.1"
+    assert_parity(verl_config_dir, launchers.kimi_k2_6_glm5_1("glm5_1", optimizer, path, HOME),
+                  ["model=glm5_1", "mesh=256gpu", "algo=grpo", f"optimizer={optimizer}"],
+                  "GLM5_1_MODEL_PATH", path, tmp_path)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_qwen3_5_35b_grpo_matches_launcher(verl_config_dir, tmp_path, optimizer):
+    """model=qwen3_5_35b mesh=8gpu algo=grpo plans the Qwen3.5-35B launcher's config."""
+    path = "/models/Qwen3.5-35B-A3B"
+    assert_parity(verl_config_dir, launchers.qwen3_5_35b(optimizer, path, HOME),
+                  ["model=qwen3_5_35b", "mesh=8gpu", "algo=grpo", f"optimizer={optimizer}"],
+                  "QWEN3_5_35B_MODEL_PATH", path, tmp_path)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_deepseek_v4_flash_sft_matches_launcher(verl_config_dir, tmp_path, optimizer):
+    """model=deepseek_v4_flash algo=sft plans the DeepSeek-V4 SFT launcher's MODEL_VARIANT=flash config."""
+    path = "/models/DeepSeek-V4-Flash"
+    assert_parity(verl_config_dir, launchers.deepseek_v4_sft("flash", optimizer, path, HOME),
+                  ["model=deepseek_v4_flash", "algo=sft", f"optimizer={optimizer}"],
+                  "FLASH_MODEL_PATH", path, tmp_path)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_deepseek_v4_pro_sft_matches_launcher(verl_config_dir, tmp_path, optimizer):
+    """model=deepseek_v4_pro algo=sft plans the DeepSeek-V4 SFT launcher's MODEL_VARIANT=pro config."""
+    path = "/models/DeepSeek-V4-Pro"
+    assert_parity(verl_config_dir, launchers.deepseek_v4_sft("pro", optimizer, path, HOME),
+                  ["model=deepseek_v4_pro", "algo=sft", f"optimizer={optimizer}"],
+                  "PRO_MODEL_PATH", path, tmp_path)

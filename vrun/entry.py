@@ -1,0 +1,68 @@
+"""`python -m vrun.entry ppo --config RUN/verl_config.yaml [--task-runner mod:Class] [--pass-env NAME]...`
+
+What verl's `main_ppo.main` does — auto_set_device, validate_config, run_ppo — on the saved config, with a
+task runner the run config may name (verl's CLI hard-codes its own). Secrets named by --pass-env are copied
+from this process's environment into Ray's runtime env in memory, never into a file.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+
+def load_class(path: str):
+    module, _, name = path.replace(":", ".").rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m vrun.entry")
+    ap.add_argument("entrypoint", choices=["ppo"])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--task-runner", default=None)
+    ap.add_argument("--pass-env", action="append", default=[])
+    args = ap.parse_args(argv)
+
+    from omegaconf import OmegaConf, open_dict
+
+    config = OmegaConf.load(args.config)
+    secrets = {n: os.environ[n] for n in args.pass_env if os.environ.get(n)}
+    if secrets:
+        with open_dict(config):
+            env_vars = config.ray_kwargs.ray_init.runtime_env.setdefault("env_vars", {})
+            env_vars.update(secrets)
+
+    from verl.trainer.main_ppo import run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(config)
+    try:
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+    except ModuleNotFoundError as e:
+        # building the mlite engine dataclass imports verl_mlite; a custom runner may not need it
+        if not args.task_runner or "verl_mlite" not in str(e):
+            raise
+        print(f"entry: verl's validate_config skipped ({e}); the task runner {args.task_runner} runs without "
+              "Megatron Lite", flush=True)
+
+    if args.task_runner:
+        runner = load_class(args.task_runner)
+    elif config.trainer.use_v1:
+        from verl.trainer.main_ppo import TaskRunnerV1 as runner
+    else:
+        from verl.trainer.main_ppo_v0 import TaskRunner as runner
+    if not hasattr(runner, "remote"):
+        import ray
+
+        runner = ray.remote(num_cpus=1)(runner)
+    run_ppo(config, task_runner_class=runner)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Hand-off on this machine: the plan's command, in the plan's environment.
+
+The environment is built here and the command inherits it, so whatever the command starts (Ray's local
+instance, torchrun's ranks) starts from it: variables set, ROCR/HIP unset when CUDA_VISIBLE_DEVICES is set
+(a Ray runtime env can set variables but not unset them). Secrets pass by name only.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from vrun.plan import Plan
+
+
+def child_env(plan: Plan, environ: dict | None = None) -> dict:
+    env = dict(os.environ if environ is None else environ)
+    for name in plan.env_unset:
+        env.pop(name, None)
+    env.update(plan.env)
+    return env
+
+
+def train(plan: Plan) -> int:
+    print(f"launch: {' '.join(plan.argv)}", flush=True)
+    proc = subprocess.run(plan.argv, env=child_env(plan), cwd=plan.run_dir)
+    if proc.returncode:
+        print(f"error: the run exited {proc.returncode}; see the output above and {plan.run_dir}", file=sys.stderr)
+    return proc.returncode
