@@ -66,7 +66,7 @@ def check(root: Path) -> list[str]:
     meshes = _meshes(conf, rel, out)
     launchers = {p.stem: _load(p, rel, out) for p in _options(conf, "launcher")}
     models, included = _models(conf, rel, meshes, launchers, out)
-    out += _meshes_used(conf, rel, meshes, models)
+    out += _meshes_used(meshes, models)
     for stem in sorted(set(launchers) - included):
         out.append(f"conf/launcher/{stem}.yaml: included by no model file (add `- {LAUNCHER_PREFIX}{stem}` "
                    f"to a model's defaults, or delete it)")
@@ -123,21 +123,22 @@ def _meshes(conf: Path, rel, out: list[str]) -> dict[str, Optional[Mesh]]:
 
 # rule 2 ---------------------------------------------------------------------------------------------------
 
-def _meshes_used(conf: Path, rel, meshes: dict[str, Optional[Mesh]], models: dict[str, dict]) -> list[str]:
+def _meshes_used(meshes: dict[str, Optional[Mesh]], models: dict[str, dict]) -> list[str]:
     if not models:  # no usable model option: rule 3 has reported why; every mesh would fail here as noise
         return []
     out = []
     for stem, mesh in meshes.items():
         if mesh is None:
             continue
-        first = {}
+        by_why: dict[str, list[str]] = {}  # the first error each model finds, models sharing one grouped
         for name, mod in models.items():
             errs = _errors(mesh_problems(mesh, mod["arch"], mod["tp_allowed"], mod["etp_allowed"], name))
             if not errs:
                 break
-            first[name] = errs[0]
+            by_why.setdefault(f"{errs[0].key}={errs[0].value}: {errs[0].why}", []).append(name)
         else:
-            why = "; ".join(f"{name}: {p.key}={p.value} {p.why}" for name, p in first.items())
+            why = "; ".join(f"{'every model' if len(names) == len(models) else ', '.join(names)}: {w}"
+                            for w, names in by_why.items())
             out.append(f"conf/mesh/{stem}.yaml: valid for no model option ({why})")
     return out
 

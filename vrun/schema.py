@@ -144,4 +144,10 @@ class RunConfig:
 def register() -> None:
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(RunConfig)
+    # the pass-through takes any key without a `+` (checked against verl's tree at plan time)
+    for open_node in ("verl", "recipe", "engine", "optim", "env"):
+        OmegaConf.set_struct(node[open_node], False)
+    ConfigStore.instance().store(name="run_schema", node=node)

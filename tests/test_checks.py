@@ -1,0 +1,169 @@
+"""Batch and algorithm checks: each fires, none fires on the presets, and they reject whatever verl rejects."""
+import copy
+import random
+
+import pytest
+
+from conftest import problems_of
+from vrun import checks, verl_tree
+from vrun.mesh import Mesh
+
+BASE = ["model=glm5_1", "mode=plan"]
+A = "verl.actor_rollout_ref.actor"
+
+
+def first_error(overrides):
+    lines = problems_of(BASE + overrides)
+    assert lines, f"expected an error for {overrides}"
+    return lines
+
+
+def test_mini_batch_larger_than_train_batch():
+    """verl asserts train_batch_size >= ppo_mini_batch_size."""
+    lines = first_error([f"{A}.ppo_mini_batch_size=256"])
+    assert any("ppo_mini_batch_size=256" in line and "train_batch_size=128" in line for line in lines)
+
+
+def test_mini_batch_must_divide_train_batch():
+    """verl does not check it; the plan does (the remainder would be dropped)."""
+    lines = first_error([f"{A}.ppo_mini_batch_size=48"])
+    assert any("must divide data.train_batch_size=128" in line for line in lines)
+
+
+def test_samples_must_split_over_dense_dp():
+    """tbs·n must split over Megatron Lite's dense DP (256 GPUs, TP1 CP8 PP4 → DP8)."""
+    lines = first_error(["mesh.pp=4", "verl.data.train_batch_size=33", f"{A}.ppo_mini_batch_size=11",
+                         "verl.actor_rollout_ref.rollout.n=4"])
+    assert any("do not split over dense DP=8" in line for line in lines)
+
+
+def test_fixed_batch_counts_all_gpus():
+    """use_dynamic_bsz=false: verl counts strategy mlite as FSDP (all 256 GPUs) and asserts divisibility."""
+    lines = first_error([f"{A}.use_dynamic_bsz=false", "verl.data.train_batch_size=8", f"{A}.ppo_mini_batch_size=8",
+                         "verl.actor_rollout_ref.rollout.n=16"])
+    assert any("divisible by all 256 GPUs" in line for line in lines)
+
+
+def test_token_budget_holds_one_sequence():
+    """With dynamic batching a single sequence must fit the per-GPU token budget."""
+    lines = first_error([f"{A}.ppo_max_token_len_per_gpu=2048"])
+    assert any("ppo_max_token_len_per_gpu=2048" in line and "3072" in line for line in lines)
+
+
+def test_grpo_needs_a_group():
+    """GRPO with n=1 has zero advantages everywhere."""
+    lines = first_error(["verl.actor_rollout_ref.rollout.n=1"])
+    assert any("rollout.n=1" in line for line in lines)
+
+
+def test_dapo_is_applied():
+    """algo=dapo plans with filter_groups, clip-higher, token-mean, no KL, DAPO reward manager."""
+    from conftest import plan
+
+    v = plan(["model=glm5_1", "algo=dapo", "mode=plan"]).verl
+    assert v["algorithm"]["filter_groups"]["enable"] is True and v["algorithm"]["filter_groups"]["metric"] == "acc"
+    a = v["actor_rollout_ref"]["actor"]
+    assert (a["clip_ratio_low"], a["clip_ratio_high"], a["loss_agg_mode"], a["use_kl_loss"]) == \
+        (0.2, 0.28, "token-mean", False)
+    assert v["reward"]["reward_manager"]["name"] == "dapo"
+    ob = v["reward"]["reward_kwargs"]
+    assert ob["overlong_buffer_cfg"]["enable"] is True and ob["max_resp_len"] == v["data"]["max_response_length"]
+
+
+def test_overlong_penalty_without_dapo_manager_is_inert():
+    """The launcher's mistake: overlong_buffer_cfg with the naive reward manager."""
+    lines = problems_of(["model=glm5_1", "algo=dapo", "mode=plan", "verl.reward.reward_manager.name=naive"])
+    assert any(line.startswith("error: reward.reward_manager.name=naive") and "inert" in line for line in lines)
+
+
+def test_dapo_without_dynamic_sampling_is_not_dapo():
+    """algo=dapo with filter_groups off is rejected."""
+    lines = problems_of(["model=glm5_1", "algo=dapo", "mode=plan", "verl.algorithm.filter_groups.enable=false"])
+    assert any("algorithm.filter_groups.enable=False" in line for line in lines)
+
+
+def test_overlong_buffer_longer_than_response():
+    """The DAPO reward manager asserts max_resp_len >= overlong_buffer.len."""
+    lines = problems_of(["model=glm5_1", "algo=dapo", "mode=plan",
+                         "verl.reward.reward_kwargs.overlong_buffer_cfg.len=8192"])
+    assert any("overlong_buffer_cfg.len=8192" in line for line in lines)
+
+
+def test_sft_batch_splits_over_dp():
+    """SFT: train_batch_size must split over dense DP (DS4-Pro on 512 GPUs: DP16)."""
+    lines = problems_of(["model=deepseek_v4_pro", "algo=sft", "mode=plan", "verl.data.train_batch_size=24"])
+    assert any("data.train_batch_size=24" in line and "DP=16" in line for line in lines)
+
+
+def test_sft_needs_packed_sequences():
+    """Megatron Lite takes only pad_mode=no_padding."""
+    lines = problems_of(["model=deepseek_v4_flash", "algo=sft", "mode=plan", "verl.data.pad_mode=left_right"])
+    assert any("data.pad_mode" in line for line in lines)
+
+
+# ---- cross-check against verl's own validate_config, through its built-in Megatron engine configs
+
+def _megatron_tree():
+    return verl_tree.base_tree("ppo_trainer", ("model_engine=megatron",))
+
+
+def _cases(k=120, seed=7):
+    rnd = random.Random(seed)
+    for _ in range(k):
+        nnodes, gpn = rnd.choice([1, 2, 4, 8]), rnd.choice([4, 8])
+        tp, pp, cp = rnd.choice([1, 2]), rnd.choice([1, 2, 4]), rnd.choice([1, 2, 3, 4])
+        tbs, n = rnd.choice([6, 8, 12, 16, 24, 32, 64]), rnd.choice([1, 2, 3, 4, 8])
+        mini = rnd.choice([2, 4, 6, 8, 16, 32, 64])
+        micro = rnd.choice([1, 2, 4])
+        yield Mesh(nnodes, gpn, tp=tp, pp=pp, cp=cp, ep=1, etp=1), tbs, n, mini, micro
+
+
+def test_plan_rejects_whatever_verl_rejects():
+    """On 120 generated meshes/batches verl's validate_config (Megatron engine, same mesh) rejects, the plan
+    rejects too (the mlite engine dataclass cannot be built on CPU or with PyPI verl)."""
+    from omegaconf import OmegaConf
+    from verl.utils.config import validate_config
+
+    base = _megatron_tree()
+    verl_rejects = plan_rejects = both = 0
+    for mesh, tbs, n, mini, micro in _cases():
+        t = copy.deepcopy(base)
+        meg = t["actor_rollout_ref"]["actor"]["megatron"]
+        meg.update(tensor_model_parallel_size=mesh.tp, pipeline_model_parallel_size=mesh.pp,
+                   context_parallel_size=mesh.cp)
+        t["trainer"].update(nnodes=mesh.nnodes, n_gpus_per_node=mesh.gpus_per_node)
+        t["data"]["train_batch_size"] = tbs
+        t["actor_rollout_ref"]["rollout"].update(n=n, name="vllm", log_prob_micro_batch_size_per_gpu=1)
+        t["actor_rollout_ref"]["actor"].update(ppo_mini_batch_size=mini, ppo_micro_batch_size_per_gpu=micro,
+                                               use_dynamic_bsz=False)
+        t["actor_rollout_ref"]["model"]["path"] = "/nonexistent"
+        t["critic"]["enable"] = False
+        try:
+            validate_config(OmegaConf.create(t), use_reference_policy=False, use_critic=False)
+            rejected = False
+        except (AssertionError, ValueError) as e:
+            rejected = True
+            why = str(e)
+        dense_ok = mesh.world % mesh.dense == 0
+        ours = [] if not dense_ok else checks.ppo_batch_problems(t, mesh)
+        ours_rejects = (not dense_ok) or bool(ours)
+        verl_rejects += rejected
+        plan_rejects += ours_rejects
+        if rejected:
+            both += ours_rejects
+            assert ours_rejects, f"verl rejects {mesh} tbs={tbs} n={n} mini={mini} micro={micro}: {why}"
+    assert verl_rejects >= 20 and plan_rejects >= verl_rejects  # the generator exercises both outcomes
+    assert both == verl_rejects
+
+
+def test_presets_pass_batch_checks():
+    """No batch check fires on the launchers' own settings."""
+    for ov in (["model=glm5_1"], ["model=kimi_k2_6"], ["model=qwen3_5_35b"],
+               ["model=deepseek_v4_flash", "algo=sft"], ["model=deepseek_v4_pro", "algo=sft"]):
+        assert problems_of(ov + ["mode=plan"]) == [], ov
+
+
+@pytest.mark.parametrize("bad", ["mesh.tp=0", "mesh.pp=-1"])
+def test_non_positive_knob(bad):
+    """A non-positive knob is named."""
+    assert any(bad.split("=")[0] in line for line in problems_of(BASE + [bad]))
