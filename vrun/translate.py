@@ -156,7 +156,9 @@ def _mode(base, key, value, pre, allowed_impl, rec, model, origin):
     if any(key.startswith(m + ".") for m in OPEN_MAPS) or _under_empty_map(base, key):
         return "add", None
     p = verl_tree.unknown_key(base, key, value)
-    return None, Problem(shown, value, p.why, p.fix)
+    fix = p.fix if origin != "verl" or p.fix.startswith("one of") else \
+        " or ".join(f"verl.{k}" for k in p.fix.split(" or "))
+    return None, Problem(shown, value, p.why, fix)
 
 
 def _under_empty_map(base: dict, key: str) -> bool:

@@ -1,0 +1,23 @@
+"""Every model × algo × optimizer plans on the model's default mesh, against the real verl tree."""
+import itertools
+
+import pytest
+
+from conftest import MODELS, PATH_ENV, plan
+
+ALGOS = ["grpo", "dapo", "sft"]
+OPTIMIZERS = ["fsdp2", "dist_opt"]
+
+
+@pytest.mark.parametrize("model,algo,optimizer", list(itertools.product(MODELS, ALGOS, OPTIMIZERS)))
+def test_every_combination_plans(model, algo, optimizer, tmp_path, monkeypatch):
+    """All 30 combinations plan; the mesh, optimizer and model path reach verl's config."""
+    monkeypatch.setenv(PATH_ENV[model], str(tmp_path / "ckpt"))
+    p = plan([f"model={model}", f"algo={algo}", f"optimizer={optimizer}", "mode=plan"], run_dir=str(tmp_path / "r"))
+    eng = p.verl["engine"] if algo == "sft" else p.verl["actor_rollout_ref"]["actor"]["engine"]
+    assert (eng["tp"], eng["pp"], eng["cp"], eng["ep"], eng["etp"], eng["vpp"]) == \
+        (p.mesh.tp, p.mesh.pp, p.mesh.cp, p.mesh.ep, p.mesh.etp, 1)
+    assert eng["impl_cfg"]["optimizer"] == optimizer and eng["model_name"] == p.cfg["model"]["mlite_name"]
+    model_path = p.verl["model"]["path"] if algo == "sft" else p.verl["actor_rollout_ref"]["model"]["path"]
+    assert model_path == str(tmp_path / "ckpt")
+    assert p.verl["trainer"]["default_local_dir"] == f"{tmp_path}/r/checkpoints"
