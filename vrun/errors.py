@@ -67,6 +67,10 @@ def describe(ex: BaseException) -> str:
 
 
 def _value_of(key: str) -> str:
+    from vrun.problems import SECRETISH
+
+    if SECRETISH.search(key):
+        return "<hidden>"
     for arg in sys.argv[1:]:
         k, _, v = arg.lstrip("+~").partition("=")
         if k == key:

@@ -1,8 +1,11 @@
 """What a check reports: one line with the key, the value, why, and a fix."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
+
+SECRETISH = re.compile(r"(token|secret|password|api_key|apikey|access_key|private_key)", re.I)
 
 
 @dataclass(frozen=True)
@@ -15,7 +18,8 @@ class Problem:
 
     def line(self) -> str:
         kind = "warning" if self.warning else "error"
-        return f"{kind}: {self.key}={_show(self.value)}: {self.why}; fix: {self.fix}"
+        value = "<hidden>" if SECRETISH.search(self.key) and self.value not in (None, "") else _show(self.value)
+        return f"{kind}: {self.key}={value}: {self.why}; fix: {self.fix}"
 
 
 class PlanError(Exception):
