@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         validate_config(config=config, use_reference_policy=need_reference_policy(config),
                         use_critic=need_critic(config))
-    except ModuleNotFoundError as e:
+    except Exception as e:  # noqa: BLE001 - ImportError, or Hydra's InstantiationException around it
         # building the mlite engine dataclass imports verl_mlite; a custom runner may not need it
         if not args.task_runner or "verl_mlite" not in str(e):
             raise
-        print(f"entry: verl's validate_config skipped ({e}); the task runner {args.task_runner} runs without "
+        print(f"entry: verl's validate_config skipped ({str(e).splitlines()[0]}); the task runner {args.task_runner} runs without "
               "Megatron Lite", flush=True)
 
     if args.task_runner:

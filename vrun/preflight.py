@@ -149,6 +149,11 @@ def gpu_problems(plan: Plan, gpus: int | None = None) -> list[Problem]:
     if have < m.gpus_per_node:
         out.append(Problem("mesh.gpus_per_node", m.gpus_per_node, f"this machine has {have} visible GPU(s)",
                            f"mesh.gpus_per_node={have}" if have else "run on a GPU machine or use cluster=slurm"))
+    elif declared is not None and os.environ.get("CUDA_VISIBLE_DEVICES") and \
+            len(os.environ["CUDA_VISIBLE_DEVICES"].split(",")) < declared:
+        out.append(Problem("cluster.ray.num_gpus", declared, "Ray refuses to start a raylet with more GPUs than "
+                           f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} lists",
+                           f"cluster.ray.num_gpus={len(os.environ['CUDA_VISIBLE_DEVICES'].split(','))}"))
     elif declared is not None:
         out.append(Problem("cluster.ray.num_gpus", declared, "GPUs declared to Ray, not detected", "leave it unset on "
                            "GPU machines", warning=True))
