@@ -44,3 +44,21 @@ def test_basic_launcher_runs_checked_points(tmp_path):
     assert "1 point(s) planned and checked; launching" in proc.stdout
     assert proc.returncode == 2 and "MLITE_ROOT" in proc.stderr
     assert (tmp_path / "s" / "0_qwen3_5_35b_grpo_fsdp2" / "plan.json").exists()
+
+
+def test_sweep_points_equal_single_runs(tmp_path):
+    """The sweeper composes once per set of group choices and applies value overrides with Hydra's own
+    logic: each point's verl config equals a plain run with the same overrides."""
+    import yaml
+
+    proc = runner("-m", "model=glm5_1,qwen3_5_35b", "mesh.pp=1,2", "mode=plan", f"hydra.sweep.dir={tmp_path}/s")
+    assert proc.returncode == 0, proc.stderr
+    for d, ov in (("1_glm5_1_grpo_fsdp2", ["model=glm5_1", "mesh.pp=2"]),
+                  ("2_qwen3_5_35b_grpo_fsdp2", ["model=qwen3_5_35b", "mesh.pp=1"])):
+        single = runner(*ov, "mode=plan", f"hydra.run.dir={tmp_path}/{d}-single")
+        assert single.returncode == 0, single.stderr
+        a = yaml.safe_load((tmp_path / "s" / d / "verl_config.yaml").read_text())
+        b = yaml.safe_load((tmp_path / f"{d}-single" / "verl_config.yaml").read_text())
+        for c in (a, b):
+            c["trainer"].pop("default_local_dir")
+        assert a == b

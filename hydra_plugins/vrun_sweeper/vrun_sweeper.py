@@ -52,9 +52,10 @@ class PlanningSweeper(Sweeper):
         with open_dict(self.config):
             self.config.hydra.sweep.dir = str(Path(str(self.config.hydra.sweep.dir)).absolute())
         composed, failures = [], []
+        bases: dict = {}
         for idx, overrides in enumerate(points):
             try:
-                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+                cfg = self._compose(list(overrides), bases)
                 with open_dict(cfg):
                     cfg.hydra.job.num = idx
                     cfg.hydra.job.id = f"{idx}"
@@ -99,3 +100,25 @@ class PlanningSweeper(Sweeper):
             for r in results:
                 _ = r.return_value  # re-raises a failed job's exception
         return returns
+
+    def _compose(self, overrides: List[str], bases: dict) -> DictConfig:
+        """A point's config: Hydra composes once per distinct set of group choices; the value overrides are
+        then applied to a copy with Hydra's own override logic (tests/test_sweep.py checks the equivalence)."""
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        groups = [o.input_line for o in parsed if self._is_group(o)]
+        values = [o for o in parsed if not self._is_group(o)]
+        key = tuple(groups)
+        if key not in bases:
+            bases[key] = self.hydra_context.config_loader.load_sweep_config(self.config, groups)
+        cfg = bases[key].copy()
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        return cfg
+
+    def _is_group(self, override) -> bool:
+        key = override.key_or_group
+        if "/" in key or "@" in key:
+            return True
+        repo = self.hydra_context.config_loader.repository  # type: ignore[attr-defined]
+        return "." not in key and repo.group_exists(key)
