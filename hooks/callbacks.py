@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-SECRETISH = re.compile(r"(token|secret|password|api_key|apikey|access_key|private_key)", re.I)
+from vrun.problems import SECRETISH  # noqa: E402
 PACKAGES = ("verl", "ray", "hydra-core", "omegaconf", "torch", "submitit", "hydra-submitit-launcher", "vllm")
 
 

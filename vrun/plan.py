@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +14,8 @@ from typing import Any, Optional
 
 from vrun import checks, mlite, translate, verl_tree
 from vrun.mesh import Mesh
-from vrun.problems import PlanError, Problem
+from vrun.problems import SECRETISH, PlanError, Problem
 
-SECRET = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 UNSET_WITH_CUDA = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,7 +75,7 @@ def run_env(cfg: dict, environ: dict) -> tuple[dict, list, list[Problem]]:
     problems = []
     for src in (cfg.get("env") or {}, cfg["model"].get("env") or {}):
         for k, v in src.items():
-            if SECRET.search(k):
+            if SECRETISH.search(k):
                 problems.append(Problem(f"env.{k}", "<hidden>", "a secret's value would be written into the plan "
                                         "and the verl config", f"export {k} and add it to pass_env instead"))
                 continue

@@ -5,7 +5,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-SECRETISH = re.compile(r"(token|secret|password|api_key|apikey|access_key|private_key)", re.I)
+# names of secrets (WANDB_API_KEY, HF_TOKEN, …), not of knobs that merely mention tokens (max_token_len)
+SECRETISH = re.compile(r"(api_?key|secret|password|passwd|access_key|private_key|token$)", re.I)
 
 
 @dataclass(frozen=True)
