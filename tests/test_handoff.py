@@ -98,6 +98,27 @@ def test_sft_entrypoint_reads_the_saved_config(tmp_path):
     assert yaml.safe_load("\n".join(lines[start:])) == saved
 
 
+def test_main_ppo_cli_reads_the_saved_config(tmp_path):
+    """verl's own PPO CLI accepts verl_config.yaml (--config-path/--config-name) and composes it unchanged."""
+    proc = runner("model=glm5_1", "algo=dapo", "mode=plan", f"hydra.run.dir={tmp_path}/r")
+    assert proc.returncode == 0, proc.stderr
+    out = subprocess.run([PY, "-m", "verl.trainer.main_ppo", "--config-path", str(tmp_path / "r"),
+                          "--config-name", "verl_config", "--cfg", "job", "hydra.output_subdir=null",
+                          f"hydra.run.dir={tmp_path}/r/ppo"], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    saved = yaml.safe_load((tmp_path / "r" / "verl_config.yaml").read_text())
+    lines = out.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{next(iter(saved))}:"))
+    assert yaml.safe_load("\n".join(lines[start:])) == saved
+
+
+def test_slurm_cluster_composes_and_plans(tmp_path):
+    """cluster=slurm composes and plans (submission is SLURM's part); Ray is joined, not started locally."""
+    p = plan(["model=glm5_1", "cluster=slurm", "mode=plan"], run_dir=str(tmp_path / "r"))
+    assert p.verl["ray_kwargs"]["ray_init"]["address"] == "auto" and p.mesh.world == 256
+
+
 def test_sft_train_without_verl_mlite_is_one_line(tmp_path):
     """SFT needs the real verl_mlite: train fails before launching, naming MLITE_ROOT."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLITE")}
