@@ -102,7 +102,11 @@ def _meshes(conf: Path, rel, out: list[str]) -> dict[str, Optional[Mesh]]:
             out.append(f"{f}: mesh preset name must be <N>gpu or <N>gpu_<suffix> (suffix [a-z0-9_]+), "
                        f"N = nnodes×gpus_per_node")
         missing = [k for k in MESH_FIELDS if k not in data]
-        extra = [str(k) for k in data if k not in MESH_FIELDS]
+        # only mesh=auto carries `search: true` (it asks the plan to search the mesh)
+        allowed = MESH_FIELDS + (("search",) if p.stem in MESH_EXEMPT else ())
+        extra = [str(k) for k in data if k not in allowed]
+        if p.stem in MESH_EXEMPT and data.get("search") is not True:
+            out.append(f"{f}: mesh=auto must set search: true")
         if missing:
             out.append(f"{f}: mesh preset lacks {', '.join(missing)} (a preset sets exactly "
                        f"{', '.join(MESH_FIELDS)})")

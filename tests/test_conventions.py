@@ -90,8 +90,20 @@ def test_mesh_name_with_suffix_passes(repo):
 
 def test_auto_mesh_name_is_exempt(repo):
     """A preset named auto is exempt from the <N>gpu name rule."""
-    write(repo, "conf/mesh/auto.yaml", {**MESH_8, "nnodes": 2})
+    write(repo, "conf/mesh/auto.yaml", {**MESH_8, "nnodes": 2, "search": True})
     assert check(repo) == []
+
+
+def test_auto_mesh_must_search(repo):
+    """mesh=auto without search: true would silently plan its placeholder mesh."""
+    write(repo, "conf/mesh/auto.yaml", {**MESH_8, "nnodes": 2})
+    assert any("search: true" in line for line in lines_for(repo, "conf/mesh/auto.yaml"))
+
+
+def test_search_field_only_in_auto(repo):
+    """Only mesh=auto may carry search."""
+    write(repo, "conf/mesh/8gpu_s.yaml", {**MESH_8, "search": True})
+    assert any("unknown field(s) search" in line for line in lines_for(repo, "conf/mesh/8gpu_s.yaml"))
 
 
 def test_mesh_missing_field(repo):

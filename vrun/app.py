@@ -33,7 +33,7 @@ def run(cfg: DictConfig) -> None:
 
         sys.exit(launch.train(p))
     except PlanError as e:
-        errors.emit([pr.line() for pr in e.problems])
+        errors.emit([pr.line() for pr in e.problems] + e.hints)
 
 
 def plan_config(cfg: DictConfig, run_dir: str, single_model: bool = True) -> "planning.Plan":

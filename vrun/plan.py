@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from vrun import checks, mlite, translate, verl_tree
 from vrun.mesh import Mesh
+from vrun.memory import GIB
 from vrun.problems import SECRETISH, PlanError, Problem
 
 UNSET_WITH_CUDA = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -36,6 +37,10 @@ class Plan:
     model_path_source: str
     mlite: mlite.MliteSource
     warnings: list = field(default_factory=list)
+    memory: Optional[object] = None          # vrun.memory.Estimate
+    memory_note: str = ""
+    search: Optional[dict] = None            # mesh=auto: what was searched and the top alternatives
+    checkpoint: Optional[dict] = None        # parameter counts read from the checkpoint
 
     def to_json(self) -> dict:
         return {
@@ -47,6 +52,9 @@ class Plan:
             "verl_groups": list(self.request.groups), "verl_overrides": [o.cli() for o in self.request.overrides],
             "mlite": {"source": self.mlite.kind, "location": self.mlite.location},
             "batch": batch_summary(self),
+            "memory": self.memory.summary() if self.memory is not None else {"unavailable": self.memory_note},
+            "mesh_search": self.search,
+            "checkpoint": self.checkpoint,
             "warnings": [w.line() for w in self.warnings],
         }
 
@@ -97,17 +105,18 @@ def make_plan(cfg: dict, run_dir: str, *, single_model: bool = True, environ: Op
     problems += p
     env, unset, p = run_env(cfg, environ)
     problems += p
-    req = translate.build(cfg, run_dir, env,
-                          path if path else f"<unset: {cfg['model']['path_env']}>")
-    problems += req.problems
-    tree = verl_tree.base_tree(req.config_name, req.groups)
-    problems += verl_tree.apply(tree, req.overrides)
+    placeholder = path if path else f"<unset: {cfg['model']['path_env']}>"
+    req, resolved = _verl(cfg, run_dir, env, placeholder, problems)
+    params, params_note, ckpt = model_params(cfg, path, problems)
+    search = None
+    if cfg["mesh"].get("search"):
+        cfg, search = _search(cfg, resolved, params, params_note, problems)
+        req, resolved = _verl(cfg, run_dir, env, placeholder, problems)
+    found = checks.check_all(cfg, resolved)
+    problems += found
+    hints = mesh_hints(cfg, resolved, found)
     if [x for x in problems if not x.warning]:
-        raise PlanError(problems)
-    resolved = verl_tree.resolve(tree)
-    problems += checks.check_all(cfg, resolved)
-    if [x for x in problems if not x.warning]:
-        raise PlanError(problems)
+        raise PlanError(problems, hints=hints)
     mesh = Mesh.of(cfg["mesh"])
     python = python or sys.executable
     entry, argv = command(cfg, run_dir, mesh, python)
@@ -117,9 +126,169 @@ def make_plan(cfg: dict, run_dir: str, *, single_model: bool = True, environ: Op
         warnings.append(Problem("verl_mlite", None, "not importable: planned against the project's record of "
                                 f"its config (Megatron-LM {mlite.record()['megatron_lm_commit'][:8]})",
                                 "export MLITE_ROOT=/path/to/Megatron-LM for preflight and train", warning=True))
+    est = memory_estimate(cfg, resolved, mesh, params) if params is not None else None
+    if est is not None and not est.fits:
+        warnings.append(Problem("memory", f"{est.peak / GIB:.1f}GiB", f"the estimate exceeds the "
+                                f"{cfg['cluster']['gpu_mem_gib']} GiB per GPU of cluster.gpu_mem_gib "
+                                f"(stage {est.stage}: {est.layers_on_stage} layers)",
+                                "a larger PP·EP mesh, more offload, a smaller token budget, or mesh=auto",
+                                warning=True))
     return Plan(cfg=cfg, run_dir=run_dir, verl=resolved, request=req, mesh=mesh, entrypoint=entry, argv=argv,
                 env=env, env_unset=unset, pass_env=list(cfg.get("pass_env") or []), model_path=path,
-                model_path_source=path_from, mlite=source, warnings=warnings)
+                model_path_source=path_from, mlite=source, warnings=warnings, memory=est,
+                memory_note=params_note, search=search, checkpoint=ckpt)
+
+
+def _verl(cfg: dict, run_dir: str, env: dict, model_path: str, problems: list) -> tuple:
+    """Compose verl's tree for this run config; raise on key problems."""
+    req = translate.build(cfg, run_dir, env, model_path)
+    tree = verl_tree.base_tree(req.config_name, req.groups)
+    found = req.problems + verl_tree.apply(tree, req.overrides)
+    if [x for x in problems + found if not x.warning]:
+        raise PlanError(problems + found)
+    return req, verl_tree.resolve(tree)
+
+
+def model_params(cfg: dict, path: Optional[str], problems: list) -> tuple:
+    """Parameter counts: the checkpoint's when it is on disk, else the model group's facts."""
+    from vrun import memory
+
+    if path and Path(os.path.expanduser(path)).is_dir():
+        from vrun import checkpoint
+
+        try:
+            facts = checkpoint.read_checkpoint(os.path.expanduser(path))
+        except (OSError, ValueError) as e:
+            facts = None
+            problems.append(Problem(cfg["model"]["path_env"], path, f"checkpoint headers unreadable ({e})",
+                                    "check the checkpoint files", warning=True))
+        if facts is not None:
+            for line in checkpoint.cross_check(facts, cfg["model"]["arch"]):
+                problems.append(Problem("model.arch", cfg["model"]["name"], line, "the checkpoint is the truth: "
+                                        "fix conf/model or point at the right checkpoint", warning=True))
+            p = params_from_checkpoint(facts, cfg["model"]["arch"])
+            summary = checkpoint_summary(facts)
+            if not facts.complete:
+                problems.append(Problem("checkpoint", path, f"unknown tensor layouts: {facts.unknown[:3]}",
+                                        "the counts exclude them", warning=True))
+            return p, "", summary
+    p, note = memory.params_from_arch(cfg["model"]["arch"])
+    return p, note, None
+
+
+def memory_inputs(cfg: dict, verl: dict) -> dict:
+    """What the estimate reads from the run and verl configs (everything but the mesh)."""
+    g = checks._get
+    ppo = cfg["algo"]["entrypoint"] == "ppo"
+    eng = g(verl, "actor_rollout_ref.actor.engine" if ppo else "engine", {})
+    optim = g(verl, "actor_rollout_ref.actor.optim" if ppo else "optim", {})
+    if ppo:
+        dyn = g(verl, "actor_rollout_ref.actor.use_dynamic_bsz")
+        seq = (g(verl, "data.max_prompt_length") or 0) + (g(verl, "data.max_response_length") or 0)
+        tokens = g(verl, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu") if dyn else \
+            (g(verl, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") or 1) * seq
+        rollout = g(verl, "actor_rollout_ref.rollout.gpu_memory_utilization") or 0.0
+    else:
+        dyn = g(verl, "data.use_dynamic_bsz")
+        tokens = g(verl, "data.max_token_len_per_gpu") if dyn else \
+            (g(verl, "data.micro_batch_size_per_gpu") or 1) * (g(verl, "data.max_length") or 0)
+        rollout = 0.0
+    recompute = g(eng, "impl_cfg.recompute")
+    arch = cfg["model"]["arch"]
+    return dict(
+        optimizer=g(eng, "impl_cfg.optimizer"), hidden=arch["hidden"], vocab=arch.get("vocab") or 0,
+        top_k=arch.get("experts_per_token") or 0, tokens_per_gpu=int(tokens or 0),
+        recompute=bool(recompute) and recompute not in ("none", ["none"]),
+        param_offload=bool(eng.get("param_offload")), grad_offload=bool(eng.get("grad_offload")),
+        optimizer_offload=bool(eng.get("optimizer_offload")),
+        offload_fraction=float(g(optim, "override_optimizer_config.offload_fraction") or 0.0),
+        gpu_mem_gib=float(cfg["cluster"]["gpu_mem_gib"]), rollout_fraction=float(rollout),
+        cross_entropy_fusion=bool(eng.get("cross_entropy_fusion") or g(eng, "impl_cfg.cross_entropy_fusion")))
+
+
+def memory_estimate(cfg: dict, verl: dict, mesh: Mesh, params) -> object:
+    from vrun import memory
+
+    return memory.estimate(params, mesh, **memory_inputs(cfg, verl))
+
+
+def _search(cfg: dict, verl: dict, params, note: str, problems: list) -> tuple:
+    import time
+
+    from vrun import search
+    from vrun.mesh import Arch
+
+    model = cfg["model"]
+    m0 = cfg["mesh"]
+    t = time.perf_counter()
+    valid = search.valid_meshes(m0["nnodes"], m0["gpus_per_node"], Arch.of(model["arch"]), model["tp_allowed"],
+                                model["etp_allowed"], model["name"], verl, cfg["algo"]["entrypoint"],
+                                bool(checks._get(cfg, "engine.impl_cfg.use_deepep", False)))
+    if params is not None:
+        from vrun import memory
+
+        inputs = memory_inputs(cfg, verl)
+        ranked = search.rank(valid, lambda m: memory.estimate(params, m, **inputs))
+    else:
+        ranked = search.rank(valid)
+    seconds = time.perf_counter() - t
+    if not ranked:
+        raise PlanError(problems + [Problem("mesh", "auto", f"no mesh of {m0['nnodes']}×{m0['gpus_per_node']} GPUs "
+                                            f"passes the plan's checks for {model['name']}",
+                                            "change mesh.nnodes / mesh.gpus_per_node or the batch sizes")])
+    best = ranked[0].mesh
+    cfg = dict(cfg, mesh={**m0, **{k: getattr(best, k) for k in ("tp", "pp", "vpp", "ep", "etp", "cp")}})
+    top = [{"overrides": " ".join(f"mesh.{k}={getattr(c.mesh, k)}" for k in ("tp", "pp", "ep", "cp", "etp")),
+            "dp": c.mesh.dp, "edp": c.mesh.edp,
+            "peak_gib": round(c.estimate.peak / GIB, 1) if c.estimate is not None else None, "fits": c.fits}
+           for c in ranked[:6]]
+    return cfg, {"valid_meshes": len(valid), "search_ms": round(seconds * 1000, 1), "chosen": top[0],
+                 "alternatives": top[1:], "memory": "estimated" if params is not None else note,
+                 "objective": "fits in memory, then smaller TP, smaller CP, EP within a node, fewer PP stages"}
+
+
+def mesh_hints(cfg: dict, verl: dict, found: list) -> list[str]:
+    """For mesh errors: valid meshes of the same GPU count that change one knob, then two."""
+    if not any(p.key.startswith("mesh.") and not p.warning for p in found):
+        return []
+    from vrun import search
+    from vrun.mesh import Arch
+
+    model, m = cfg["model"], Mesh.of(cfg["mesh"])
+    if any(not isinstance(getattr(m, k), int) or getattr(m, k) < 1 for k in ("nnodes", "gpus_per_node")):
+        return []
+    valid = search.valid_meshes(m.nnodes, m.gpus_per_node, Arch.of(model["arch"]), model["tp_allowed"],
+                                model["etp_allowed"], model["name"], verl, cfg["algo"]["entrypoint"])
+    one, two = search.neighbours(m, valid)
+    out = []
+    if one:
+        out.append("valid meshes, one change: " + " | ".join(search.as_overrides(v, m) for v in one))
+    if two:
+        out.append("valid meshes, two changes: " + " | ".join(search.as_overrides(v, m) for v in two))
+    if not valid:
+        out.append(f"no mesh of {m.world} GPUs passes for {model['name']}: change mesh.nnodes")
+    return out
+
+
+def params_from_checkpoint(facts, arch: dict):
+    from vrun.memory import Params
+
+    layers = max(list(facts.per_layer_dense) + list(facts.per_layer_expert) + [-1]) + 1
+    n = facts.arch.get("layers") or layers
+    dense = tuple(facts.per_layer_dense.get(i, 0) for i in range(n))
+    expert = tuple(facts.per_layer_expert.get(i, 0) for i in range(n))
+    t = facts.totals
+    mtp = t.get("mtp", 0)
+    m = facts.arch.get("mtp_layers") or (arch.get("mtp_layers") or 0)
+    return Params(embedding=facts.embedding + t.get("vision", 0), output=facts.output, dense_per_layer=dense,
+                  expert_per_layer=expert, mtp_dense=mtp if m else 0, mtp_expert=0, mtp_layers=m if mtp else 0,
+                  source=f"checkpoint ({facts.shards} shard(s))")
+
+
+def checkpoint_summary(facts) -> dict:
+    return {"path": facts.path, "model_type": facts.model_type, "totals": facts.totals, "complete": facts.complete,
+            "excluded_scale_tensors": facts.excluded_scale_tensors, "dtypes": dict(facts.dtypes),
+            "unknown": facts.unknown[:10]}
 
 
 def command(cfg: dict, run_dir: str, mesh: Mesh, python: str, node_rank: int = 0,
@@ -197,6 +366,7 @@ def table(plan: Plan) -> str:
     else:
         rows += [f"batch   {b['train_batch_size']} sequences/step, {b['per_dp_rank']} per DP rank; dynamic bsz "
                  f"{b['dynamic_bsz']}, {b['max_token_len_per_gpu']} tokens/GPU, max_length {b['max_length']}"]
+    rows += memory_rows(plan)
     rows += [
         f"model   {plan.model_path or '(unset)'}  [{plan.model_path_source}]",
         f"entry   {plan.entrypoint}",
@@ -212,3 +382,31 @@ def one_line(idx: int, overrides, plan: Plan) -> str:
     m = plan.mesh
     return (f"point {idx} [{' '.join(overrides)}]: {m.world} GPUs TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} "
             f"EP{m.ep} ETP{m.etp} EDP{m.edp} → {plan.run_dir}")
+
+
+def memory_rows(plan: Plan) -> list[str]:
+    rows = []
+    if plan.search:
+        s = plan.search
+        rows.append(f"auto    {s['valid_meshes']} valid meshes searched in {s['search_ms']} ms; chosen "
+                    f"{s['chosen']['overrides']} (peak {s['chosen']['peak_gib']} GiB)")
+        for alt in s["alternatives"]:
+            rows.append(f"        alternative {alt['overrides']}  DP{alt['dp']} EDP{alt['edp']}  peak "
+                        f"{alt['peak_gib']} GiB{'' if alt['fits'] else '  (does not fit)'}")
+    if plan.checkpoint:
+        t = plan.checkpoint["totals"]
+        b = lambda n: f"{n / 1e9:.2f}B"  # noqa: E731
+        rows.append(f"params  checkpoint: {b(t['total'])} = dense {b(t['dense'])} + routed experts "
+                    f"{b(t['routed_expert'])} + MTP {b(t['mtp'])} + vision {b(t['vision'])}"
+                    f"{'' if plan.checkpoint['complete'] else ' (incomplete: unknown layouts)'}")
+    e = plan.memory
+    if e is None:
+        rows.append(f"memory  no estimate: {plan.memory_note}")
+        return rows
+    g = lambda x: f"{x / GIB:.1f}"  # noqa: E731
+    rows.append(f"memory  per GPU, stage {e.stage} ({e.layers_on_stage} layers): weights {g(e.weights)} + grads "
+                f"{g(e.grads)} + optimizer {g(e.optimizer)} + activations {g(e.activations)} + logits "
+                f"{g(e.logits)} = {g(e.train_peak)} GiB training")
+    rows.append(f"        rollout {g(e.rollout)} + actor residents {g(e.rollout_residents)} GiB; peak {g(e.peak)} of "
+                f"{g(e.gpu_mem)} GiB {'(fits)' if e.fits else '(DOES NOT FIT)'}  [params: {e.params_source}]")
+    return rows

@@ -26,10 +26,12 @@ class Problem:
 class PlanError(Exception):
     """Raised with every error a plan found; the runner prints one line each and exits non-zero."""
 
-    def __init__(self, problems: list[Problem], where: str = ""):
+    def __init__(self, problems: list[Problem], where: str = "", hints: list[str] | None = None):
         self.problems = [p for p in problems if not p.warning]
         self.where = where
-        super().__init__("\n".join(p.line() for p in self.problems))
+        # lines printed after the errors (e.g. valid neighbouring meshes to paste)
+        self.hints = list(hints or [])
+        super().__init__("\n".join([p.line() for p in self.problems] + self.hints))
 
 
 def _show(value: Any) -> str:

@@ -32,6 +32,9 @@ class Arch:
     # Qwen3.5 gated-delta-net heads: TP must divide them
     gdn_k_heads: Optional[int] = None
     gdn_v_heads: Optional[int] = None
+    # FFN widths for the memory estimate without a checkpoint (moe_intermediate_size, intermediate_size)
+    expert_ffn_hidden: Optional[int] = None
+    dense_ffn_hidden: Optional[int] = None
     source: str = ""
 
 
@@ -57,6 +60,8 @@ class Model:
 class Mesh:
     nnodes: int = 1
     gpus_per_node: int = 8
+    # mesh=auto: search every valid mesh for nnodes × gpus_per_node and take the best (tp..cp are then ignored)
+    search: bool = False
     tp: int = 1
     pp: int = 1
     vpp: int = 1
@@ -101,7 +106,7 @@ class Cluster:
     time_min: int = 240
     # torchrun rendezvous port (SFT)
     master_port: int = 29500
-    # GPU memory per device in GiB (for estimates); H100 80, H200 141
+    # GPU memory per device in GiB (for the estimate); H100 80, H200 141, B200 180
     gpu_mem_gib: float = 80.0
 
 
@@ -114,6 +119,8 @@ class Run:
     # Ray actor class (import path) that verl's run_ppo starts; null: verl's own TaskRunner
     task_runner: Optional[str] = None
     python: str = "python"
+    # preflight fails when the memory estimate exceeds cluster.gpu_mem_gib, unless this is true
+    allow_memory_overrun: bool = False
 
 
 @dataclass
