@@ -134,7 +134,7 @@ def read_safetensors_header(path: str) -> tuple[dict, int]:
         (n,) = struct.unpack("<Q", head)
         if n > MAX_HEADER or n > size - 8:
             raise CheckpointError(f"{path}: header length {n} does not fit a {size}-byte file; not safetensors")
-        raw = f.read(n)
+        raw = f.read(n); f.read()
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as e:

@@ -39,6 +39,7 @@ def collect(plan: Plan, gpus: int | None = None) -> list[Problem]:
     out += runtime if own_runtime else [Problem(p.key, p.value, p.why + " (a custom task runner is configured: "
                                                 "it must not need this)", p.fix, warning=True) for p in runtime]
     out += gpu_problems(plan, gpus)
+    out += memory_problems(plan)
     if own_runtime and not [p for p in runtime if not p.warning]:
         out += verl_validation(plan)
     return out
@@ -134,6 +135,17 @@ def dataclass_fields(path: Path, cls: str) -> set[str]:
         out |= {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
         todo += [b.id for b in node.bases if isinstance(b, ast.Name)]
     return out
+
+
+def memory_problems(plan: Plan) -> list[Problem]:
+    e = plan.memory
+    if e is None or e.fits:
+        return []
+    gib = 1024 ** 3
+    return [Problem("memory", f"{e.peak / gib:.1f}GiB", f"the per-GPU estimate (stage {e.stage}) exceeds "
+                    f"cluster.gpu_mem_gib={e.gpu_mem / gib:g}: the job would likely run out of memory",
+                    "mesh=auto, a larger PP·EP mesh or more offload; or run.allow_memory_overrun=true",
+                    warning=bool(plan.cfg["run"].get("allow_memory_overrun")))]
 
 
 def gpu_problems(plan: Plan, gpus: int | None = None) -> list[Problem]:

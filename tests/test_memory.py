@@ -1,0 +1,121 @@
+"""The memory estimate's arithmetic on fixed inputs, and its monotonic properties."""
+import itertools
+
+import pytest
+
+from vrun.memory import GIB, Params, estimate, params_from_arch, stage_layout
+from vrun.mesh import Mesh
+
+# 4 decoder layers, 1 MTP layer: dense 10 M/layer, experts 100 M/layer, embedding and output 50 M each
+P = Params(embedding=50_000_000, output=50_000_000, dense_per_layer=(10_000_000,) * 4,
+           expert_per_layer=(100_000_000,) * 4, mtp_dense=10_000_000, mtp_expert=100_000_000, mtp_layers=1)
+BASE = dict(optimizer="dist_opt", hidden=1024, vocab=32000, top_k=2, tokens_per_gpu=4096, recompute=True,
+            param_offload=False, grad_offload=False, optimizer_offload=False, offload_fraction=0.0,
+            gpu_mem_gib=80.0)
+
+
+def test_stage_layout_splits_units_contiguously():
+    """[emb, 4 layers, 1 MTP, loss] = 7 units over PP2: 4 + 3, earlier stage takes the remainder."""
+    stages = stage_layout(2, 4, 1)
+    assert [len(s) for s in stages] == [4, 3]
+    assert stages[0][0] == ("emb",) and stages[-1][-1] == ("loss",) and stages[1][1] == ("mtp", 0)
+
+
+def test_dist_opt_hand_computed():
+    """PP1 TP1 EP2 DP4 (8 GPUs): bytes written out by hand."""
+    m = Mesh(1, 8, ep=2, cp=1)  # dense DP 8, EDP 4
+    e = estimate(P, m, **BASE)
+    dense = 50e6 + 50e6 + 4 * 10e6 + 10e6          # 150 M
+    expert = 5 * 100e6 / 2                          # 250 M per EP rank
+    assert e.weights == pytest.approx(2 * (dense + expert))
+    assert e.grads == pytest.approx(4 * (dense + expert))
+    assert e.optimizer == pytest.approx(12 * (dense / 8 + expert / 4))
+    # full recompute: 1 in-flight micro-batch × 5 layers × 4096 tokens × 1024 × 2 B + one layer's working set
+    assert e.activations == pytest.approx(5 * 4096 * 1024 * 2 + 4096 * 1024 * (34 + 8))
+    assert e.logits == pytest.approx(4096 * 32000 * 4)
+    assert e.peak == pytest.approx(e.weights + e.grads + e.optimizer + e.activations + e.logits)
+
+
+def test_fsdp2_shards_weights_and_grads():
+    """fsdp2: weights/grads sharded over DP (dense) and EDP (experts), plus the biggest layer unsharded."""
+    m = Mesh(1, 8, ep=2, cp=1)
+    e = estimate(P, m, **{**BASE, "optimizer": "fsdp2"})
+    sharded = 150e6 / 8 + 250e6 / 4
+    assert e.weights == pytest.approx(2 * sharded + 2 * (10e6 + 100e6 / 2))
+    assert e.grads == pytest.approx(4 * sharded)
+
+
+def test_rollout_phase_counts_residents():
+    """Colocated rollout: 0.5 of 80 GiB plus what the actor leaves on the GPU."""
+    e = estimate(P, Mesh(1, 8, ep=2, cp=1), **{**BASE, "rollout_fraction": 0.5, "param_offload": True,
+                                                "grad_offload": True})
+    assert e.rollout == pytest.approx(40 * GIB) and e.rollout_residents == pytest.approx(e.optimizer)
+
+
+def test_offload_fraction_scales_optimizer():
+    """offload_fraction 0.75 keeps a quarter of the optimizer states on the GPU; optimizer_offload keeps none."""
+    m = Mesh(1, 8, ep=2, cp=1)
+    full = estimate(P, m, **BASE).optimizer
+    assert estimate(P, m, **{**BASE, "offload_fraction": 0.75}).optimizer == pytest.approx(full / 4)
+    assert estimate(P, m, **{**BASE, "optimizer_offload": True}).optimizer == 0
+
+
+MESHES = [m for m in (Mesh(n, 8, pp=pp, ep=ep, cp=1) for n, pp, ep in itertools.product([1, 2, 4], [1, 2, 4], [1, 2, 4, 8]))
+          if m.world % m.dense == 0 and m.world % m.expert == 0]
+
+
+@pytest.mark.parametrize("optimizer", ["dist_opt", "fsdp2"])
+def test_more_pp_or_ep_never_raises_param_memory(optimizer):
+    """Per-rank weights + grads + optimizer never grow with PP or EP (the extra stages/ranks on extra GPUs,
+    same data parallelism)."""
+    def states(m):
+        e = estimate(P, m, **{**BASE, "optimizer": optimizer})
+        return e.weights + e.grads + e.optimizer
+    for m in MESHES:
+        for bigger in (m.replace(pp=m.pp * 2, nnodes=m.nnodes * 2), m.replace(ep=m.ep * 2, nnodes=m.nnodes * 2)):
+            if bigger.world % bigger.expert == 0 and bigger.pp <= 6:
+                assert states(bigger) <= states(m) + 1, (m, bigger)
+
+
+@pytest.mark.parametrize("flag", ["param_offload", "grad_offload", "optimizer_offload"])
+def test_offload_never_raises_gpu_memory(flag):
+    """Turning an offload on never raises the peak."""
+    for m in MESHES:
+        kw = {**BASE, "rollout_fraction": 0.6}
+        assert estimate(P, m, **{**kw, flag: True}).peak <= estimate(P, m, **kw).peak
+
+
+def test_recompute_never_raises_activations():
+    """Full recompute stores less than keeping every activation."""
+    for m in MESHES:
+        assert estimate(P, m, **BASE).activations <= estimate(P, m, **{**BASE, "recompute": False}).activations
+
+
+def test_params_from_arch_needs_the_ffn_width():
+    """Without a checkpoint or arch.expert_ffn_hidden no estimate is made, and the reason says why."""
+    p, why = params_from_arch({"hidden": 64, "layers": 2, "routed_experts": 4, "heads": 4, "vocab": 100})
+    assert p is None and "expert_ffn_hidden" in why
+
+
+def test_params_from_arch_hand_computed():
+    """hidden 64, 2 layers (1 dense), 4 experts of width 32, 4 heads, vocab 100."""
+    p, _ = params_from_arch({"hidden": 64, "layers": 2, "dense_layers": 1, "routed_experts": 4, "heads": 4,
+                             "vocab": 100, "expert_ffn_hidden": 32, "dense_ffn_hidden": 128, "shared_experts": 1})
+    attn = 4 * 64 * 64
+    assert p.dense_per_layer == (attn + 128 + 3 * 64 * 128, attn + 128 + 3 * 64 * 32 + 64 * 4)
+    assert p.expert_per_layer == (0, 4 * 3 * 64 * 32)
+    assert p.embedding == p.output == 6400
+
+
+def test_preflight_fails_on_overrun_unless_allowed():
+    """Over the declared GPU memory: preflight fails, unless run.allow_memory_overrun=true (then it warns)."""
+    from conftest import plan
+    from vrun import preflight
+
+    ov = ["model=kimi_k2_6", "mesh=8gpu", "mesh.cp=1", "mode=plan", "cluster.gpu_mem_gib=40"]
+    p = plan(ov)
+    assert not p.memory.fits and any("exceeds the 40.0 GiB" in w.line() for w in p.warnings)
+    (problem,) = preflight.memory_problems(p)
+    assert not problem.warning and "run.allow_memory_overrun=true" in problem.fix
+    (allowed,) = preflight.memory_problems(plan(ov + ["run.allow_memory_overrun=true"]))
+    assert allowed.warning

@@ -1,0 +1,84 @@
+"""mesh=auto returns only meshes the plan accepts, includes the launchers' presets, and is fast enough."""
+import random
+
+import pytest
+
+from conftest import MODELS, compose, plan, problems_of, runner
+from vrun import checks, search
+from vrun.mesh import Arch, Mesh, mesh_problems
+
+
+def model_facts(model):
+    m = compose([f"model={model}"])["model"]
+    return m, Arch.of(m["arch"])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_result_passes_the_plan_checks(model):
+    """Property: for random GPU counts each mesh returned passes mesh_problems and the batch checks."""
+    m, arch = model_facts(model)
+    verl = plan([f"model={model}", "mode=plan"]).verl
+    rnd = random.Random(model)
+    for nnodes in rnd.sample([1, 2, 3, 4, 6, 8, 16, 32], 4):
+        for mesh in search.valid_meshes(nnodes, 8, arch, m["tp_allowed"], m["etp_allowed"], model, verl):
+            assert mesh_problems(mesh, arch, m["tp_allowed"], m["etp_allowed"], model) == [], mesh
+            assert checks.ppo_batch_problems(verl, mesh) == [], mesh
+
+
+def test_results_plan_end_to_end():
+    """A sample of auto's results plans through the runner's own path."""
+    m, arch = model_facts("qwen3_5_35b")
+    verl = plan(["model=qwen3_5_35b", "mode=plan"]).verl
+    found = search.valid_meshes(1, 8, arch, m["tp_allowed"], m["etp_allowed"], "qwen3_5_35b", verl)
+    for mesh in random.Random(1).sample(found, min(6, len(found))):
+        ov = [f"mesh.{k}={getattr(mesh, k)}" for k in ("tp", "pp", "ep", "cp", "etp")]
+        assert problems_of(["model=qwen3_5_35b", "mode=plan"] + ov) == [], ov
+
+
+@pytest.mark.parametrize("model,preset", [("glm5_1", Mesh(32, 8, pp=8, ep=8, cp=8)),
+                                          ("kimi_k2_6", Mesh(32, 8, pp=8, ep=8, cp=8)),
+                                          ("qwen3_5_35b", Mesh(1, 8, ep=8, cp=8)),
+                                          ("deepseek_v4_flash", Mesh(16, 8, pp=4, ep=8, cp=4)),
+                                          ("deepseek_v4_pro", Mesh(64, 8, pp=8, ep=16, cp=4))])
+def test_launcher_presets_are_among_the_results(model, preset):
+    """The launchers' own meshes are found where they are valid."""
+    m, arch = model_facts(model)
+    assert preset in search.valid_meshes(preset.nnodes, 8, arch, m["tp_allowed"], m["etp_allowed"], model)
+
+
+def test_auto_prints_choice_alternatives_and_memory(tmp_path):
+    """model=kimi_k2_6 mesh=auto mesh.nnodes=32: a chosen mesh, alternatives and a memory breakdown."""
+    proc = runner("model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "algo=grpo", "mode=plan",
+                  f"hydra.run.dir={tmp_path}/r")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "valid meshes searched in" in out and "chosen mesh.tp=1" in out and out.count("alternative ") == 5
+    assert "memory  per GPU, stage" in out and "GiB training" in out and "of 80.0 GiB" in out
+
+
+def test_auto_prefers_what_fits():
+    """With little GPU memory the choice moves to a mesh that fits."""
+    roomy = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "optimizer=dist_opt", "mode=plan",
+                  "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.3"])
+    assert roomy.memory.fits
+    tight = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "optimizer=dist_opt", "mode=plan",
+                  "cluster.gpu_mem_gib=40", "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.3"])
+    assert tight.memory.fits and tight.memory.peak <= 40 * 2 ** 30
+    assert (tight.mesh.pp, tight.mesh.ep) != (roomy.mesh.pp, roomy.mesh.ep)
+
+
+def test_mesh_error_lists_valid_neighbours(tmp_path):
+    """An invalid mesh's error is followed by valid meshes one and two knobs away, as overrides."""
+    proc = runner("model=glm5_1", "mesh.cp=3", "mode=plan", f"hydra.run.dir={tmp_path}/r")
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("error: mesh.cp=3")
+    one = next(line for line in lines if line.startswith("valid meshes, one change: "))
+    two = next(line for line in lines if line.startswith("valid meshes, two changes: "))
+    for option in one.split(": ", 1)[1].split(" | ") + two.split(": ", 1)[1].split(" | "):
+        assert problems_of(["model=glm5_1", "mode=plan"] + option.split()) == [], option
+
+
+def test_search_under_100ms_for_512_gpus():
+    """All valid meshes for 512 GPUs with estimates: the plan records the search time (bench reports it)."""
+    p = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=64", "mode=plan"])
+    assert p.search["valid_meshes"] > 1000 and p.search["search_ms"] > 0
