@@ -3,6 +3,8 @@
 1. `runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan` vs `python -m verl.trainer.main_ppo --cfg job`
    with the same verl groups and overrides (what a launcher costs just to print its config). Goal <= 0.25x.
 2. A 64-point plan-only --multirun sweep (every point planned, checked and written). Goal < 10 s.
+3. mesh=auto search time (every valid mesh, each with its memory estimate) for 8…1024 GPUs and each model.
+   Goal: under 100 ms for 512 GPUs.
 """
 import json
 import statistics
@@ -48,6 +50,39 @@ def main():
     points = len(list((tmp / "s0").iterdir()))
     s = statistics.median(runs)
     print(f"plan sweep, {points} points      {s:6.2f} s   ({s / points * 1000:.0f} ms/point; goal < 10 s total)")
+    mesh_search()
+
+
+def mesh_search():
+    sys.path.insert(0, str(ROOT))
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from vrun import memory, plan as planning, schema, search
+    from vrun.mesh import Arch
+
+    schema.register()
+    models = ["deepseek_v4_flash", "deepseek_v4_pro", "kimi_k2_6", "glm5_1", "qwen3_5_35b"]
+    gpus = [8, 64, 256, 512, 1024]
+    print("mesh search (ms; valid meshes)  " + "  ".join(f"{g:>12}" for g in gpus))
+    for model in models:
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+            cfg = OmegaConf.to_container(compose("run", [f"model={model}", "mode=plan"]), resolve=True)
+        p = planning.make_plan(cfg, tempfile.mkdtemp())
+        m = cfg["model"]
+        params, _ = memory.params_from_arch(m["arch"])
+        inputs = planning.memory_inputs(cfg, p.verl)
+        cells = []
+        for g in gpus:
+            best = float("inf")
+            for _ in range(3):
+                t = time.perf_counter()
+                valid = search.valid_meshes(g // 8, 8, Arch.of(m["arch"]), m["tp_allowed"], m["etp_allowed"],
+                                            model, p.verl, cfg["algo"]["entrypoint"])
+                search.rank(valid, (lambda mm: memory.estimate(params, mm, **inputs)) if params else None)
+                best = min(best, time.perf_counter() - t)
+            cells.append(f"{best * 1000:6.1f}; {len(valid):5d}")
+        print(f"  {model:<30}" + "  ".join(f"{c:>12}" for c in cells) + ("" if params else "   (no estimate)"))
 
 
 if __name__ == "__main__":

@@ -67,9 +67,11 @@ def versions() -> dict:
 def manifest(config: DictConfig, output_dir: str, overrides: list[str]) -> dict:
     from omegaconf import open_dict
 
-    c = config.copy()
-    with open_dict(c):
-        c.pop("hydra", None)
+    c = config
+    if "hydra" in config:
+        c = config.copy()
+        with open_dict(c):
+            c.pop("hydra", None)
     run_cfg = OmegaConf.to_container(c, resolve=True)
     return {
         "command": [Path(sys.argv[0]).name] + [redact_arg(a) for a in sys.argv[1:]],

@@ -127,6 +127,19 @@ def test_qwen_moe_sharded_over_two_files(tmp_path):
     assert f.dtypes == {"F16": 16, "F32": 1}
 
 
+def test_fused_expert_tensors_are_routed(tmp_path):
+    """Qwen3-VL-MoE style fused experts.gate_up_proj / experts.down_proj are routed experts; shared_expert is not."""
+    d = write_config(tmp_path / "fused", num_hidden_layers=1)
+    p = "model.language_model.layers.0.mlp"
+    save_file({f"{p}.experts.gate_up_proj": np.zeros((4, 8, 4), np.float16),      # 4 experts × 8×4 = 128
+               f"{p}.experts.down_proj": np.zeros((4, 2, 8), np.float16),         # 4 experts × 2×8 = 64
+               f"{p}.shared_expert.down_proj.weight": np.zeros((8, 2), np.float16),  # 16 dense
+               f"{p}.shared_expert_gate.weight": np.zeros((1, 8), np.float16)},       # 8 dense
+              str(d / "model.safetensors"))
+    f = read_checkpoint(d)
+    assert (f.totals["routed_expert"], f.totals["dense"], f.per_layer_expert) == (192, 24, {0: 192})
+
+
 def test_shard_missing_from_index(tmp_path):
     """A shard the index names but the directory lacks is reported and the count is incomplete."""
     d = write_config(tmp_path / "m", num_hidden_layers=1)
@@ -195,6 +208,29 @@ def test_compressed_tensors_weight_packed(tmp_path):
     # 2 experts × 3 projections × 8 stored int32 × 8 = 384 = 2 × 3 × 8×8
     assert f.totals["routed_expert"] == 384 and f.per_layer_expert == {1: 384}
     assert (f.excluded_scale_tensors, f.complete, f.problems) == (12, True, [])
+
+
+def test_packed_names_without_quantization_config_are_int4(tmp_path):
+    """With no quantization_config, qweight / weight_packed follow the INT4 convention: 8 per I32, 2 per U8."""
+    d = write_config(tmp_path / "conv", num_hidden_layers=1)
+    save_file({"model.layers.0.mlp.experts.0.gate_proj.qweight": np.zeros((1, 8), np.int32),       # 8 × 8 = 64
+               "model.layers.0.mlp.experts.0.up_proj.weight_packed": np.zeros((8, 4), np.uint8)},  # 32 × 2 = 64
+              str(d / "model.safetensors"))
+    f = read_checkpoint(d)
+    assert (f.totals["routed_expert"], f.complete) == (128, True)
+
+
+def test_modelopt_nvfp4_weight_counted_times_two(tmp_path):
+    """ModelOpt NVFP4: a U8 weight holds 2 FP4 values per byte; weight_scale, weight_scale_2, input_scale excluded."""
+    d = write_config(tmp_path / "nvfp4", num_hidden_layers=1,
+                     quantization_config={"quant_method": "modelopt", "quant_algo": "NVFP4"})
+    p = "model.layers.0.mlp.experts.0.down_proj"
+    write_raw(d / "model.safetensors", {f"{p}.weight": ("U8", (8, 4)),          # 8×8 FP4 = 64
+                                        f"{p}.weight_scale": ("F8_E4M3", (8, 1)),
+                                        f"{p}.weight_scale_2": ("F32", ()),
+                                        f"{p}.input_scale": ("F32", ())})
+    f = read_checkpoint(d)
+    assert (f.totals["routed_expert"], f.excluded_scale_tensors, f.complete) == (64, 3, True)
 
 
 def test_deepseek_v4_native_fp4_experts(tmp_path):
@@ -277,7 +313,8 @@ def test_glm_mtp_layer_at_num_hidden_layers(tmp_path):
               str(d / "model.safetensors"))
     f = read_checkpoint(d)
     assert f.totals == {"dense": 64, "routed_expert": 32, "mtp": 160, "vision": 0, "total": 256}
-    assert (f.mtp_routed_expert, f.per_layer_expert, f.per_layer_dense, f.arch["mtp_layers"]) == (32, {0: 32}, {0: 64}, 1)
+    assert (f.mtp_routed_expert, f.per_layer_expert, f.per_layer_dense) == (32, {0: 32}, {0: 64})
+    assert f.arch["mtp_layers"] == 1
 
 
 def test_qwen3_5_vision_and_mtp_by_name(tmp_path):
@@ -297,6 +334,22 @@ def test_qwen3_5_vision_and_mtp_by_name(tmp_path):
     assert (f.model_type, f.arch["layers"], f.arch["routed_experts"], f.arch["mtp_layers"]) == (
         "qwen3_5_moe", 40, 256, 1)
     assert f.per_layer_dense == {0: 32}
+
+
+def test_kimi_k2_5_style_prefixes(tmp_path):
+    """language_model.model.layers / language_model.lm_head are the text model; vision_tower and mm_projector vision."""
+    d = write_config(tmp_path / "k25", model_type="kimi_k25", text_config={"model_type": "kimi_k2",
+                                                                           "num_hidden_layers": 1})
+    save_file({"language_model.model.embed_tokens.weight": np.zeros((16, 4), np.float16),                # 64
+               "language_model.model.layers.0.mlp.experts.0.gate_proj.weight": np.zeros((2, 4), np.float16),  # 8
+               "language_model.model.layers.0.self_attn.o_proj.weight": np.zeros((4, 4), np.float16),    # 16
+               "language_model.lm_head.weight": np.zeros((16, 4), np.float16),                           # 64
+               "vision_tower.encoder.blocks.0.wqkv.weight": np.zeros((12, 4), np.float16),               # 48
+               "mm_projector.proj.0.weight": np.zeros((4, 4), np.float16)},                              # 16
+              str(d / "model.safetensors"))
+    f = read_checkpoint(d)
+    assert f.totals == {"dense": 144, "routed_expert": 8, "mtp": 0, "vision": 64, "total": 216}
+    assert (f.embedding, f.output, f.per_layer_expert, f.per_layer_dense) == (64, 64, {0: 8}, {0: 16})
 
 
 # reading only the header ---------------------------------------------------------------------------------

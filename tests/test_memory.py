@@ -119,3 +119,10 @@ def test_preflight_fails_on_overrun_unless_allowed():
     assert not problem.warning and "run.allow_memory_overrun=true" in problem.fix
     (allowed,) = preflight.memory_problems(plan(ov + ["run.allow_memory_overrun=true"]))
     assert allowed.warning
+
+
+def test_estimate_depends_on_world_tp_pp_and_ep_etp_only():
+    """mesh search memoises on (world, TP, PP, EP·ETP): CP and the EP/ETP split do not change the estimate."""
+    a = estimate(P, Mesh(2, 8, pp=2, ep=4, etp=1, cp=1), **BASE)
+    b = estimate(P, Mesh(2, 8, pp=2, ep=2, etp=2, cp=4), **BASE)
+    assert a.peak == b.peak and a.weights == b.weights and a.optimizer == b.optimizer

@@ -71,6 +71,7 @@ _VISION = re.compile(r"(?:^|\.)(?:visual|vision_tower|vision_model|vision_encode
 _MTP = re.compile(r"(?:^|[._])(?:mtp|nextn)")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _ROUTED = re.compile(r"\.experts\.(?:\d+\.|(?:gate_up_proj|gate_proj|up_proj|down_proj|w1|w2|w3|w13)(?:[._]|$))")
+_FUSED_EXPERTS = re.compile(r"\.experts\.(?:gate_up_proj|gate_proj|up_proj|down_proj)$")
 _PER_EXPERT_WEIGHT = re.compile(r"\.experts\.\d+\.[^.]+\.(?:weight|qweight|weight_packed)$")
 _EMBEDDING = re.compile(r"(?:^|\.)(?:embed_tokens|embed|tok_embeddings|word_embeddings|wte)\.weight$")
 _OUTPUT = re.compile(r"(?:^|\.)(?:lm_head|head|output)\.weight$")
@@ -134,7 +135,7 @@ def read_safetensors_header(path: str) -> tuple[dict, int]:
         (n,) = struct.unpack("<Q", head)
         if n > MAX_HEADER or n > size - 8:
             raise CheckpointError(f"{path}: header length {n} does not fit a {size}-byte file; not safetensors")
-        raw = f.read(n); f.read()
+        raw = f.read(n)
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as e:
@@ -145,7 +146,11 @@ def read_safetensors_header(path: str) -> tuple[dict, int]:
 
 
 def read_checkpoint(path: str) -> Optional[CheckpointFacts]:
-    """Facts of the checkpoint at `path`; None when it is not a directory with a config.json."""
+    """Facts of the checkpoint at `path`; None when it is not a directory with a config.json.
+
+    Raises CheckpointError when config.json or the index is not valid JSON; a shard that is missing or unreadable
+    is a line in `problems` instead (and `complete` is False), so a partial download still plans.
+    """
     path = os.fspath(path)
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
@@ -192,11 +197,13 @@ def read_checkpoint(path: str) -> Optional[CheckpointFacts]:
     complete = not c.unknown and not any(not p.startswith("warning:") for p in problems)
     return CheckpointFacts(
         path=path, model_type=top.get("model_type") or text.get("model_type"), arch=arch,
-        totals={**c.totals, "total": sum(c.totals.values())}, per_layer_expert=dict(sorted(c.per_layer_expert.items())),
-        per_layer_dense=dict(sorted(c.per_layer_dense.items())), embedding=c.embedding, output=c.output,
-        excluded_scale_tensors=c.excluded, unknown=c.unknown, dtypes=c.dtypes, shards=len(files), complete=complete,
-        mtp_routed_expert=c.mtp_routed_expert, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        quant_method=quant_method, buffers=c.buffers, problems=problems)
+        totals={**c.totals, "total": sum(c.totals.values())},
+        per_layer_expert=dict(sorted(c.per_layer_expert.items())),
+        per_layer_dense=dict(sorted(c.per_layer_dense.items())),
+        embedding=c.embedding, output=c.output, excluded_scale_tensors=c.excluded, unknown=c.unknown,
+        dtypes=Counter(c.dtypes), shards=len(files), complete=complete, mtp_routed_expert=c.mtp_routed_expert,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), quant_method=quant_method, buffers=c.buffers,
+        problems=problems)
 
 
 def cross_check(facts: CheckpointFacts, arch: Any) -> List[str]:
@@ -227,33 +234,37 @@ class _Counter:
         self.embedding = self.output = self.excluded = self.mtp_routed_expert = 0
         self.unknown: List[UnknownTensor] = []
         self.buffers: List[str] = []
-        self.dtypes: Counter = Counter()
+        self.dtypes: Dict[str, int] = {}
         self.problems: List[str] = []
         self.seen: set = set()
         self.odd_experts: List[str] = []
 
     def add_shard(self, shard: str, header: dict, data_bytes: int) -> None:
-        names = set(header) - {"__metadata__"}
-        end, bad_size = 0, []
-        for name in sorted(names):
-            info = header[name]
+        end, bad_size, seen, dtypes, add = 0, [], self.seen, self.dtypes, self._add
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            # JSON already holds ints: one type check on the products instead of int() on every number
             try:
-                dtype, shape = str(info["dtype"]), tuple(int(s) for s in info["shape"])
-                begin, stop = (int(o) for o in info["data_offsets"])
+                dtype, shape = info["dtype"], info["shape"]
+                begin, stop = info["data_offsets"]
+                numel, length = math.prod(shape), stop - begin
             except (KeyError, TypeError, ValueError):
+                numel = length = None
+            if type(numel) is not int or type(length) is not int or type(dtype) is not str:
                 self.problems.append(f"{shard}: tensor {name} has no valid dtype/shape/data_offsets in the header")
                 continue
-            numel = math.prod(shape)
-            end = max(end, stop)
+            if stop > end:
+                end = stop
             bits = DTYPE_BITS.get(dtype)
-            if bits is not None and stop - begin != (numel * bits + 7) // 8:
+            if bits is not None and length != (numel * bits + 7) // 8:
                 bad_size.append(name)
-            if name in self.seen:
+            if name in seen:
                 self.problems.append(f"warning: {shard}: tensor {name} appears in more than one shard; counted once")
                 continue
-            self.seen.add(name)
-            self.dtypes[dtype] += 1
-            self._add(name, dtype, shape, numel, names)
+            seen.add(name)
+            dtypes[dtype] = dtypes.get(dtype, 0) + 1
+            add(name, dtype, shape, numel, header)
         if bad_size:
             self.problems.append(f"warning: {shard}: {len(bad_size)} tensor(s) whose byte range does not match "
                                  f"dtype×shape, e.g. {bad_size[0]}")
@@ -261,32 +272,34 @@ class _Counter:
             self.problems.append(f"warning: {shard}: truncated: the header describes {end} data bytes, "
                                  f"the file holds {data_bytes} (counts come from the header)")
 
-    def _add(self, name: str, dtype: str, shape: tuple, numel: int, siblings: set) -> None:
-        leaf = name.rsplit(".", 1)[-1]
+    def _add(self, name: str, dtype: str, shape: list, numel: int, siblings: Mapping) -> None:
+        leaf = name.rpartition(".")[2]
         if _is_scale(name, leaf, dtype, siblings):
             self.excluded += 1
             return
-        vision = bool(_VISION.search(name))
+        # substring tests first: the regexes run only on names that can match (100k names in a 671B checkpoint)
+        vision = ("vis" in name or "mm_" in name or "multi_modal" in name) and bool(_VISION.search(name))
         m = None if vision else _LAYER.search(name)
         layer = int(m.group(1)) if m else None
-        mtp = not vision and (bool(_MTP.search(name)) or (layer is not None and self.layers is not None
-                                                          and layer >= self.layers))
-        routed = not vision and bool(_ROUTED.search(name)) and "shared_expert" not in name
+        mtp = not vision and ((("mtp" in name or "nextn" in name) and bool(_MTP.search(name))) or (
+            layer is not None and self.layers is not None and layer >= self.layers))
+        routed = not vision and ".experts." in name and "shared_expert" not in name and bool(_ROUTED.search(name))
         if dtype in FLOAT_DTYPES:
             n = numel
         elif dtype in INT_DTYPES and _is_weight(name, leaf):
             n = self._unpacked(name, leaf, dtype, shape, numel, routed)
             if n is None:
-                self.unknown.append(UnknownTensor(name, dtype, shape))
+                self.unknown.append(UnknownTensor(name, dtype, tuple(shape)))
                 return
         elif dtype in INT_DTYPES or dtype == "BOOL":
             self.buffers.append(name)
             return
         else:
-            self.unknown.append(UnknownTensor(name, dtype, shape))
+            self.unknown.append(UnknownTensor(name, dtype, tuple(shape)))
             return
-        if routed and self.hidden and self.moe_inter and len(shape) == 2 and _PER_EXPERT_WEIGHT.search(name) \
-                and n != self.hidden * self.moe_inter:
+        # a float shape is logical as stored; an unpacked integer weight is checked against the config's sizes
+        if routed and dtype in INT_DTYPES and self.hidden and self.moe_inter and len(shape) == 2 \
+                and n != self.hidden * self.moe_inter and _PER_EXPERT_WEIGHT.search(name):
             self.odd_experts.append(name)
         if vision:
             self.totals["vision"] += n
@@ -307,7 +320,7 @@ class _Counter:
             elif _OUTPUT.search(name):
                 self.output += n
 
-    def _unpacked(self, name: str, leaf: str, dtype: str, shape: tuple, numel: int, routed: bool) -> Optional[int]:
+    def _unpacked(self, name: str, leaf: str, dtype: str, shape: list, numel: int, routed: bool) -> Optional[int]:
         """Logical values held by a packed integer weight; None when its packing is not determined."""
         if routed and self.expert_bits:
             bits = self.expert_bits
@@ -323,7 +336,7 @@ class _Counter:
         return stored // bits if bits and stored % bits == 0 else None
 
 
-def _is_scale(name: str, leaf: str, dtype: str, siblings: set) -> bool:
+def _is_scale(name: str, leaf: str, dtype: str, siblings: Mapping) -> bool:
     if dtype in SCALE_DTYPES or leaf in SCALE_LEAVES or leaf.endswith(("_scale_inv", "_zero_point")):
         return True
     if ".quant_state." in name:
@@ -336,8 +349,7 @@ def _is_scale(name: str, leaf: str, dtype: str, siblings: set) -> bool:
 
 def _is_weight(name: str, leaf: str) -> bool:
     """An integer tensor that stands for a weight (packed or quantized), not a buffer."""
-    return leaf in PACKED_LEAVES or leaf == "weight" or leaf.endswith("_blocks") or bool(
-        re.search(r"\.experts\.(?:gate_up_proj|gate_proj|up_proj|down_proj)$", name))
+    return leaf in PACKED_LEAVES or leaf == "weight" or leaf.endswith("_blocks") or bool(_FUSED_EXPERTS.search(name))
 
 
 def _quant_bits(q: dict) -> tuple[Optional[set], Optional[str]]:

@@ -70,7 +70,16 @@ def _other_problems(m: Mesh, arch: Arch, model: str, verl: dict, entrypoint: str
 
 
 def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = None) -> list[Candidate]:
-    cands = [Candidate(m, estimate(m) if estimate else None) for m in meshes]
+    # the estimate depends on the mesh only through (world, TP, PP, EP·ETP): DP·CP and EDP follow from them
+    memo: dict = {}
+
+    def est(m: Mesh):
+        k = (m.world, m.tp, m.pp, m.ep * m.etp)
+        if k not in memo:
+            memo[k] = estimate(m)
+        return memo[k]
+
+    cands = [Candidate(m, est(m) if estimate else None) for m in meshes]
     return sorted(cands, key=Candidate.key)
 
 

@@ -9,7 +9,6 @@ Imports nothing of verl: only `importlib.util.find_spec` locates it.
 """
 from __future__ import annotations
 
-import copy
 import functools
 import importlib.util
 import re
@@ -54,7 +53,16 @@ def _base(config_name: str, groups: tuple[str, ...], config_dir: str) -> dict:
 
 def base_tree(config_name: str, groups: Iterable[str]) -> dict:
     """A private copy of verl's composed tree (interpolations unresolved)."""
-    return copy.deepcopy(_base(config_name, tuple(groups), str(verl_config_dir())))
+    return _copy(_base(config_name, tuple(groups), str(verl_config_dir())))
+
+
+def _copy(x: Any) -> Any:
+    """Copy of a tree of dicts, lists and scalars (several times faster than copy.deepcopy)."""
+    if isinstance(x, dict):
+        return {k: _copy(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_copy(v) for v in x]
+    return x
 
 
 MISSING = object()
@@ -97,7 +105,7 @@ def apply(tree: dict, overrides: Iterable[Override], open_maps: Iterable[str] = 
             problems.append(Problem(ov.key, ov.value, "an item is already there; `+` only adds",
                                     f"set it without `+`: {ov.key}={render(ov.value)}"))
             continue
-        node[leaf] = copy.deepcopy(ov.value)
+        node[leaf] = _copy(ov.value)
     return problems
 
 

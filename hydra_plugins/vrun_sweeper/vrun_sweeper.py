@@ -53,16 +53,15 @@ class PlanningSweeper(Sweeper):
             self.config.hydra.sweep.dir = str(Path(str(self.config.hydra.sweep.dir)).absolute())
         composed, failures = [], []
         bases: dict = {}
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
         for idx, overrides in enumerate(points):
             try:
-                cfg = self._compose(list(overrides), bases)
+                cfg, subdir = self._compose(list(overrides), bases)
                 with open_dict(cfg):
-                    cfg.hydra.job.num = idx
-                    cfg.hydra.job.id = f"{idx}"
-                run_dir = str(Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))
-                with open_dict(cfg):
-                    hydra_node = cfg.pop("hydra")
-                composed.append((idx, overrides, cfg, run_dir, hydra_node))
+                    cfg.hydra = {"job": {"num": idx, "id": str(idx)}, "sweep": {"subdir": subdir}}
+                    run_dir = str(sweep_dir / str(cfg.hydra.sweep.subdir))
+                    del cfg["hydra"]
+                composed.append((idx, overrides, cfg, run_dir, None))
             except Exception as e:  # noqa: BLE001 - reported per point below
                 failures.append((idx, overrides, errors.describe(e)))
         models = {c.model.name for _, _, c, _, _ in composed}
@@ -102,8 +101,9 @@ class PlanningSweeper(Sweeper):
         return returns
 
     def _compose(self, overrides: List[str], bases: dict) -> DictConfig:
-        """A point's config: Hydra composes once per distinct set of group choices; the value overrides are
-        then applied to a copy with Hydra's own override logic (tests/test_sweep.py checks the equivalence)."""
+        """A point's task config and its raw hydra.sweep.subdir: Hydra composes once per distinct set of group
+        choices; the value overrides are then applied to a copy with Hydra's own override logic
+        (tests/test_sweep.py checks the equivalence with plain runs)."""
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -111,10 +111,15 @@ class PlanningSweeper(Sweeper):
         values = [o for o in parsed if not self._is_group(o)]
         key = tuple(groups)
         if key not in bases:
-            bases[key] = self.hydra_context.config_loader.load_sweep_config(self.config, groups)
-        cfg = bases[key].copy()
+            full = self.hydra_context.config_loader.load_sweep_config(self.config, groups)
+            subdir = OmegaConf.to_container(full.hydra.sweep, resolve=False)["subdir"]
+            with open_dict(full):
+                del full["hydra"]  # copying Hydra's own node per point would cost more than the plan
+            bases[key] = (full, subdir)
+        base, subdir = bases[key]
+        cfg = base.copy()
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
-        return cfg
+        return cfg, subdir
 
     def _is_group(self, override) -> bool:
         key = override.key_or_group
