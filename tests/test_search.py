@@ -82,3 +82,34 @@ def test_search_under_100ms_for_512_gpus():
     """All valid meshes for 512 GPUs with estimates: the plan records the search time (bench reports it)."""
     p = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=64", "mode=plan"])
     assert p.search["valid_meshes"] > 1000 and p.search["search_ms"] > 0
+
+
+def test_plan_reports_exact_counts_from_a_checkpoint(tmp_path, monkeypatch):
+    """With a checkpoint on disk the plan reads its headers: exact counts, the estimate from them, and the
+    model group's facts cross-checked (here the tiny checkpoint differs on purpose)."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    d = tmp_path / "kimi"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "kimi_k2", "num_hidden_layers": 2, "hidden_size": 8,
+                                               "n_routed_experts": 4, "num_experts_per_tok": 2,
+                                               "num_attention_heads": 64, "vocab_size": 16,
+                                               "first_k_dense_replace": 1}))
+    t = {"model.embed_tokens.weight": np.zeros((16, 8), np.float32),              # 128
+         "lm_head.weight": np.zeros((16, 8), np.float32),                         # 128
+         "model.layers.0.mlp.down_proj.weight": np.zeros((8, 32), np.float32),    # dense layer: 256
+         "model.layers.1.mlp.gate.weight": np.zeros((4, 8), np.float32)}          # router: 32
+    for e in range(4):                                                            # 4 experts × 3 × 8×4 = 384
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            t[f"model.layers.1.mlp.experts.{e}.{proj}.weight"] = np.zeros((8, 4), np.float32)
+    save_file(t, str(d / "model.safetensors"))
+    monkeypatch.setenv("KIMI_K2_6_MODEL_PATH", str(d))
+    p = plan(["model=kimi_k2_6", "mesh=8gpu", "mesh.cp=1", "mode=plan"], run_dir=str(tmp_path / "r"))
+    assert p.checkpoint["totals"]["routed_expert"] == 384
+    assert p.checkpoint["totals"]["dense"] == 128 + 128 + 256 + 32
+    assert p.memory.params_source.startswith("checkpoint")
+    assert any("arch.routed_experts: model group says 384, checkpoint config.json says 4" in w.why
+               for w in p.warnings)

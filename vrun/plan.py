@@ -271,6 +271,8 @@ def mesh_hints(cfg: dict, verl: dict, found: list) -> list[str]:
 
 
 def params_from_checkpoint(facts, arch: dict):
+    """The estimate's units from the checkpoint's counts; a vision tower sits with the embedding on stage 0,
+    the final norm with the output layer."""
     from vrun.memory import Params
 
     layers = max(list(facts.per_layer_dense) + list(facts.per_layer_expert) + [-1]) + 1
@@ -278,17 +280,20 @@ def params_from_checkpoint(facts, arch: dict):
     dense = tuple(facts.per_layer_dense.get(i, 0) for i in range(n))
     expert = tuple(facts.per_layer_expert.get(i, 0) for i in range(n))
     t = facts.totals
+    rest = t.get("dense", 0) - sum(dense) - facts.embedding - facts.output
     mtp = t.get("mtp", 0)
-    m = facts.arch.get("mtp_layers") or (arch.get("mtp_layers") or 0)
-    return Params(embedding=facts.embedding + t.get("vision", 0), output=facts.output, dense_per_layer=dense,
-                  expert_per_layer=expert, mtp_dense=mtp if m else 0, mtp_expert=0, mtp_layers=m if mtp else 0,
-                  source=f"checkpoint ({facts.shards} shard(s))")
+    m = (facts.arch.get("mtp_layers") or arch.get("mtp_layers") or 1) if mtp else 0
+    return Params(embedding=facts.embedding + t.get("vision", 0), output=facts.output + max(rest, 0),
+                  dense_per_layer=dense, expert_per_layer=expert, mtp_dense=mtp - facts.mtp_routed_expert,
+                  mtp_expert=facts.mtp_routed_expert, mtp_layers=m, source=f"checkpoint ({facts.shards} shard(s))")
 
 
 def checkpoint_summary(facts) -> dict:
-    return {"path": facts.path, "model_type": facts.model_type, "totals": facts.totals, "complete": facts.complete,
-            "excluded_scale_tensors": facts.excluded_scale_tensors, "dtypes": dict(facts.dtypes),
-            "unknown": facts.unknown[:10]}
+    d = facts.to_dict()
+    return {"path": d["path"], "model_type": d["model_type"], "totals": d["totals"], "complete": d["complete"],
+            "excluded_scale_tensors": d["excluded_scale_tensors"], "dtypes": d["dtypes"],
+            "per_layer_routed_expert": d["per_layer_expert"], "unknown": d["unknown"][:10],
+            "problems": d["problems"][:10]}
 
 
 def command(cfg: dict, run_dir: str, mesh: Mesh, python: str, node_rank: int = 0,
@@ -395,7 +400,7 @@ def memory_rows(plan: Plan) -> list[str]:
                         f"{alt['peak_gib']} GiB{'' if alt['fits'] else '  (does not fit)'}")
     if plan.checkpoint:
         t = plan.checkpoint["totals"]
-        b = lambda n: f"{n / 1e9:.2f}B"  # noqa: E731
+        b = lambda n: f"{n:,}"  # noqa: E731  (exact logical parameter counts)
         rows.append(f"params  checkpoint: {b(t['total'])} = dense {b(t['dense'])} + routed experts "
                     f"{b(t['routed_expert'])} + MTP {b(t['mtp'])} + vision {b(t['vision'])}"
                     f"{'' if plan.checkpoint['complete'] else ' (incomplete: unknown layouts)'}")
