@@ -16,7 +16,12 @@ PLANNED: dict[str, "planning.Plan"] = {}
 def run(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    run_dir = HydraConfig.get().runtime.output_dir
+    hc = HydraConfig.get()
+    run_dir = hc.runtime.output_dir
+    if "submitit" in str(hc.launcher.get("_target_", "")) and str(hc.mode) == "RunMode.RUN":
+        errors.emit(["error: hydra/launcher=" + str(hc.runtime.choices.get("hydra/launcher")) + ": Hydra applies a "
+                     "launcher only in multirun, so this run would train on this machine; fix: add cluster=slurm "
+                     "(it submits without -m)"])
     try:
         p = PLANNED.pop(run_dir, None) or plan_config(cfg, run_dir)
         planning.write(p)

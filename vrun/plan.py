@@ -309,7 +309,7 @@ def command(cfg: dict, run_dir: str, mesh: Mesh, python: str, node_rank: int = 0
     argv = [str(torchrun) if torchrun.exists() else "torchrun", "--nnodes", str(mesh.nnodes),
             "--nproc_per_node", str(mesh.gpus_per_node), "--node_rank", str(node_rank),
             "--master_addr", master_addr, "--master_port", str(cfg["cluster"].get("master_port", 29500)),
-            "-m", "verl_mlite.launch", "verl.trainer.sft_trainer",
+            "-m", *cfg["run"].get("sft_entry", ["verl_mlite.launch", "verl.trainer.sft_trainer"]),
             "--config-path", run_dir, "--config-name", "verl_config",
             f"hydra.run.dir={run_dir}/sft", "hydra.output_subdir=null"]
     return "verl.trainer.sft_trainer (torchrun, verl_mlite.launch)", argv

@@ -94,6 +94,12 @@ class RayCfg:
     address: str = "local"
     num_cpus: Optional[int] = None
     num_gpus: Optional[int] = None
+    # SLURM: network interface whose IPv4 address the nodes use (e.g. ib0); null: the hostname's address
+    interface: Optional[str] = None
+    # SLURM: seconds the head waits for every node to join before failing the job, naming the missing ones
+    join_timeout_s: int = 300
+    # RAY_AUTH_MODE, set identically on every node (a head with token auth rejects token-less workers)
+    auth_mode: str = "disabled"
 
 
 @dataclass
@@ -104,8 +110,24 @@ class Cluster:
     account: Optional[str] = None
     qos: Optional[str] = None
     time_min: int = 240
-    # torchrun rendezvous port (SFT)
+    # torchrun rendezvous port (SFT); on SLURM derived from the job id unless set
     master_port: int = 29500
+    # SLURM submission (hydra.launcher takes these through conf/cluster/slurm.yaml)
+    cpus_per_task: Optional[int] = None
+    mem_gb: Optional[int] = None
+    constraint: Optional[str] = None
+    # lines in the sbatch script before srun (modules, containers, env activation)
+    setup: List[str] = field(default_factory=list)
+    # lines each node runs before Ray / torchrun starts (bash; a failure fails the node)
+    node_setup: List[str] = field(default_factory=list)
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    # requeues on time limit; preemptions always requeue (submitit's checkpoint())
+    max_requeues: int = 3
+    # submissions above this many GPU-hours need a confirmation (or cluster.yes=true when not interactive)
+    confirm_gpu_hours: float = 1000.0
+    yes: bool = False
+    # submit, print the job ids and log paths, and return without waiting
+    detach: bool = False
     # GPU memory per device in GiB (for the estimate); H100 80, H200 141, B200 180
     gpu_mem_gib: float = 80.0
 
@@ -121,6 +143,8 @@ class Run:
     python: str = "python"
     # preflight fails when the memory estimate exceeds cluster.gpu_mem_gib, unless this is true
     allow_memory_overrun: bool = False
+    # what torchrun runs for SFT (python -m ...); verl_mlite.launch applies Megatron Lite's runtime patches
+    sft_entry: List[str] = field(default_factory=lambda: ["verl_mlite.launch", "verl.trainer.sft_trainer"])
 
 
 @dataclass

@@ -56,12 +56,15 @@ class PlanningSweeper(Sweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         for idx, overrides in enumerate(points):
             try:
-                cfg, subdir = self._compose(list(overrides), bases)
+                cfg, subdir, launcher = self._compose(list(overrides), bases)
                 with open_dict(cfg):
-                    cfg.hydra = {"job": {"num": idx, "id": str(idx)}, "sweep": {"subdir": subdir}}
+                    cfg.hydra = {"job": {"num": idx, "id": str(idx)}, "sweep": {"subdir": subdir,
+                                                                                "dir": str(sweep_dir)},
+                                 "launcher": launcher}
                     run_dir = str(sweep_dir / str(cfg.hydra.sweep.subdir))
+                    launcher_params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
                     del cfg["hydra"]
-                composed.append((idx, overrides, cfg, run_dir, None))
+                composed.append((idx, overrides, cfg, run_dir, launcher_params))
             except Exception as e:  # noqa: BLE001 - reported per point below
                 failures.append((idx, overrides, errors.describe(e)))
         models = {c.model.name for _, _, c, _, _ in composed}
@@ -78,6 +81,8 @@ class PlanningSweeper(Sweeper):
                     lines.append(f"point {idx} [{' '.join(overrides)}]: {line}")
             errors.emit(lines)
         modes = {p.cfg["mode"] for _, _, p in plans}
+        if "SlurmLauncher" in str(self.config.hydra.launcher.get("_target_", "")):
+            return self._slurm(plans, composed)
         if modes == {"plan"}:
             from hooks.callbacks import write_manifest
 
@@ -113,13 +118,48 @@ class PlanningSweeper(Sweeper):
         if key not in bases:
             full = self.hydra_context.config_loader.load_sweep_config(self.config, groups)
             subdir = OmegaConf.to_container(full.hydra.sweep, resolve=False)["subdir"]
+            launcher = OmegaConf.to_container(full.hydra.launcher, resolve=False)
             with open_dict(full):
                 del full["hydra"]  # copying Hydra's own node per point would cost more than the plan
-            bases[key] = (full, subdir)
-        base, subdir = bases[key]
+            bases[key] = (full, subdir, launcher)
+        base, subdir, launcher = bases[key]
         cfg = base.copy()
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
-        return cfg, subdir
+        return cfg, subdir, launcher
+
+    def _slurm(self, plans, composed) -> Any:
+        """SLURM: every point's job shown (and written) before anything is submitted; then submit."""
+        import json
+
+        from hooks.callbacks import write_manifest
+        from vrun import errors, plan as planning, slurm
+
+        items, total = [], 0.0
+        for (idx, overrides, p), (_, _, cfg, _, launcher) in zip(plans, composed):
+            spec = slurm.spec_from(launcher, p.cfg["cluster"])
+            folder = str(launcher.get("submitit_folder") or f"{self.config.hydra.sweep.dir}/.submitit/%j")
+            planning.write(p)
+            write_manifest(cfg, p.run_dir, list(overrides))
+            data = json.loads((Path(p.run_dir) / "plan.json").read_text())
+            data["slurm"] = {"parameters": spec.executor_parameters(), "gpu_hours": spec.gpu_hours,
+                             "submitit_folder": folder, "sbatch": "sbatch.sh"}
+            (Path(p.run_dir) / "plan.json").write_text(json.dumps(data, indent=2) + "\n")
+            (Path(p.run_dir) / "sbatch.sh").write_text(slurm.sbatch_script(spec, folder))
+            print(planning.one_line(idx, overrides, p) + f"\n    slurm: {slurm.describe(spec)}", flush=True)
+            items.append((p, spec, p.cfg["mode"], folder))
+            total += spec.gpu_hours
+        print(f"sweep: {len(items)} job(s), {total:.1f} GPU-hours", flush=True)
+        if {p.cfg["mode"] for _, _, p in plans} == {"plan"}:
+            print(f"plan only: nothing submitted (sbatch scripts in each run dir)", flush=True)
+            return []
+        try:
+            slurm.confirm(total, plans[0][2].cfg["cluster"])
+            jobs = []
+            for p, spec, mode, folder in items:
+                jobs += slurm.submit([(p, spec, mode)], folder, detach=bool(p.cfg["cluster"].get("detach")))
+        except Exception as e:  # noqa: BLE001 - one line per failure, non-zero exit
+            errors.emit([errors.describe(e)])
+        return jobs
 
     def _is_group(self, override) -> bool:
         key = override.key_or_group

@@ -1,0 +1,159 @@
+"""Multi-node on a real SLURM cluster: submission through the submitit launcher, Ray brought up inside the
+allocation, torchrun across nodes, a node that never joins, requeue, and a sweep with one bad point.
+
+Runs against whatever SLURM `sinfo` reaches: $VRUN_SLURM_WRAPPER (the CI harness's `slx`, which runs clients
+in its controller namespace) or plain `sinfo` on PATH; skips with one line where none is reachable. The CI
+harness declares 4 GPUs per node (GRES on stand-in devices): Ray is told the GPU count, nothing is detected.
+Run dirs live under the checkout (<repo>/.slurm-test), which every node sees; /tmp is private per node.
+"""
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import PY, ROOT
+
+SHARED = ROOT / ".slurm-test"
+
+
+def _wrapper() -> list:
+    w = os.environ.get("VRUN_SLURM_WRAPPER")
+    if w and Path(w).exists():
+        prefix = [w]
+    elif shutil.which("sinfo"):
+        prefix = []
+    else:
+        return None
+    try:
+        ok = subprocess.run(prefix + ["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return prefix if ok else None
+
+
+WRAP = _wrapper()
+pytestmark = [pytest.mark.slurm,
+              pytest.mark.skipif(WRAP is None, reason="no SLURM reachable (sinfo failed; set VRUN_SLURM_WRAPPER)")]
+
+
+def slurm(*args, timeout=60):
+    return subprocess.run(WRAP + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def shared(request):
+    d = SHARED / request.node.name
+    shutil.rmtree(d, ignore_errors=True)
+    (d / "home" / "data" / "geo3k").mkdir(parents=True)
+    (d / "home" / "data" / "gsm8k").mkdir(parents=True)
+    for f in ("geo3k/train", "geo3k/test", "gsm8k/train", "gsm8k/test"):
+        (d / "home" / "data" / f"{f}.parquet").write_bytes(b"")
+    (d / "ckpt").mkdir()
+    (d / "ckpt" / "config.json").write_text("{}")
+    yield d
+    leftovers = subprocess.run(["pgrep", "-af", "raylet|gcs_server|vrun_dist_probe|sleep 600"],
+                               capture_output=True, text=True).stdout
+    assert not [line for line in leftovers.splitlines() if "pgrep" not in line], leftovers
+
+
+def run(shared, *overrides, env=None, timeout=400):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("MLITE", "RAY_"))}
+    e.update(HOME=str(shared / "home"), QWEN3_5_35B_MODEL_PATH=str(shared / "ckpt"),
+             FLASH_MODEL_PATH=str(shared / "ckpt"), PYTHONPATH=str(ROOT / "tests" / "support"))
+    e.update(env or {})
+    e.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run(WRAP + [PY, str(ROOT / "runner.py"), *overrides, f"hydra.sweep.dir={shared}/sweep"],
+                          cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+TWO_NODES = ["mesh=8gpu", "mesh.nnodes=2", "mesh.gpus_per_node=4", "cluster=slurm", "hydra/launcher=submitit_slurm",
+             "cluster.time_min=15"]
+
+
+def only_dir(shared):
+    (d,) = [p for p in (shared / "sweep").iterdir() if not p.name.startswith(".")]
+    return d
+
+
+def test_grpo_preflight_brings_up_ray_on_both_nodes(shared):
+    """mode=preflight: Ray on both nodes, verl's run_ppo reached with the inspecting task runner, the config
+    and the run's variables seen by a Ray worker on each node, ROCR unset where CUDA_VISIBLE_DEVICES is set."""
+    proc = run(shared, "model=qwen3_5_35b", *TWO_NODES, "mode=preflight", "cluster.ray.join_timeout_s=120")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    d = only_dir(shared)
+    report = json.loads((d / "preflight.json").read_text())
+    assert sorted(n["host"] for n in report["nodes"]) == ["n0", "n1"] and report["problems"] == []
+    for node in report["nodes"]:
+        assert node["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and node["env"]["VLLM_USE_V1"] == "1"
+        assert len(node["ray_gpu_ids"]) == 4 and node["cuda_visible_devices"]
+        assert "ROCR_VISIBLE_DEVICES" not in node["env"]
+        assert all(p["readable"] for p in node["paths"].values())
+    assert report["config"] == yaml.safe_load((d / "verl_config.yaml").read_text())
+    bringup = json.loads(next((d / ".vrun").glob("*/bringup.json")).read_text())
+    assert bringup["nodes"] == 2
+
+
+def test_sft_torchrun_on_both_nodes(shared):
+    """SFT: torchrun on each node with consistent ranks and master; a gloo all-reduce across the nodes."""
+    proc = run(shared, "model=deepseek_v4_flash", "algo=sft", *TWO_NODES, "mode=train",
+               "run.sft_entry=[vrun_dist_probe]")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    d = only_dir(shared)
+    ranks = [json.loads(p.read_text()) for p in sorted(d.glob("dist_rank*.json"))]
+    assert len(ranks) == 8 and all(r["world"] == 8 and r["sum"] == 36.0 for r in ranks)
+    assert {r["host"] for r in ranks} == {"n0", "n1"} and len({r["master"] for r in ranks}) == 1
+    assert {r["node_rank"] for r in ranks if r["host"] == "n1"} == {1}
+
+
+def test_worker_that_never_joins_fails_the_job(shared):
+    """A node that never joins: the job fails within cluster.ray.join_timeout_s, naming it; nothing is left."""
+    t = time.monotonic()
+    proc = run(shared, "model=qwen3_5_35b", *TWO_NODES, "mode=preflight", "cluster.ray.join_timeout_s=20",
+               "+cluster.node_setup=['if [ \"$SLURM_NODEID\" = 1 ]; then sleep 600; fi']")
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "1 of 2 node(s) joined the Ray head; missing: n1" in proc.stderr, proc.stderr[-2000:]
+    assert time.monotonic() - t < 200
+    assert "Traceback" not in proc.stderr
+
+
+def test_requeue_keeps_the_run_dir_and_resumes(shared):
+    """A job signalled before its time limit is requeued: same run dir, attempt 1, verl set to resume."""
+    proc = run(shared, "model=qwen3_5_35b", *TWO_NODES, "mode=preflight", "cluster.detach=true",
+               "+cluster.node_setup=['if [ \"$VRUN_ATTEMPT\" = 0 ]; then sleep 600; fi']")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    d = only_dir(shared)
+    job = json.loads((d / "slurm_job.json").read_text())["job_id"]
+    attempts = d / "slurm_attempts.jsonl"
+    deadline = time.monotonic() + 120
+    while not attempts.exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert attempts.exists(), "the job never started"
+    time.sleep(3)
+    slurm("scancel", "--signal=USR2", job)
+    deadline = time.monotonic() + 240
+    lines = []
+    while time.monotonic() < deadline:
+        lines = [json.loads(x) for x in attempts.read_text().splitlines()]
+        if len(lines) >= 2 and (d / "preflight.json").exists():
+            break
+        time.sleep(2)
+    assert [x["attempt"] for x in lines][:2] == [0, 1] and {x["job_id"] for x in lines} == {job}
+    assert yaml.safe_load((d / "verl_config.yaml").read_text())["trainer"]["resume_mode"] == "auto"
+    for _ in range(60):
+        if not slurm("squeue", "-h", "-j", job).stdout.strip():
+            break
+        time.sleep(2)
+
+
+def test_sweep_with_one_invalid_point_submits_nothing(shared):
+    """A 3-point -m sweep with one invalid mesh: nothing submitted, the point named."""
+    before = slurm("squeue", "-h").stdout
+    proc = run(shared, "-m", "model=qwen3_5_35b", "mesh.cp=8,3,4", *TWO_NODES, "mode=train")
+    assert proc.returncode == 2 and "1 of 3 point(s) do not plan; nothing was run" in proc.stderr
+    assert any(line.startswith("point 1 [") and "mesh.cp=3" in line for line in proc.stderr.splitlines())
+    assert not (shared / "sweep").exists() and slurm("squeue", "-h").stdout == before
