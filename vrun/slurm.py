@@ -318,6 +318,15 @@ def wait_nodes(address: str, want: int, gpus: float, timeout: float) -> int:
     return 1
 
 
+def node_error(text: str) -> str:
+    """The node's own error line out of submitit's failure report (traceback text plus log paths)."""
+    import re
+
+    found = [m.group(1) for m in re.finditer(r"(?m)^\s*(?:\w+\.)*\w*(?:Error|Exception): (.+)$", text)]
+    found = [f for f in found if not f.startswith("Job (task=")]
+    return found[-1].strip() if found else (text.strip().splitlines() or ["unknown failure"])[0]
+
+
 def _with_flags(argv: list, values: dict) -> list:
     out = list(argv)
     for flag, value in values.items():
@@ -379,8 +388,11 @@ def confirm(total_gpu_hours: float, cluster: dict, stream=None) -> None:
 
 def submit(items: list, folder: str, detach: bool) -> list:
     """items: (plan, spec, mode). Submits one job per item; waits for all unless detached."""
+    import logging
+
     import submitit
 
+    logging.getLogger("submitit").setLevel(logging.ERROR)  # "Bypassing sacct error" on clusters without accounting
     jobs = []
     for plan, spec, mode in items:
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=spec.max_num_timeout)
@@ -401,7 +413,7 @@ def submit(items: list, folder: str, detach: bool) -> list:
             job.results()
             print(f"job {job.job_id}: done", flush=True)
         except Exception as e:  # noqa: BLE001 - submitit re-raises the node's exception
-            failed.append(f"job {job.job_id} failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e}")
+            failed.append(f"job {job.job_id} failed: {node_error(str(e))}")
     if failed:
         from vrun.problems import PlanError, Problem
 
