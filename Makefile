@@ -31,4 +31,4 @@ bench: $(STAMP) ## plan speed vs verl's own CLI, and a 64-point plan sweep
 	$(PY) bench/bench.py
 
 clean: ## remove run outputs (keeps .venv)
-	rm -rf outputs multirun .bench .pytest_cache
+	rm -rf outputs multirun .bench .pytest_cache .slurm-test
