@@ -5,6 +5,8 @@
 2. A 64-point plan-only --multirun sweep (every point planned, checked and written). Goal < 10 s.
 3. mesh=auto search time (every valid mesh, each with its memory estimate) for 8…1024 GPUs and each model.
    Goal: under 100 ms for 512 GPUs.
+4. Ray bring-up inside a SLURM allocation at 1-3 nodes vs verl's fixed sleeps (bench/ray_bringup.py; needs a
+   reachable SLURM, e.g. the CI harness).
 """
 import json
 import statistics
@@ -51,6 +53,7 @@ def main():
     s = statistics.median(runs)
     print(f"plan sweep, {points} points      {s:6.2f} s   ({s / points * 1000:.0f} ms/point; goal < 10 s total)")
     mesh_search()
+    subprocess.run([PY, str(ROOT / "bench" / "ray_bringup.py")], cwd=ROOT)
 
 
 def mesh_search():
