@@ -83,34 +83,28 @@ def test_sft_torchrun_command(tmp_path):
     assert a[16:18] == ["--config-name", "verl_config"]
 
 
-def test_sft_entrypoint_reads_the_saved_config(tmp_path):
-    """verl's own SFT entrypoint accepts verl_config.yaml (--cfg job prints it back unchanged)."""
-    proc = runner("model=deepseek_v4_flash", "algo=sft", "mode=plan", f"hydra.run.dir={tmp_path}/r")
+def reads_back(module, overrides, tmp_path):
+    """Plan, then let verl's own CLI load verl_config.yaml (--config-path/--config-name) and print it."""
+    proc = runner(*overrides, "mode=plan", f"hydra.run.dir={tmp_path}/r")
     assert proc.returncode == 0, proc.stderr
-    out = subprocess.run([PY, "-m", "verl.trainer.sft_trainer", "--config-path", str(tmp_path / "r"),
-                          "--config-name", "verl_config", "--cfg", "job", "hydra.output_subdir=null",
-                          f"hydra.run.dir={tmp_path}/r/sft"], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path)
+    out = subprocess.run([PY, "-m", module, "--config-path", str(tmp_path / "r"), "--config-name", "verl_config",
+                          "--cfg", "job", "hydra.output_subdir=null", f"hydra.run.dir={tmp_path}/r/cli"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     saved = yaml.safe_load((tmp_path / "r" / "verl_config.yaml").read_text())
     lines = out.stdout.splitlines()
-    start = lines.index(f"{next(iter(saved))}:")  # skip anything verl logs before the config
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{next(iter(saved))}:"))  # skip logs
     assert yaml.safe_load("\n".join(lines[start:])) == saved
+
+
+def test_sft_entrypoint_reads_the_saved_config(tmp_path):
+    """verl's own SFT entrypoint accepts verl_config.yaml and composes it unchanged."""
+    reads_back("verl.trainer.sft_trainer", ["model=deepseek_v4_flash", "algo=sft"], tmp_path)
 
 
 def test_main_ppo_cli_reads_the_saved_config(tmp_path):
-    """verl's own PPO CLI accepts verl_config.yaml (--config-path/--config-name) and composes it unchanged."""
-    proc = runner("model=glm5_1", "algo=dapo", "mode=plan", f"hydra.run.dir={tmp_path}/r")
-    assert proc.returncode == 0, proc.stderr
-    out = subprocess.run([PY, "-m", "verl.trainer.main_ppo", "--config-path", str(tmp_path / "r"),
-                          "--config-name", "verl_config", "--cfg", "job", "hydra.output_subdir=null",
-                          f"hydra.run.dir={tmp_path}/r/ppo"], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    saved = yaml.safe_load((tmp_path / "r" / "verl_config.yaml").read_text())
-    lines = out.stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"{next(iter(saved))}:"))
-    assert yaml.safe_load("\n".join(lines[start:])) == saved
+    """verl's own PPO CLI accepts verl_config.yaml and composes it unchanged."""
+    reads_back("verl.trainer.main_ppo", ["model=glm5_1", "algo=dapo"], tmp_path)
 
 
 def test_slurm_cluster_composes_and_plans(tmp_path):
