@@ -260,6 +260,10 @@ def _named_options(conf: Path, rel) -> list[str]:
             if data is None:
                 continue
             name = _dig(data, key)
+            if name is _MISSING and "." not in key:
+                # an option may be a `_global_` file (cluster=slurm also selects the launcher): group.name
+                key = f"{group}.{key}"
+                name = _dig(data, key)
             if name is _MISSING:
                 out.append(f"{f}: {key} is missing (it must be {stem!r}, the file stem)")
             elif name != stem:
