@@ -145,10 +145,16 @@ def test_requeue_keeps_the_run_dir_and_resumes(shared):
         time.sleep(2)
     assert [x["attempt"] for x in lines][:2] == [0, 1] and {x["job_id"] for x in lines} == {job}
     assert yaml.safe_load((d / "verl_config.yaml").read_text())["trainer"]["resume_mode"] == "auto"
-    for _ in range(60):
+    for _ in range(90):
         if not slurm("squeue", "-h", "-j", job).stdout.strip():
             break
         time.sleep(2)
+    # one command submits the run dir again: same config, same run dir, verl resumes
+    again = subprocess.run(WRAP + [PY, "-m", "vrun.slurm", "resubmit", str(d)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    lines = [json.loads(x) for x in attempts.read_text().splitlines()]
+    assert lines[-1]["attempt"] == 2 and lines[-1]["job_id"] != job
 
 
 def test_sweep_with_one_invalid_point_submits_nothing(shared):
