@@ -36,9 +36,21 @@ def _wrapper() -> list:
     return prefix if ok else None
 
 
+def _nodes_see_checkout(prefix) -> bool:
+    """Jobs run this checkout's Python on the nodes: it must be on storage they share (not a private /tmp)."""
+    try:
+        return subprocess.run(prefix + ["srun", "-N1", "-t", "2", "test", "-x", PY, "-a", "-d", str(ROOT / "vrun")],
+                              capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 WRAP = _wrapper()
+SHARED_OK = WRAP is not None and _nodes_see_checkout(WRAP)
 pytestmark = [pytest.mark.slurm,
-              pytest.mark.skipif(WRAP is None, reason="no SLURM reachable (sinfo failed; set VRUN_SLURM_WRAPPER)")]
+              pytest.mark.skipif(WRAP is None, reason="no SLURM reachable (sinfo failed; set VRUN_SLURM_WRAPPER)"),
+              pytest.mark.skipif(WRAP is not None and not SHARED_OK,
+                                 reason=f"the SLURM nodes cannot see {ROOT} and its Python (e.g. under a per-node /tmp)")]
 
 
 def slurm(*args, timeout=60):
