@@ -22,7 +22,7 @@ run: $(STAMP) ## plan the main job: GLM-5.1 GRPO on 256 GPUs (prints the plan; s
 	$(PY) runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan
 
 test: $(STAMP) ## run every test that needs no GPU (real verl, Hydra, Ray, torchrun)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -rs -p no:cacheprovider
 
 lint: $(STAMP) ## repository conventions for conf/
 	$(PY) -m hooks.check_conventions

@@ -36,21 +36,29 @@ def _wrapper() -> list:
     return prefix if ok else None
 
 
-def _nodes_see_checkout(prefix) -> bool:
-    """Jobs run this checkout's Python on the nodes: it must be on storage they share (not a private /tmp)."""
-    try:
-        return subprocess.run(prefix + ["srun", "-N1", "-t", "2", "test", "-x", PY, "-a", "-d", str(ROOT / "vrun")],
-                              capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+def _nodes_see_checkout(prefix) -> str:
+    """Jobs run this checkout's Python on the nodes: it must be on storage they share (not a private /tmp).
+    Returns '' when they do, else why not (a cluster just started may need a few seconds)."""
+    why = ""
+    for _ in range(6):
+        try:
+            p = subprocess.run(prefix + ["srun", "-N1", "-t", "2", "test", "-x", PY, "-a", "-d", str(ROOT / "vrun")],
+                               capture_output=True, text=True, timeout=60)
+            if p.returncode == 0:
+                return ""
+            why = f"srun exited {p.returncode}: {p.stderr.strip()[-200:]}"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            why = str(e)
+        time.sleep(5)
+    return why
 
 
 WRAP = _wrapper()
-SHARED_OK = WRAP is not None and _nodes_see_checkout(WRAP)
+NOT_SHARED = _nodes_see_checkout(WRAP) if WRAP is not None else ""
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(WRAP is None, reason="no SLURM reachable (sinfo failed; set VRUN_SLURM_WRAPPER)"),
-              pytest.mark.skipif(WRAP is not None and not SHARED_OK,
-                                 reason=f"the SLURM nodes cannot see {ROOT} and its Python (e.g. under a per-node /tmp)")]
+              pytest.mark.skipif(bool(NOT_SHARED), reason=f"the SLURM nodes cannot run {PY} in {ROOT} "
+                                 f"(a per-node /tmp?): {NOT_SHARED}")]
 
 
 def slurm(*args, timeout=60):
