@@ -98,7 +98,7 @@ def mesh_problems(mesh: Mesh, arch: Arch, tp_allowed: Iterable[int], etp_allowed
                            "(vpp > 1 raises NotImplementedError for every model)", "mesh.vpp=1"))
     if mesh.tp not in tp_allowed:
         out.append(Problem("mesh.tp", mesh.tp, f"{model} allows TP in {tp_allowed} in Megatron Lite",
-                           f"mesh.tp={max(t for t in tp_allowed if t <= mesh.tp) if min(tp_allowed) <= mesh.tp else tp_allowed[0]}"))
+                           f"mesh.tp in {tp_allowed}"))
     if mesh.etp not in etp_allowed:
         out.append(Problem("mesh.etp", mesh.etp, f"{model} allows ETP in {etp_allowed} in Megatron Lite",
                            f"mesh.etp={etp_allowed[0]}"))

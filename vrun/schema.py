@@ -140,7 +140,6 @@ class Run:
     dump_rollouts: bool = False
     # Ray actor class (import path) that verl's run_ppo starts; null: verl's own TaskRunner
     task_runner: Optional[str] = None
-    python: str = "python"
     # preflight fails when the memory estimate exceeds cluster.gpu_mem_gib, unless this is true
     allow_memory_overrun: bool = False
     # what torchrun runs for SFT (python -m ...); verl_mlite.launch applies Megatron Lite's runtime patches
