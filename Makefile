@@ -21,13 +21,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP) ## plan the main job: GLM-5.1 GRPO on 256 GPUs (prints the plan; starts nothing)
 	$(PY) runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan
 
-test: $(STAMP) ## run every test that needs no GPU (real verl, Hydra, Ray, torchrun)
+test: $(STAMP) ## run every test that needs no GPU (real verl, Hydra, Ray, torchrun; SLURM where reachable)
 	$(PY) -m pytest -q -rs -p no:cacheprovider
 
 lint: $(STAMP) ## repository conventions for conf/
 	$(PY) -m hooks.check_conventions
 
-bench: $(STAMP) ## plan speed vs verl's own CLI, and a 64-point plan sweep
+bench: $(STAMP) ## plan vs verl's CLI, a 64-point plan sweep, mesh search, Ray bring-up on SLURM
 	$(PY) bench/bench.py
 
 clean: ## remove run outputs (keeps .venv)
