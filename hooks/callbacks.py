@@ -11,7 +11,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from vrun.problems import SECRETISH  # noqa: E402
+from vrun.problems import SECRETISH
+
 PACKAGES = ("verl", "ray", "hydra-core", "omegaconf", "torch", "submitit", "hydra-submitit-launcher", "vllm")
 
 

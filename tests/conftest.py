@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -57,8 +55,3 @@ def runner(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int =
     e.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([PY, str(ROOT / "runner.py"), *args], cwd=cwd, env=e, capture_output=True, text=True,
                           timeout=timeout)
-
-
-@pytest.fixture
-def run_dir(tmp_path):
-    return str(tmp_path / "run")

@@ -1,7 +1,11 @@
 """Typos are errors, not silent new keys: in overrides, in the pass-through, in impl_cfg, in group files."""
 import shutil
 
-from conftest import ROOT, problems_of, runner
+import pytest
+
+from conftest import ROOT, compose, problems_of, runner
+from vrun.plan import make_plan
+from vrun.problems import PlanError
 
 
 def one_error_line(proc):
@@ -68,15 +72,19 @@ def test_owned_key_through_passthrough():
     assert any("engine.tp" in line and "mesh.tp" in line for line in lines)
 
 
-def test_group_file_typo(tmp_path):
-    """A misspelled key inside a group file fails composition, naming it."""
+def planted_conf(tmp_path, rel, old, new):
+    """A copy of conf/ with one line of one group file changed."""
     conf = tmp_path / "conf"
     shutil.copytree(ROOT / "conf", conf)
-    p = conf / "mesh" / "8gpu.yaml"
-    p.write_text(p.read_text().replace("gpus_per_node: 8", "gpu_per_node: 8"))
-    from conftest import compose
-    import pytest
+    p = conf / rel
+    assert old in p.read_text()
+    p.write_text(p.read_text().replace(old, new))
+    return conf
 
+
+def test_group_file_typo(tmp_path):
+    """A misspelled key inside a group file fails composition, naming it."""
+    conf = planted_conf(tmp_path, "mesh/8gpu.yaml", "gpus_per_node: 8", "gpu_per_node: 8")
     with pytest.raises(Exception) as e:
         compose(["model=qwen3_5_35b"], conf_dir=conf)
     assert "gpu_per_node" in str(e.value) or "gpu_per_node" in str(e.value.__cause__)
@@ -84,15 +92,8 @@ def test_group_file_typo(tmp_path):
 
 def test_recipe_typo_in_group_file(tmp_path):
     """A misspelled verl key inside a group file's recipe is caught against verl's tree."""
-    from conftest import compose
-    from vrun.plan import make_plan
-    from vrun.problems import PlanError
-    import pytest
-
-    conf = tmp_path / "conf"
-    shutil.copytree(ROOT / "conf", conf)
-    p = conf / "launcher" / "kimi_k2_6_glm5_1.yaml"
-    p.write_text(p.read_text().replace("gpu_memory_utilization: 0.8", "gpu_memory_utilisation: 0.8"))
+    conf = planted_conf(tmp_path, "launcher/kimi_k2_6_glm5_1.yaml", "gpu_memory_utilization: 0.8",
+                        "gpu_memory_utilisation: 0.8")
     with pytest.raises(PlanError) as e:
         make_plan(compose(["model=glm5_1"], conf_dir=conf), str(tmp_path / "r"))
     assert "gpu_memory_utilisation" in str(e.value) and "gpu_memory_utilization" in str(e.value)

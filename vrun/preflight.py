@@ -57,7 +57,9 @@ def model_path_problems(plan: Plan) -> list[Problem]:
             return [Problem(env, path, "the directory has no config.json (not a Hugging Face checkpoint)",
                             "point it at the checkpoint directory")]
         return []
-    if path.startswith(("/", "~", ".")) or os.sep in path.strip("/").replace("/", os.sep, 0) and p.parent.exists():
+    # a path (absolute, home, relative under an existing folder) that is missing is an error; anything
+    # else is taken as a Hugging Face id ("org/name") that the workers resolve
+    if path.startswith(("/", "~", ".")) or ("/" in path and p.parent.exists()):
         return [Problem(env, path, "no such directory", "point it at the checkpoint directory")]
     return [Problem(env, path, "not a local directory: the workers will resolve it as a Hugging Face id",
                     "download the checkpoint and point at it if the nodes are offline", warning=True)]

@@ -26,9 +26,8 @@ class Problem:
 class PlanError(Exception):
     """Raised with every error a plan found; the runner prints one line each and exits non-zero."""
 
-    def __init__(self, problems: list[Problem], where: str = "", hints: list[str] | None = None):
+    def __init__(self, problems: list[Problem], hints: list[str] | None = None):
         self.problems = [p for p in problems if not p.warning]
-        self.where = where
         # lines printed after the errors (e.g. valid neighbouring meshes to paste)
         self.hints = list(hints or [])
         super().__init__("\n".join([p.line() for p in self.problems] + self.hints))
@@ -40,8 +39,3 @@ def _show(value: Any) -> str:
     if value is None:
         return "null"
     return str(value)
-
-
-def raise_if_errors(problems: list[Problem], where: str = "") -> None:
-    if any(not p.warning for p in problems):
-        raise PlanError(problems, where)
