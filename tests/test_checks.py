@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from conftest import problems_of
+from conftest import needs_dapo, problems_of
 from vrun import checks, verl_tree
 from vrun.mesh import Mesh
 
@@ -58,6 +58,7 @@ def test_grpo_needs_a_group():
 
 def test_dapo_is_applied():
     """algo=dapo plans with filter_groups, clip-higher, token-mean, no KL, DAPO reward manager."""
+    needs_dapo()
     from conftest import plan
 
     v = plan(["model=glm5_1", "algo=dapo", "mode=plan"]).verl
@@ -72,18 +73,21 @@ def test_dapo_is_applied():
 
 def test_overlong_penalty_without_dapo_manager_is_inert():
     """The launcher's mistake: overlong_buffer_cfg with the naive reward manager."""
+    needs_dapo()
     lines = problems_of(["model=glm5_1", "algo=dapo", "mode=plan", "verl.reward.reward_manager.name=naive"])
     assert any(line.startswith("error: reward.reward_manager.name=naive") and "inert" in line for line in lines)
 
 
 def test_dapo_without_dynamic_sampling_is_not_dapo():
     """algo=dapo with filter_groups off is rejected."""
+    needs_dapo()
     lines = problems_of(["model=glm5_1", "algo=dapo", "mode=plan", "verl.algorithm.filter_groups.enable=false"])
     assert any("algorithm.filter_groups.enable=False" in line for line in lines)
 
 
 def test_overlong_buffer_longer_than_response():
     """The DAPO reward manager asserts max_resp_len >= overlong_buffer.len."""
+    needs_dapo()
     lines = problems_of(["model=glm5_1", "algo=dapo", "mode=plan",
                          "verl.reward.reward_kwargs.overlong_buffer_cfg.len=8192"])
     assert any("overlong_buffer_cfg.len=8192" in line for line in lines)
