@@ -171,3 +171,25 @@ def test_presets_pass_batch_checks():
 def test_non_positive_knob(bad):
     """A non-positive knob is named."""
     assert any(bad.split("=")[0] in line for line in problems_of(BASE + [bad]))
+
+
+def test_grad_offload_apart_from_param_offload_is_a_warning():
+    """Megatron Lite reads no grad_offload (gradients move with the parameters): a plan that sets the two apart is
+    told what happens instead; the launchers' ALL_OFFLOAD (both on) and the defaults say nothing."""
+    from conftest import plan
+
+    lines = [w.line() for w in plan(["model=kimi_k2_6", "mode=plan", "engine.grad_offload=false"]).warnings]
+    (line,) = [x for x in lines if "grad_offload" in x]
+    assert line.startswith("warning: engine.grad_offload=False: Megatron Lite ignores it") and "offloaded" in line
+    assert not [w for w in plan(["model=kimi_k2_6", "mode=plan"]).warnings if "grad_offload" in w.key]
+
+
+def test_memory_estimate_moves_gradients_with_parameters():
+    """The estimate's gradients follow param_offload whatever grad_offload says."""
+    from conftest import plan
+    from vrun.plan import memory_inputs
+
+    for params, grads in ((True, False), (False, True)):
+        p = plan(["model=kimi_k2_6", "mode=plan", f"engine.param_offload={params}", f"engine.grad_offload={grads}"])
+        inputs = memory_inputs(p.cfg, p.verl)
+        assert inputs["param_offload"] is params and inputs["grad_offload"] is params
