@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from vrun import schema  # noqa: E402
 schema.register()
 
 PY = sys.executable
+
+# every run the tests plan is indexed here, never in the developer's own state dir (runner subprocesses inherit it)
+os.environ["VRUN_STATE_DIR"] = tempfile.mkdtemp(prefix="vrun-test-state-")
 
 # The three verls the suite knows and what each one has (measured: ../shared/stack/README.md).
 #   filter_groups: algorithm.filter_groups in ppo_trainer.yaml (DAPO's dynamic sampling)

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+from vrun import rundir
 from vrun.plan import Plan
 
 
@@ -23,7 +24,13 @@ def child_env(plan: Plan, environ: dict | None = None) -> dict:
 
 def train(plan: Plan) -> int:
     print(f"launch: {' '.join(plan.argv)}", flush=True)
-    proc = subprocess.run(plan.argv, env=child_env(plan), cwd=plan.run_dir)
+    rundir.record(plan.run_dir, "started", attempt=0, pid=os.getpid())
+    proc = subprocess.Popen(plan.argv, env=child_env(plan), cwd=plan.run_dir)
+    rundir.record(plan.run_dir, "entrypoint_started", attempt=0, node=0, pid=proc.pid)
+    try:
+        proc.wait()
+    finally:
+        rundir.record(plan.run_dir, "exited", attempt=0, node=0, rc=proc.poll())
     if proc.returncode:
         print(f"error: the run exited {proc.returncode}; see the output above and {plan.run_dir}", file=sys.stderr)
     return proc.returncode

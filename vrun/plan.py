@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from vrun import checks, mlite, translate, verl_tree
+from vrun import checks, mlite, rundir, translate, verl_tree
 from vrun.mesh import Mesh
 from vrun.memory import GIB
 from vrun.problems import SECRETISH, PlanError, Problem
@@ -44,6 +44,7 @@ class Plan:
 
     def to_json(self) -> dict:
         return {
+            "format": rundir.FORMAT, "mode": self.cfg["mode"], "cluster": self.cfg["cluster"]["name"],
             "entrypoint": self.entrypoint, "argv": self.argv, "env": self.env, "env_unset": self.env_unset,
             "pass_env": self.pass_env, "mesh": self.mesh.summary(), "run_dir": self.run_dir,
             "model": {"name": self.cfg["model"]["name"], "path": self.model_path, "path_from": self.model_path_source},
@@ -346,6 +347,7 @@ def write(plan: Plan) -> None:
     (d / "verl_config.yaml").write_text(yaml.dump(plan.verl, Dumper=dumper, sort_keys=False,
                                                   default_flow_style=False))
     (d / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n")
+    rundir.index_add(plan.run_dir)
 
 
 def table(plan: Plan) -> str:

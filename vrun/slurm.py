@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from vrun import rundir
+
 POLL_S = 0.5
 UNSET_WITH_CUDA = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
@@ -118,14 +120,22 @@ class RunJob:
         ctl.mkdir(parents=True, exist_ok=True)
         if env.global_rank == 0:
             self._record(env)
-        if self.plan["algo_entrypoint"] == "sft":
-            return self._torchrun(env, ctl)
-        return self._ray(env, ctl)
+            rundir.record(self.run_dir, "started", job_id=env.job_id, attempt=self.attempt, hosts=env.hostnames,
+                          nodes=env.num_nodes)
+        try:
+            if self.plan["algo_entrypoint"] == "sft":
+                return self._torchrun(env, ctl)
+            return self._ray(env, ctl)
+        except Exception as e:
+            rundir.record(self.run_dir, "failed", job_id=env.job_id, attempt=self.attempt, node=env.node,
+                          error=str(e).splitlines()[0] if str(e) else type(e).__name__)
+            raise
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         """Requeue (time limit or preemption) with the same run dir; verl resumes (trainer.resume_mode=auto)."""
         import submitit
 
+        rundir.record(self.run_dir, "requeued", attempt=self.attempt + 1)
         return submitit.helpers.DelayedSubmission(RunJob(self.run_dir, self.plan, self.cluster, self.mode,
                                                          self.attempt + 1))
 
@@ -202,6 +212,8 @@ class RunJob:
             bringup = {"nodes": env.num_nodes, "task_start_to_all_alive_s": round(time.monotonic() - self._t_start, 2),
                        "head_start_to_all_alive_s": round(time.monotonic() - t0, 2)}
             (ctl / "bringup.json").write_text(json.dumps(bringup))
+            rundir.record(self.run_dir, "ray_up", job_id=env.job_id, attempt=self.attempt, nodes=env.num_nodes,
+                          seconds=bringup["task_start_to_all_alive_s"])
             driver_env = self._environ({**extra, "RAY_ADDRESS": address})
             argv = list(self.plan["argv"])
             if self.mode == "preflight" and "--task-runner" not in argv:
@@ -209,7 +221,9 @@ class RunJob:
             print(f"vrun: {env.num_nodes} node(s) alive {bringup['task_start_to_all_alive_s']} s after the task started; "
                   f"driver: "
                   f"{' '.join(argv)}", flush=True)
+            rundir.record(self.run_dir, "entrypoint_started", job_id=env.job_id, attempt=self.attempt, node=0)
             rc = subprocess.run(argv, env=driver_env, cwd=self.run_dir).returncode
+            rundir.record(self.run_dir, "exited", job_id=env.job_id, attempt=self.attempt, node=0, rc=rc)
             if rc:
                 raise RuntimeError(f"the driver exited {rc} (see the job log)")
             return {"mode": self.mode, "run_dir": self.run_dir, "job_id": env.job_id}
@@ -225,7 +239,7 @@ class RunJob:
         timeout = float(self.cluster["ray"].get("join_timeout_s") or 300)
         left = max(timeout - (time.monotonic() - t0), 1.0)
         poller = subprocess.Popen([sys.executable, "-m", "vrun.slurm", "wait-nodes", address, str(want), str(gpus),
-                                   str(left)], env=self._environ(extra), stdout=subprocess.PIPE, text=True)
+                                   str(left), self.run_dir, f"{env.job_id}:{self.attempt}"], env=self._environ(extra), stdout=subprocess.PIPE, text=True)
         while poller.poll() is None:
             if proc.poll() is not None:
                 _kill(poller)
@@ -281,8 +295,11 @@ class RunJob:
                                                "--master_addr": master, "--master_port": str(pt["torch"])})
         print(f"vrun: node {env.node}: {' '.join(argv)}", flush=True)
         proc = subprocess.Popen(argv, env=self._environ({}), cwd=self.run_dir, start_new_session=True)
+        if env.node == 0:
+            rundir.record(self.run_dir, "entrypoint_started", job_id=env.job_id, attempt=self.attempt, node=0)
         try:
             rc = proc.wait()
+            rundir.record(self.run_dir, "exited", job_id=env.job_id, attempt=self.attempt, node=env.node, rc=rc)
         finally:
             _kill(proc)
             if env.node == 0:
@@ -292,8 +309,10 @@ class RunJob:
         return {"node": env.node, "rc": rc}
 
 
-def wait_nodes(address: str, want: int, gpus: float, timeout: float) -> int:
-    """Connect once and poll until `want` alive nodes each offer `gpus` GPUs; prints the last node table."""
+def wait_nodes(address: str, want: int, gpus: float, timeout: float, run_dir: Optional[str] = None,
+               job: str = "") -> int:
+    """Connect once and poll until `want` alive nodes each offer `gpus` GPUs; prints the last node table and
+    records each new count in the run dir."""
     import ray
 
     t0 = time.monotonic()
@@ -307,10 +326,17 @@ def wait_nodes(address: str, want: int, gpus: float, timeout: float) -> int:
                 return 1
             time.sleep(0.2)
     seen: list = []
+    joined = -1
+    job_id, _, attempt = job.partition(":")
     while time.monotonic() - t0 <= timeout:
         seen = [{"ip": n["NodeManagerAddress"], "host": n.get("NodeManagerHostname"),
                  "gpus": n["Resources"].get("GPU", 0)} for n in ray.nodes() if n["Alive"]]
-        if len([n for n in seen if n["gpus"] >= gpus]) == want:
+        ready = [n for n in seen if n["gpus"] >= gpus]
+        if run_dir and len(ready) != joined:
+            joined = len(ready)
+            rundir.record(run_dir, "nodes_joined", job_id=job_id, attempt=int(attempt or 0), joined=joined, of=want,
+                          hosts=[n["host"] or n["ip"] for n in ready])
+        if len(ready) == want:
             print(json.dumps(seen))
             return 0
         time.sleep(0.2)
@@ -386,38 +412,44 @@ def confirm(total_gpu_hours: float, cluster: dict, stream=None) -> None:
                              "cluster.yes=true")])
 
 
-def submit(items: list, folder: str, detach: bool) -> list:
-    """items: (plan, spec, mode). Submits one job per item; waits for all unless detached."""
+def submit(items: list, detach: bool) -> list:
+    """items: (plan, spec, mode, submitit folder). Submits one job per item; waits for all unless detached."""
     import logging
 
     import submitit
 
     logging.getLogger("submitit").setLevel(logging.ERROR)  # "Bypassing sacct error" on clusters without accounting
     jobs = []
-    for plan, spec, mode in items:
+    for plan, spec, mode, folder in items:
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=spec.max_num_timeout)
         ex.update_parameters(**spec.executor_parameters())
         job = ex.submit(RunJob(plan.run_dir, job_payload(plan), plan.cfg["cluster"], mode))
         (Path(plan.run_dir) / "slurm_job.json").write_text(json.dumps(
             {"job_id": job.job_id, "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
              "folder": folder, "spec": asdict(spec), "mode": mode}, indent=2) + "\n")
+        rundir.record(plan.run_dir, "submitted", job_id=job.job_id, attempt=0, nodes=spec.nodes,
+                      gpus_per_node=spec.gpus_per_node)
         print(f"submitted job {job.job_id}: {plan.run_dir}  logs {job.paths.stdout}", flush=True)
         jobs.append(job)
     if detach:
-        print(f"detached: {len(jobs)} job(s); watch with: squeue -j {','.join(j.job_id for j in jobs)}; "
-              f"resubmit with: python -m vrun.slurm resubmit <run dir>", flush=True)
+        print(f"detached: {len(jobs)} job(s); watch with: python -m vrun runs "
+              f"{' '.join(plan.run_dir for plan, *_ in items)}", flush=True)
         return jobs
+    from vrun.runs import watch
+
+    watch.until_done([(job, plan.run_dir) for job, (plan, *_) in zip(jobs, items)])
     failed = []
-    for job in jobs:
+    for job, (plan, *_) in zip(jobs, items):
         try:
             job.results()
             print(f"job {job.job_id}: done", flush=True)
         except Exception as e:  # noqa: BLE001 - submitit re-raises the node's exception
-            failed.append(f"job {job.job_id} failed: {node_error(str(e))}")
+            failed.append((f"job {job.job_id} failed: {node_error(str(e))}", plan.run_dir))
     if failed:
         from vrun.problems import PlanError, Problem
 
-        raise PlanError([Problem("slurm", "failed", line, f"see the job logs under {folder}") for line in failed])
+        raise PlanError([Problem("slurm", "failed", line, f"python -m vrun status {run_dir}; python -m vrun logs "
+                                 f"{run_dir}") for line, run_dir in failed])
     return jobs
 
 
@@ -436,6 +468,8 @@ def resubmit(run_dir: str, detach: bool = False) -> list:
     ex = submitit.SlurmExecutor(folder=info["folder"], max_num_timeout=spec.max_num_timeout)
     ex.update_parameters(**spec.executor_parameters())
     job = ex.submit(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode, job_fn.attempt + 1))
+    rundir.record(run_dir, "submitted", job_id=job.job_id, attempt=job_fn.attempt + 1, nodes=spec.nodes,
+                  gpus_per_node=spec.gpus_per_node)
     info.update(job_id=job.job_id, stdout=str(job.paths.stdout), stderr=str(job.paths.stderr))
     (Path(run_dir) / "slurm_job.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"resubmitted job {job.job_id}: {run_dir}  logs {job.paths.stdout}", flush=True)
@@ -457,9 +491,11 @@ if __name__ == "__main__":
     w.add_argument("want", type=int)
     w.add_argument("gpus", type=float)
     w.add_argument("timeout", type=float)
+    w.add_argument("run_dir", nargs="?")
+    w.add_argument("job", nargs="?", default="")
     a = ap.parse_args()
     if a.cmd == "wait-nodes":
-        sys.exit(wait_nodes(a.address, a.want, a.gpus, a.timeout))
+        sys.exit(wait_nodes(a.address, a.want, a.gpus, a.timeout, a.run_dir, a.job))
     try:
         resubmit(a.run_dir, a.detach)
     except Exception as e:  # noqa: BLE001

@@ -154,9 +154,7 @@ class PlanningSweeper(Sweeper):
             return []
         try:
             slurm.confirm(total, plans[0][2].cfg["cluster"])
-            jobs = []
-            for p, spec, mode, folder in items:
-                jobs += slurm.submit([(p, spec, mode)], folder, detach=bool(p.cfg["cluster"].get("detach")))
+            jobs = slurm.submit(items, detach=bool(plans[0][2].cfg["cluster"].get("detach")))
         except Exception as e:  # noqa: BLE001 - one line per failure, non-zero exit
             errors.emit([errors.describe(e)])
         return jobs

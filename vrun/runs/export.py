@@ -1,0 +1,139 @@
+"""`python -m vrun export RUN`: a standalone bash script that reproduces the run's verl invocation without this
+project — for a bug report to verl or Megatron Lite. It carries the saved verl_config.yaml verbatim (written
+next to the script when it runs), sets and unsets the run's environment, runs verl's own CLI on that config and
+says, in comments, what the project's entry does that verl's CLI does not. Secrets by name only."""
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from vrun.problems import SECRETISH
+from vrun.runs.state import Run
+
+MARK = "VERL_CONFIG_EOF"
+SFT_ENTRY = ["verl_mlite.launch", "verl.trainer.sft_trainer"]
+
+
+def script(run: Run) -> str:
+    p = run.plan
+    config = (run.dir / "verl_config.yaml").read_text()
+    if MARK in config:
+        raise ValueError(f"verl_config.yaml contains the line {MARK}")
+    m = p.get("mesh") or {}
+    b = p.get("batch") or {}
+    manifest = _manifest(run.dir)
+    pk = (manifest.get("packages") or {})
+    sft = "sft_trainer" in p.get("entrypoint", "")
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Reproduces the verl invocation of run {run.dir}",
+        f"#   {p.get('model', {}).get('name')} · {p.get('algo')} · optimizer {p.get('optimizer')} · mode "
+        f"{p.get('mode')} · cluster {p.get('cluster')}",
+        f"#   mesh: {m.get('world')} GPUs = {m.get('nnodes')} node(s) × {m.get('gpus_per_node')}; dense "
+        f"TP{m.get('tp')} · CP{m.get('cp')} · PP{m.get('pp')} · DP{m.get('dp')}; expert ETP{m.get('etp')} · "
+        f"EP{m.get('ep')} · PP{m.get('pp')} · EDP{m.get('edp')}; vpp {m.get('vpp')}",
+        f"#   batch: {json.dumps(b, sort_keys=True)}",
+        "#   written with " + ", ".join(f"{k} {v.get('version')}" for k, v in pk.items() if k in ("verl", "ray", "torch"))
+        + (f"; verl_mlite from {p['mlite']['source']}" if p.get("mlite") else ""),
+        "# Needs only verl (and Megatron Lite's verl_mlite on PYTHONPATH). Extra arguments are passed to verl's CLI,",
+        "# e.g. `bash this.sh --cfg job` prints the composed config and exits.",
+        "set -euo pipefail",
+        'CONFIG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/verl-config.XXXXXX")',
+        f"cat > \"$CONFIG_DIR/verl_config.yaml\" <<'{MARK}'",
+        config.rstrip("\n"),
+        MARK,
+        "",
+        "# the run's environment (set for the driver; the config's ray_kwargs.ray_init.runtime_env carries it to "
+        "Ray workers)",
+    ]
+    for k, v in (p.get("env") or {}).items():
+        if k == "PYTHONPATH":
+            v = ":".join(x for x in str(v).split(":") if not _is_project(x))
+        if SECRETISH.search(k):
+            lines.append(f": \"${{{k}:?export {k} first}}\"  # a secret: read from your environment")
+        else:
+            lines.append(f"export {k}={shlex.quote(str(v))}")
+    unset = " ".join(p.get("env_unset") or ["ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"])
+    lines.append(f"if [ -n \"${{CUDA_VISIBLE_DEVICES:-}}\" ]; then unset {unset}; fi")
+    secrets = p.get("pass_env") or []
+    if secrets:
+        lines.append(f"# secrets, by name only (never written here): {' '.join(secrets)}")
+        if not sft:
+            lines.append("# The project's entry copies them from the environment into Ray's runtime env in memory; "
+                         "verl's CLI does")
+            lines.append("# not: Ray workers on this node inherit them from this shell, on other nodes export "
+                         "them before `ray start`.")
+    lines += notes(run)
+    if sft:
+        entry = sft_entry(p.get("argv") or [])
+        lines += [
+            "# torchrun on every node: NODE_RANK 0…nnodes-1, MASTER_ADDR the first node",
+            f"torchrun --nnodes {m.get('nnodes')} --nproc_per_node {m.get('gpus_per_node')} "
+            "--node_rank \"${NODE_RANK:-0}\" --master_addr \"${MASTER_ADDR:-127.0.0.1}\" "
+            "--master_port \"${MASTER_PORT:-29500}\" \\",
+            f"  -m {' '.join(shlex.quote(x) for x in entry)} --config-path \"$CONFIG_DIR\" --config-name verl_config "
+            "\\",
+            "  hydra.output_subdir=null \"$@\"",
+        ]
+    else:
+        lines += [
+            "python3 -m verl.trainer.main_ppo --config-path \"$CONFIG_DIR\" --config-name verl_config \\",
+            "  hydra.output_subdir=null \"hydra.run.dir=$CONFIG_DIR/outputs\" \"$@\"",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def notes(run: Run) -> list[str]:
+    """Where the project's way of running this config differs from verl's CLI."""
+    p = run.plan
+    argv = p.get("argv") or []
+    out = []
+    if "--task-runner" in argv:
+        runner = argv[argv.index("--task-runner") + 1]
+        out.append(f"# NOTE: the run used the task runner {runner} (run.task_runner); verl's CLI runs its own "
+                   "TaskRunner instead.")
+    if "vrun.entry" in argv:
+        out.append("# NOTE: the project started this config with `python -m vrun.entry ppo`, which does what "
+                   "main_ppo.main does (auto_set_device,")
+        out.append("# validate_config, run_ppo) plus the secrets above; verl's CLI below composes the same saved "
+                   "config through Hydra first.")
+    address = _ray_address(run.dir)
+    if p.get("cluster") == "slurm" or address not in (None, "local"):
+        out.append(f"# NOTE: ray_kwargs.ray_init.address={address}: start Ray first (`ray start --head` on the "
+                   "first node, `ray start --address` on the others,")
+        out.append("# each with --num-gpus), as the project's SLURM job did; then run this on the first node.")
+    entry = sft_entry(argv)
+    if "sft_trainer" in p.get("entrypoint", "") and entry != SFT_ENTRY:
+        out.append(f"# NOTE: the run replaced the SFT entry ({' '.join(SFT_ENTRY)}) by run.sft_entry={entry}.")
+    return out
+
+
+def sft_entry(argv: list) -> list:
+    """The modules torchrun runs: between -m and --config-path."""
+    if "-m" in argv and "--config-path" in argv:
+        return argv[argv.index("-m") + 1:argv.index("--config-path")]
+    return list(SFT_ENTRY)
+
+
+def _is_project(path: str) -> bool:
+    """This project's root on a PYTHONPATH (the script runs without it)."""
+    here = Path(__file__).resolve().parent.parent.parent
+    return Path(path) == here or (Path(path) / "vrun" / "entry.py").is_file()
+
+
+def _ray_address(d: Path):
+    import yaml
+
+    try:
+        cfg = yaml.load((d / "verl_config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return (((cfg.get("ray_kwargs") or {}).get("ray_init") or {}).get("address"))
+    except (OSError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def _manifest(d: Path) -> dict:
+    try:
+        return json.loads((d / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
