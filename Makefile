@@ -17,8 +17,19 @@ WANT  := $(TORCH) | $(VERL) | $(PINS)
 
 .PHONY: help setup run test lint bench clean
 
-help: ## list the targets
+# Runs the project wrote (`python -m vrun VERB --help` for each):
+#> runs [DIR...]            list runs and sweep points: model, algo, GPUs, mode, state, job, attempt, GPU-hours
+#> status RUN               one run: plan, state and reason, nodes joined, Ray, phase, requeues, progress, logs
+#> logs RUN [--node N] [-f] the job's output from every node, merged or per node; -f follows
+#> cancel RUN... [--yes]    scancel a pending or running run (every point of a sweep dir)
+#> diff RUN_A RUN_B         overrides, verl config leaf by leaf, mesh, batch, env names, versions
+#> export RUN [-o FILE]     a script reproducing the run's verl invocation without this project
+#> resubmit RUN             submit a SLURM run dir again (same config and dir; verl resumes)
+
+help: ## list the targets and the run commands
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-6s %s\n", $$1, $$2}'
+	@echo "runs the project wrote:"
+	@grep -E '^#> ' $(MAKEFILE_LIST) | sed 's/^#> /  python -m vrun /'
 
 setup: ## create $(VENV) with torch, verl ($(VERL)) and the project, unless already there
 	@if [ -f "$(STAMP)" ] && [ ! pyproject.toml -nt "$(STAMP)" ] && [ "$$(cat "$(STAMP)")" = '$(WANT)' ]; then exit 0; fi; \
@@ -38,7 +49,7 @@ test: setup ## every test that needs no GPU (real verl, Hydra, Ray, torchrun; SL
 lint: setup ## repository conventions for conf/
 	$(PY) -m hooks.check_conventions
 
-bench: setup ## plan vs verl's CLI, a 64-point plan sweep, mesh search, Ray bring-up on SLURM
+bench: setup ## plan vs verl's CLI, a 64-point plan sweep, vrun runs on 30 points, mesh search, Ray bring-up on SLURM
 	$(PY) bench/bench.py
 
 clean: ## remove run outputs (keeps the venvs)

@@ -139,10 +139,17 @@ def test_bad_input_is_one_line(tmp_path):
 
 
 def test_help_for_every_verb():
-    """Each verb answers --help."""
-    for verb in ("runs", "status", "logs", "cancel", "diff", "export", "resubmit"):
+    """Each verb answers --help, and make help and the README list every verb the parser has."""
+    from vrun.runs.cli import parser
+
+    verbs = sorted(parser()._subparsers._group_actions[0].choices)
+    assert verbs == sorted(["runs", "status", "logs", "cancel", "diff", "export", "resubmit"])
+    make = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True).stdout
+    readme = (ROOT / "README.md").read_text()
+    for verb in verbs:
         proc = vrun(verb, "--help")
         assert proc.returncode == 0 and f"usage: python -m vrun {verb}" in proc.stdout
+        assert f"python -m vrun {verb} " in make and f"python -m vrun {verb} " in readme, verb
 
 
 def descendants(pid: int) -> set:

@@ -239,7 +239,8 @@ class RunJob:
         timeout = float(self.cluster["ray"].get("join_timeout_s") or 300)
         left = max(timeout - (time.monotonic() - t0), 1.0)
         poller = subprocess.Popen([sys.executable, "-m", "vrun.slurm", "wait-nodes", address, str(want), str(gpus),
-                                   str(left), self.run_dir, f"{env.job_id}:{self.attempt}"], env=self._environ(extra), stdout=subprocess.PIPE, text=True)
+                                   str(left), self.run_dir, f"{env.job_id}:{self.attempt}"],
+                                  env=self._environ(extra), stdout=subprocess.PIPE, text=True)
         while poller.poll() is None:
             if proc.poll() is not None:
                 _kill(poller)

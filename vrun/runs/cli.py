@@ -347,7 +347,8 @@ def cmd_export(a) -> int:
 
     r = one_run(a.run)
     if not (r.dir / "verl_config.yaml").is_file():
-        raise Usage(f"error: run={r.dir}: no verl_config.yaml; fix: plan the run again (python runner.py ... mode=plan)")
+        raise Usage(f"error: run={r.dir}: no verl_config.yaml; fix: plan the run again "
+                    "(python runner.py ... mode=plan)")
     text = export.script(r)
     if a.output:
         Path(a.output).write_text(text)

@@ -34,7 +34,8 @@ def script(run: Run) -> str:
         f"TP{m.get('tp')} · CP{m.get('cp')} · PP{m.get('pp')} · DP{m.get('dp')}; expert ETP{m.get('etp')} · "
         f"EP{m.get('ep')} · PP{m.get('pp')} · EDP{m.get('edp')}; vpp {m.get('vpp')}",
         f"#   batch: {json.dumps(b, sort_keys=True)}",
-        "#   written with " + ", ".join(f"{k} {v.get('version')}" for k, v in pk.items() if k in ("verl", "ray", "torch"))
+        "#   written with " + ", ".join(f"{k} {v.get('version')}" for k, v in pk.items()
+                                       if k in ("verl", "ray", "torch"))
         + (f"; verl_mlite from {p['mlite']['source']}" if p.get("mlite") else ""),
         "# Needs only verl (and Megatron Lite's verl_mlite on PYTHONPATH). Extra arguments are passed to verl's CLI,",
         "# e.g. `bash this.sh --cfg job` prints the composed config and exits.",
