@@ -147,7 +147,7 @@ def _event(r: state.Run, e: dict) -> str:
     if ev == "nodes_joined":
         return f"nodes joined {e.get('joined')}/{e.get('of')} {','.join(e.get('hosts') or [])}"
     if ev == "failed":
-        return f"failed on {state._node(r, e)}: {e.get('error')}"
+        return f"failed on {state.node_name(r, e)}: {e.get('error')}"
     detail = " ".join(f"{k}={v}" for k, v in rest.items() if k in ("job_id", "attempt", "rc", "hosts", "seconds",
                                                                     "pid", "job_ids"))
     return f"{ev} ({e.get('host')}) {detail}".rstrip()
@@ -314,7 +314,7 @@ def wait_stopped(runs: list, timeout: float) -> int:
                 running = [j for j in r.job_ids if queue is not None and j in queue]
             else:
                 pid = next((e.get("pid") for e in reversed(r.events) if e["event"] == "entrypoint_started"), None)
-                running = [pid] if pid and state._alive(int(pid)) else []
+                running = [pid] if pid and state.alive(int(pid)) else []
             (still if running else []).append(r)
             if not running:
                 print(f"stopped: {r.dir}", flush=True)

@@ -186,11 +186,11 @@ def derive(run: Run) -> None:
                 if e.get("node", 0) == 0:
                     state, phase = "completed", "exited 0"
             else:
-                state, phase = "failed", f"exited {e.get('rc')} on {_node(run, e)}"
-                run.failure = {"node": _node(run, e), "error": f"exit code {e.get('rc')}", "t": e["t"]}
+                state, phase = "failed", f"exited {e.get('rc')} on {node_name(run, e)}"
+                run.failure = {"node": node_name(run, e), "error": f"exit code {e.get('rc')}", "t": e["t"]}
         elif ev == "failed" and state != "cancelled":
             if state != "failed" or (run.failure or {}).get("error", "").startswith("exit code"):
-                run.failure = {"node": _node(run, e), "error": e.get("error"), "t": e["t"]}
+                run.failure = {"node": node_name(run, e), "error": e.get("error"), "t": e["t"]}
             state, phase = "failed", f"failed on {run.failure['node']}: {run.failure['error']}"
         elif ev == "cancelled":
             state, phase = "cancelled", f"cancelled from {e.get('host')}"
@@ -243,7 +243,7 @@ def refresh(runs: list) -> None:
                     r.state, r.phase = "lost", (f"job {r.job_id} left the queue without recording an exit "
                                                 "(killed, node lost, or cancelled outside vrun)")
     for r in live:
-        if not r.on_slurm and r.pid and r.host == socket.gethostname() and not _alive(r.pid):
+        if not r.on_slurm and r.pid and r.host == socket.gethostname() and not alive(r.pid):
             r.state, r.phase = "lost", f"process {r.pid} ended without recording an exit"
 
 
@@ -290,14 +290,14 @@ def describe(run: Run) -> str:
     return f"{run.state}: {run.phase}" if run.phase else run.state
 
 
-def _node(run: Run, e: dict) -> str:
+def node_name(run: Run, e: dict) -> str:
     n = e.get("node")
     if isinstance(n, int) and n < len(run.hosts):
         return run.hosts[n]
     return e.get("host") or str(n)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
