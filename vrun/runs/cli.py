@@ -136,8 +136,8 @@ def cmd_status(a) -> int:
         t0 = t0 or e["t"]
         print(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} +{e['t'] - t0:6.1f}s  {_event(r, e)}")
     if r.on_slurm:
-        print(f"logs     python -m vrun logs {r.dir}  ({', '.join(str(f) for f in log_files(r)[:2]) or 'none yet'}"
-              f"{', …' if len(log_files(r)) > 2 else ''})")
+        files = sorted({str(f[3].parent) for f in log_files(r)})
+        print(f"logs     python -m vrun logs {r.dir}  ({', '.join(files) or 'none yet'})")
     return 0
 
 

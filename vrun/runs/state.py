@@ -224,7 +224,7 @@ def refresh(runs: list) -> None:
             elif q is None:
                 gone.append(r)
             elif q["state"] == "PENDING":
-                r.reason = q["reason"]
+                r.reason = q["reason"] if q["reason"] not in ("None", "(null)") else ""
                 if r.state == "running":  # requeued by SLURM before the job could say so
                     r.state, r.phase = "requeued", "requeued"
                 else:
