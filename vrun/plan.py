@@ -41,6 +41,7 @@ class Plan:
     memory_note: str = ""
     search: Optional[dict] = None            # mesh=auto: what was searched and the top alternatives
     checkpoint: Optional[dict] = None        # parameter counts read from the checkpoint
+    pipeline: list = field(default_factory=list)  # per stage: decoder layers [first, last], embedding/MTP/loss
 
     def to_json(self) -> dict:
         return {
@@ -56,6 +57,7 @@ class Plan:
             "memory": self.memory.summary() if self.memory is not None else {"unavailable": self.memory_note},
             "mesh_search": self.search,
             "checkpoint": self.checkpoint,
+            "pipeline": self.pipeline,
             "warnings": [w.line() for w in self.warnings],
         }
 
@@ -109,6 +111,7 @@ def make_plan(cfg: dict, run_dir: str, *, single_model: bool = True, environ: Op
     placeholder = path if path else f"<unset: {cfg['model']['path_env']}>"
     req, resolved = _verl(cfg, run_dir, env, placeholder, problems)
     params, params_note, ckpt = model_params(cfg, path, problems)
+    params = with_built_mtp(params, cfg, resolved)
     search = None
     if cfg["mesh"].get("search"):
         cfg, search = _search(cfg, resolved, params, params_note, problems)
@@ -137,7 +140,8 @@ def make_plan(cfg: dict, run_dir: str, *, single_model: bool = True, environ: Op
     return Plan(cfg=cfg, run_dir=run_dir, verl=resolved, request=req, mesh=mesh, entrypoint=entry, argv=argv,
                 env=env, env_unset=unset, pass_env=list(cfg.get("pass_env") or []), model_path=path,
                 model_path_source=path_from, mlite=source, warnings=warnings, memory=est,
-                memory_note=params_note, search=search, checkpoint=ckpt)
+                memory_note=params_note, search=search, checkpoint=ckpt,
+                pipeline=pipeline_stages(cfg, resolved, mesh, params))
 
 
 def _verl(cfg: dict, run_dir: str, env: dict, model_path: str, problems: list) -> tuple:
@@ -175,6 +179,34 @@ def model_params(cfg: dict, path: Optional[str], problems: list) -> tuple:
             return p, "", summary
     p, note = memory.params_from_arch(cfg["model"]["arch"])
     return p, note, None
+
+
+def pipeline_stages(cfg: dict, verl: dict, mesh: Mesh, params) -> list[dict]:
+    """Megatron Lite's auto layout of this run: per pipeline stage, its decoder layers and what else it holds."""
+    from vrun import memory
+
+    eng = checks._get(verl, translate.PREFIX[cfg["algo"]["entrypoint"]]["engine"]) or {}
+    layers = len(params.dense_per_layer) if params is not None else cfg["model"]["arch"]["layers"]
+    mtp = params.mtp_layers if params is not None else mlite.mtp_layers_built(
+        cfg["model"]["mlite_name"], eng.get("impl_cfg") or {}, cfg["model"]["arch"].get("mtp_layers") or 0)
+    out = []
+    for units in memory.stage_layout(mesh.pp, layers, mtp):
+        idx = [u[1] for u in units if u[0] == "layer"]
+        out.append({"layers": [idx[0], idx[-1]] if idx else [], "embedding": ("emb",) in units,
+                    "mtp": any(u[0] == "mtp" for u in units), "loss": ("loss",) in units})
+    return out
+
+
+def with_built_mtp(params, cfg: dict, verl: dict):
+    """The parameter counts with the MTP layers the engine will build (the pipeline layout places those)."""
+    import dataclasses
+
+    if params is None:
+        return None
+    eng = checks._get(verl, translate.PREFIX[cfg["algo"]["entrypoint"]]["engine"]) or {}
+    built = mlite.mtp_layers_built(cfg["model"]["mlite_name"], eng.get("impl_cfg") or {},
+                                   params.mtp_layers or cfg["model"]["arch"].get("mtp_layers") or 0)
+    return dataclasses.replace(params, mtp_layers=built)
 
 
 def memory_inputs(cfg: dict, verl: dict) -> dict:
