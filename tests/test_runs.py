@@ -3,6 +3,7 @@
 tests/test_runs_slurm.py."""
 import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PY, ROOT, runner
+from conftest import PY, ROOT, runner, without_mlite
 from test_handoff import grpo_env
 
 
@@ -136,6 +137,16 @@ def test_bad_input_is_one_line(tmp_path):
         listed = vrun("runs", str(tmp_path / "r"))
         assert listed.returncode == 0 and f"written by an {word} vrun" in listed.stderr
         assert "Traceback" not in listed.stderr
+
+
+def test_local_preflight_failure_is_the_runs_state(tmp_path):
+    """A preflight on this machine that fails (no verl_mlite in reach) leaves the run failed, with its error."""
+    proc = runner("model=qwen3_5_35b", "mode=preflight", f"hydra.run.dir={tmp_path}/r",
+                  env=without_mlite(grpo_env(tmp_path)))
+    assert proc.returncode == 2 and "error: MLITE_ROOT=" in proc.stderr
+    s = json.loads(vrun("status", str(tmp_path / "r"), "--json").stdout)
+    assert s["state"] == "failed" and s["failure"]["error"].startswith("error: MLITE_ROOT=")
+    assert s["failure"]["node"] == socket.gethostname()
 
 
 def test_help_for_every_verb():

@@ -1,11 +1,12 @@
 """The task Hydra runs for each job: plan, then (by mode) preflight and hand off."""
 from __future__ import annotations
 
+import os
 import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from vrun import errors, plan as planning
+from vrun import errors, plan as planning, rundir
 from vrun.problems import PlanError
 
 MODES = ("plan", "preflight", "train")
@@ -30,8 +31,14 @@ def run(cfg: DictConfig) -> None:
             return
         from vrun import preflight
 
-        preflight.require(p)
+        rundir.record(p.run_dir, "started", attempt=0, pid=os.getpid())
+        try:
+            preflight.require(p)
+        except PlanError as e:
+            rundir.record(p.run_dir, "failed", attempt=0, node=0, error=str(e).splitlines()[0])
+            raise
         if p.cfg["mode"] == "preflight":
+            rundir.record(p.run_dir, "exited", attempt=0, node=0, rc=0)
             print("preflight: all checks passed", flush=True)
             return
         from vrun import launch

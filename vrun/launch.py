@@ -24,7 +24,6 @@ def child_env(plan: Plan, environ: dict | None = None) -> dict:
 
 def train(plan: Plan) -> int:
     print(f"launch: {' '.join(plan.argv)}", flush=True)
-    rundir.record(plan.run_dir, "started", attempt=0, pid=os.getpid())
     proc = subprocess.Popen(plan.argv, env=child_env(plan), cwd=plan.run_dir)
     rundir.record(plan.run_dir, "entrypoint_started", attempt=0, node=0, pid=proc.pid)
     try:
