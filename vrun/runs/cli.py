@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from vrun.runs import state
 from vrun.runs.state import RunDirError
 
 EXIT_USAGE = 2
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class Usage(Exception):
@@ -86,7 +88,7 @@ def cmd_runs(a) -> int:
         rows.append((time.strftime("%m-%d %H:%M", time.localtime(r.when)) if r.when else "-", s["model"] or "?",
                      s["algo"] or "?", str(s["gpus"]), s["mode"] or "?", state.describe(r)[:60],
                      r.job_id or "-", str(r.attempt) if r.on_slurm else "-", _dur(r.elapsed_s) if r.elapsed_s else "-",
-                     f"{r.gpu_hours:.1f}" if r.elapsed_s else "-",
+                     f"{r.gpu_hours:.2f}" if r.elapsed_s else "-",
                      str(s["checkpoint_step"]) if s["checkpoint_step"] is not None else "-", str(r.dir)))
     if not rows:
         print("no runs" + (" match" if a.state or a.model else ""))
@@ -184,6 +186,7 @@ def cmd_logs(a) -> int:
 
     hosts = r.hosts
     label = lambda t, s: f"{hosts[t] if t < len(hosts) else 'node' + str(t)} {s}| "  # noqa: E731
+    plain = (lambda text: text) if sys.stdout.isatty() else (lambda text: ANSI.sub("", text))  # Ray's colours
     if not a.follow:
         files = selected()
         if not files:
@@ -191,7 +194,7 @@ def cmd_logs(a) -> int:
         for j, t, s, path in files:
             prefix = label(t, s)
             for line in path.read_text(errors="replace").splitlines():
-                print(prefix + line)
+                print(prefix + plain(line))
         return 0
     offsets: dict = {}
     partial: dict = {}
@@ -209,7 +212,7 @@ def cmd_logs(a) -> int:
                     if rest:
                         partial[path] = rest
                     for line in whole:
-                        print(label(t, s) + line, flush=True)
+                        print(label(t, s) + plain(line), flush=True)
             if not r.active:
                 break
             if time.monotonic() - last_check > 2:
