@@ -155,8 +155,10 @@ def choices(world: int, gpus_per_node: int, arch: dict) -> list[tuple[int, int]]
 def choose(arch: dict, rollout_params: tuple, *, world: int, gpus_per_node: int,
            configured: Optional[tuple] = None, allowed: Optional[list] = None, **kw) -> list[RolloutEstimate]:
     """Every valid rollout replica, best first: holds a single sequence, holds the replica's share of the step,
-    the fewest GPUs per replica (more replicas), the configured (TP, DP), then the smaller TP."""
+    the fewest GPUs per replica (more replicas; when none holds a sequence, the most), the configured (TP, DP),
+    then the smaller TP."""
     opts = [estimate(arch, rollout_params, world=world, rollout_tp=t, rollout_dp=d, **kw)
             for t, d in (allowed if allowed is not None else choices(world, gpus_per_node, arch))]
-    return sorted(opts, key=lambda r: (not r.holds_one, not r.holds_share, r.tp * r.dp,
-                                       (r.tp, r.dp) != configured, r.tp))
+    return sorted(opts, key=lambda r: (not r.holds_one, not r.holds_share,
+                                       r.tp * r.dp if r.holds_one else -r.tp * r.dp,
+                                       0 if r.holds_one else r.weights, (r.tp, r.dp) != configured, r.tp))
