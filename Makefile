@@ -27,7 +27,7 @@ test: $(STAMP) ## run every test that needs no GPU (real verl, Hydra, Ray, torch
 lint: $(STAMP) ## repository conventions for conf/
 	$(PY) -m hooks.check_conventions
 
-bench: $(STAMP) ## plan vs verl's CLI, a 64-point plan sweep, mesh search, Ray bring-up on SLURM
+bench: $(STAMP) ## plan vs verl's CLI, a 64-point plan sweep, mesh search with the rollout replica, Ray bring-up on SLURM
 	$(PY) bench/bench.py
 
 clean: ## remove run outputs (keeps .venv)

@@ -131,6 +131,7 @@ def binding_constraint(nnodes: int, gpus_per_node: int, arch: Arch, tp_allowed, 
     found = [p for p in found if isinstance(p, Problem)]
     if found:
         p = found[0]
-        return Problem(p.key, p.value, f"{p.why} (for every mesh of {world} GPUs; e.g. "
-                       f"{' '.join(f'{k}={getattr(ranked[0].mesh, k)}' for k in KNOBS)})", p.fix)
+        example = " ".join(f"{k}={getattr(ranked[0].mesh, k)}" for k in KNOBS)
+        return Problem(p.key, p.value, f"every mesh of {world} GPUs fails the batch checks; with {example}: {p.why}",
+                       p.fix)
     return None
