@@ -15,7 +15,8 @@ The model (README, "Memory estimate") — every figure is bytes per GPU on the b
                one layer being recomputed, T·h·(34 + 4k)/t B; no recompute: PP·L_stage·T·h·(34 + 4k)/t B
   logits       last stage: T·vocab·4 B / t (fp32 logits for the loss; 2 B with cross_entropy_fusion)
   rollout      colocated vLLM takes gpu_memory_utilization of the GPU while the actor's residents stay:
-               weights unless param_offload, gradients unless grad_offload, optimizer unless optimizer_offload;
+               weights unless param_offload, gradients unless grad_offload (the plan passes param_offload: Megatron
+               Lite offloads gradients with the parameters), optimizer unless optimizer_offload;
                what vLLM does inside its share (weights, KV cache, sequences): vrun/rollout.py
   peak         max(training step, rollout phase)
 Assumptions: no activation offload, no sequence-length imbalance between DP ranks, MTP layers cost as a

@@ -226,7 +226,8 @@ def memory_inputs(cfg: dict, verl: dict) -> dict:
         optimizer=g(eng, "impl_cfg.optimizer"), hidden=arch["hidden"], vocab=arch.get("vocab") or 0,
         top_k=arch.get("experts_per_token") or 0, tokens_per_gpu=int(tokens or 0),
         recompute=bool(recompute) and recompute not in ("none", ["none"]),
-        param_offload=bool(eng.get("param_offload")), grad_offload=bool(eng.get("grad_offload")),
+        # Megatron Lite offloads gradients exactly when it offloads parameters (grad_offload is read by nothing)
+        param_offload=bool(eng.get("param_offload")), grad_offload=bool(eng.get("param_offload")),
         optimizer_offload=bool(eng.get("optimizer_offload")),
         offload_fraction=float(g(optim, "override_optimizer_config.offload_fraction") or 0.0),
         gpu_mem_gib=gpu_mem(cfg), rollout_fraction=float(rollout),

@@ -113,6 +113,12 @@ def build(cfg: dict, run_dir: str, env: dict, model_path: str) -> VerlRequest:
     req = VerlRequest(ep, pre["config"], tuple(groups), problems=problems)
 
     base = verl_tree.base_tree(req.config_name, req.groups)
+    # what the algorithm's own group file sets in a section this verl lacks: one line, not one per key
+    from_algo = {k: v for k, v in values.items() if origin[k] == f"recipe.{ep}"}
+    missing = _missing_capabilities(base, from_algo, cfg["algo"]["name"])
+    req.problems += [p for _, p in missing]
+    values = {k: v for k, v in values.items()
+              if not (k in from_algo and any(k.startswith(section + ".") for section, _ in missing))}
     allowed_impl = set(mlite.impl_cfg_fields(cfg["model"]["mlite_name"]))
     rec = mlite.record()
     for key, value in values.items():
@@ -122,6 +128,33 @@ def build(cfg: dict, run_dir: str, env: dict, model_path: str) -> VerlRequest:
         else:
             req.overrides.append(Override(key, value, mode))
     return req
+
+
+# sections of verl's tree an algorithm relies on, which not every verl has → what the algorithm loses without it
+CAPABILITIES = {
+    "algorithm.filter_groups": "dynamic sampling",
+}
+
+
+def installed_verl() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def _missing_capabilities(base: dict, values: dict, algo: str) -> list[tuple[str, Problem]]:
+    """(section, problem) for each capability section the values set and the installed verl's tree lacks."""
+    out = []
+    for section, loses in CAPABILITIES.items():
+        if any(k.startswith(section + ".") for k in values) and verl_tree.lookup(base, section) is verl_tree.MISSING:
+            out.append((section, Problem("algo", algo, f"the installed verl {installed_verl()} has no {section} in "
+                                         f"its config: {algo}'s {loses} would be read by nothing",
+                                         "install verl main 1dda039b or later (it has both this and the engine fields "
+                                         "Megatron Lite sets; README 'Which verl'), or plan algo=grpo")))
+    return out
 
 
 def _mode(base, key, value, pre, allowed_impl, rec, model, origin):
