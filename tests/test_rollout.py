@@ -74,6 +74,8 @@ def test_gpu_table_and_override():
     assert hardware.gpu_mem_gib({"gpu": "b200", "gpu_mem_gib": 170}) == (170.0, [])
     mem, (p,) = hardware.gpu_mem_gib({"gpu": "X1"})
     assert mem is None and p.key == "cluster.gpu" and "H200" in p.fix
+    mem, (p,) = hardware.gpu_mem_gib({"gpu": "H100", "gpu_mem_gib": -1})
+    assert mem is None and p.key == "cluster.gpu_mem_gib"
     h200 = plan(["model=glm5_1", "mesh=256gpu", "mode=plan", "cluster.gpu=H200"])
     assert h200.memory.gpu_mem == 141 * GIB and h200.memory.rollout_detail.budget == 0.8 * 141 * GIB
 
