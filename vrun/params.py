@@ -19,8 +19,8 @@ Counts are logical parameters. Norm weights are counted; buffers (attention sink
 hash table, router bias buffers) are not.
 
 total  = embedding + output (+ final norm) + decoder layers + MTP layers + vision
-active = embedding + output + decoder layers with top-k of the routed experts (no MTP, no vision): the
-         convention of the published "A…B" figures
+active = output head + decoder layers with top-k of the routed experts (no input embedding: a lookup, no
+         compute; no MTP, no vision): the convention under which the published "A…B" figures are met
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class Count:
 
     @property
     def active(self) -> int:
-        return self.embedding + self.output + sum(x.active for x in self.layers)
+        return self.output + sum(x.active for x in self.layers)
 
     def summary(self) -> dict:
         return {"total": self.total, "active": self.active, "source": self.source,

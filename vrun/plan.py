@@ -508,7 +508,9 @@ def memory_rows(plan: Plan) -> list[str]:
     if plan.params:
         pc = plan.params
         active = f", active {pc['active'] / 1e9:.1f}B" if pc.get("active") else ""
-        rows.append(f"params  {pc['total'] / 1e9:.1f}B total{active} [{pc['source']}]"
+        mtp = f" ({(pc['total'] - pc['mtp']) / 1e9:.1f}B without the {pc['mtp'] / 1e9:.1f}B MTP)" \
+            if pc.get("mtp") else ""
+        rows.append(f"params  {pc['total'] / 1e9:.1f}B total{mtp}{active} [{pc['source']}]"
                     + (f"; not sourced: {', '.join(pc['estimates'])}" if pc.get("estimates") else ""))
     if e.assumptions:
         rows.append(f"assume  {e.assumptions}")
