@@ -149,3 +149,24 @@ def test_plan_reports_params_and_the_stage_split():
     assert p["source"].startswith("facts") and p["total"] == count("glm5_1").total
     assert len(p["per_stage"]) == 8 and p["per_stage"][-1]["has_loss"]
     assert sum(s["dense"] + s["routed_expert"] for s in p["per_stage"]) == p["total"] - p["mtp"]
+
+
+def test_mtp_counts_on_the_last_stage_only_when_the_engine_builds_it():
+    """GLM-5.1 builds no MTP layer unless impl_cfg.mtp_enable (Megatron Lite's default); with it, the MTP layer
+    (its input projection and norms on top of a MoE layer) sits on the last stage."""
+    from conftest import plan
+
+    off = plan(["model=glm5_1", "mesh=256gpu", "mode=plan"]).params
+    on = plan(["model=glm5_1", "mesh=256gpu", "mode=plan", "+engine.impl_cfg.mtp_enable=true"]).params
+    assert not off["mtp_built"] and on["mtp_built"]
+    assert sum(s["dense"] + s["routed_expert"] for s in on["per_stage"]) == on["total"]
+    assert on["per_stage"][-1]["layers"] == 9 and on["per_stage"][-1]["has_loss"]
+
+
+def test_vision_tower_sits_on_stage_0_when_mounted():
+    """Qwen3.5 with impl_cfg.mount_vision_model: the 0.45B tower joins the first stage's parameters."""
+    from conftest import plan
+
+    off = plan(["model=qwen3_5_35b", "mode=plan"]).params
+    on = plan(["model=qwen3_5_35b", "mode=plan", "+engine.impl_cfg.mount_vision_model=true"]).params
+    assert on["per_stage"][0]["dense"] - off["per_stage"][0]["dense"] == count("qwen3_5_35b").vision

@@ -169,3 +169,11 @@ def test_no_mesh_names_the_binding_constraint():
               "verl.actor_rollout_ref.actor.ppo_mini_batch_size=7", "verl.actor_rollout_ref.actor.use_dynamic_bsz=false"])
     line = e.value.problems[-1].line()
     assert "binding: data.train_batch_size=7" in line and "fix: data.train_batch_size a multiple of" in line
+
+
+def test_auto_keeps_a_rollout_tp_given_on_the_command_line():
+    """verl.actor_rollout_ref.rollout.tensor_model_parallel_size=4 with mesh=auto: only TP 4 replicas."""
+    p = plan(["model=qwen3_5_35b", "mesh=auto", "mode=plan",
+              "verl.actor_rollout_ref.rollout.tensor_model_parallel_size=4"])
+    assert p.verl["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 4
+    assert {c["tp"] for c in p.search["rollout_tp_choices"]} == {4}

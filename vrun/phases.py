@@ -82,7 +82,7 @@ def rollout_problems(r: Optional[rollout.RolloutEstimate], key: str = f"{ROLLOUT
         return []
     g = lambda x: f"{x / rollout.GIB:.1f}"  # noqa: E731
     if not r.holds_one:
-        return [Problem(key, f"{g(r.budget)}GiB",
+        return [Problem(key, r.utilization,
                         f"vLLM's {g(r.budget)} GiB per GPU minus weights {g(r.weights)} GiB (TP{r.tp}) and the "
                         f"{g(r.reserve)} GiB reserve leaves {g(r.kv_cache)} GiB of KV cache, less than one "
                         f"{r.seq_len}-token prompt+response ({g(r.per_sequence)} GiB)",

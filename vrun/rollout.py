@@ -93,6 +93,7 @@ class RolloutEstimate:
     fits: int                   # sequences per replica at once
     step_share: int             # the step's sequences per replica
     weight_bytes: float         # per parameter
+    utilization: float = 0.0    # gpu_memory_utilization
 
     @property
     def holds_one(self) -> bool:
@@ -130,7 +131,7 @@ def estimate(arch: dict, rollout_params: tuple, *, world: int, rollout_tp: int, 
     return RolloutEstimate(tp=rollout_tp, dp=rollout_dp, replicas=replicas, budget=budget, weights=weights, reserve=RESERVE,
                            kv_cache=left, kv=kv, seq_len=seq_len, per_sequence=per_seq,
                            fits=rollout_dp * int(left // per_seq) if per_seq > 0 else 0,
-                           step_share=-(-step_sequences // replicas), weight_bytes=wb)
+                           step_share=-(-step_sequences // replicas), weight_bytes=wb, utilization=utilization)
 
 
 def choices(world: int, gpus_per_node: int, arch: dict) -> list[tuple[int, int]]:
