@@ -458,6 +458,21 @@ def write(plan: Plan) -> None:
     (d / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n")
 
 
+def dapo_parts(verl: dict) -> str:
+    """Which of DAPO's four parts the verl config applies, in one line."""
+    g = checks._get
+    a = "actor_rollout_ref.actor"
+    ob = g(verl, "reward.reward_kwargs.overlong_buffer_cfg") or {}
+    shaping = ob.get("enable") and g(verl, "reward.reward_manager.name") == "dapo"
+    return "; ".join([
+        f"dynamic sampling {'on (' + str(g(verl, 'algorithm.filter_groups.metric')) + ')' if g(verl, 'algorithm.filter_groups.enable') else 'OFF'}",
+        f"clip-higher {g(verl, a + '.clip_ratio_low')}/{g(verl, a + '.clip_ratio_high')}",
+        f"loss {g(verl, a + '.loss_agg_mode')}",
+        "no KL" if not (g(verl, a + ".use_kl_loss") or g(verl, "algorithm.use_kl_in_reward")) else "KL ON",
+        f"overlong shaping {'last ' + str(ob.get('len')) + ' of ' + str(g(verl, 'reward.reward_kwargs.max_resp_len')) + ' tokens' if shaping else 'OFF'}",
+    ])
+
+
 def table(plan: Plan) -> str:
     m, c = plan.mesh, plan.cfg
     b = batch_summary(plan)
@@ -479,6 +494,8 @@ def table(plan: Plan) -> str:
             f"rollout {r['engine']} TP{r['tp']}·DP{r['dp']} × {r['replicas']} replicas, gpu_memory_utilization "
             f"{r['gpu_memory_utilization']}",
         ]
+        if c["algo"]["name"] == "dapo":
+            rows.append(f"dapo    {dapo_parts(plan.verl)}")
     else:
         rows += [f"batch   {b['train_batch_size']} sequences/step, {b['per_dp_rank']} per DP rank; dynamic bsz "
                  f"{b['dynamic_bsz']}, {b['max_token_len_per_gpu']} tokens/GPU, max_length {b['max_length']}"]

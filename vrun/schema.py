@@ -7,7 +7,7 @@ verl keys: they are open here and checked against verl's own tree at plan time (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Optional, Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
@@ -111,6 +111,8 @@ class Algo:
     name: str = MISSING
     # which verl entrypoint runs it: ppo (verl.trainer.main_ppo on Ray) or sft (verl.trainer.sft_trainer, torchrun)
     entrypoint: str = MISSING
+    # DAPO's dynamic sampling (algorithm.filter_groups): false plans DAPO without it, e.g. on a verl that lacks it
+    dynamic_sampling: Optional[bool] = None
 
 
 @dataclass
