@@ -19,8 +19,8 @@ def engine(cfg: dict, verl: dict) -> dict:
 
 def mtp_enabled(cfg: dict, verl: dict) -> bool:
     v = _get(engine(cfg, verl), "impl_cfg.mtp_enable")
-    if v is None:  # ImplConfig's own default for the model (the record, checked against the real source)
-        v = mlite.record()["impl_cfg_mtp_enable_default"].get(cfg["model"]["mlite_name"], False)
+    if v is None:  # ImplConfig's own default for the model
+        v = mlite.interface().impl_cfg_mtp_enable_default.get(cfg["model"]["mlite_name"], False)
     return bool(v)
 
 
