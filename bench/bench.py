@@ -3,8 +3,8 @@
 1. `runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan` vs `python -m verl.trainer.main_ppo --cfg job`
    with the same verl groups and overrides (what a launcher costs just to print its config). Goal <= 0.25x.
 2. A 64-point plan-only --multirun sweep (every point planned, checked and written). Goal < 10 s.
-3. mesh=auto search time (every valid mesh, each with its memory estimate) for 8…1024 GPUs and each model.
-   Goal: under 100 ms for 512 GPUs.
+3. mesh=auto search time (every valid mesh, each with its memory estimate, and the rollout replica chosen
+   beside it) for 8…1024 GPUs and each model. Goal: under 100 ms.
 4. `python -m vrun runs` listing a 30-point plan-only sweep from the index (process start to exit). Goal < 1 s.
 5. Ray bring-up inside a SLURM allocation at 1-3 nodes vs verl's fixed sleeps (bench/ray_bringup.py; needs a
    reachable SLURM, e.g. the CI harness).
@@ -88,31 +88,30 @@ def mesh_search():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from vrun import memory, plan as planning, schema, search
-    from vrun.mesh import Arch
+    from vrun import plan as planning, schema
 
     schema.register()
     models = ["deepseek_v4_flash", "deepseek_v4_pro", "kimi_k2_6", "glm5_1", "qwen3_5_35b"]
     gpus = [8, 64, 256, 512, 1024]
-    print("mesh search (ms; valid meshes)  " + "  ".join(f"{g:>12}" for g in gpus))
+    print("mesh search with the rollout replica (ms; valid meshes; rollout TP·DP chosen), goal < 100 ms")
+    print("  " + " " * 30 + "  ".join(f"{g:>20}" for g in gpus))
     for model in models:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
             cfg = OmegaConf.to_container(compose("run", [f"model={model}", "mode=plan"]), resolve=True)
         p = planning.make_plan(cfg, tempfile.mkdtemp(), environ=ENV)
-        m = cfg["model"]
-        params, _ = memory.params_from_arch(m["arch"])
-        inputs = planning.memory_inputs(cfg, p.verl)
+        params, note, _, counts = planning.model_params(cfg, None, [], p.verl)
         cells = []
         for g in gpus:
+            c = dict(cfg, mesh={**cfg["mesh"], "nnodes": g // 8, "gpus_per_node": 8, "search": True})
             best = float("inf")
             for _ in range(3):
                 t = time.perf_counter()
-                valid = search.valid_meshes(g // 8, 8, Arch.of(m["arch"]), m["tp_allowed"], m["etp_allowed"],
-                                            model, p.verl, cfg["algo"]["entrypoint"])
-                search.rank(valid, (lambda mm: memory.estimate(params, mm, **inputs)) if params else None)
+                _, found = planning._search(c, p.verl, params, note, [], counts)
                 best = min(best, time.perf_counter() - t)
-            cells.append(f"{best * 1000:6.1f}; {len(valid):5d}")
-        print(f"  {model:<30}" + "  ".join(f"{c:>12}" for c in cells) + ("" if params else "   (no estimate)"))
+            r = found["rollout_tp_choices"][0] if found["rollout_tp_choices"] else None
+            cells.append(f"{best * 1000:5.1f}; {found['valid_meshes']:5d}; "
+                         + (f"TP{r['tp']}·DP{r['dp']}" if r else "-"))
+        print(f"  {model:<30}" + "  ".join(f"{x:>20}" for x in cells))
 
 
 if __name__ == "__main__":

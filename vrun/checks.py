@@ -35,7 +35,7 @@ def check_all(cfg: dict, verl: dict) -> list[Problem]:
     if ep == "ppo":
         out += rollout_problems(mesh, _get(verl, f"{ROLLOUT}.tensor_model_parallel_size"), arch, model["name"])
         out += ppo_batch_problems(verl, mesh)
-        out += algorithm_problems(verl, cfg["algo"]["name"])
+        out += algorithm_problems(verl, cfg["algo"]["name"], cfg["algo"].get("dynamic_sampling"))
     else:
         out += sft_batch_problems(verl, mesh)
     return out
@@ -133,7 +133,7 @@ def ppo_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
     return out
 
 
-def algorithm_problems(verl: dict, algo: str) -> list[Problem]:
+def algorithm_problems(verl: dict, algo: str, dynamic_sampling: bool | None = None) -> list[Problem]:
     out = []
     est = _get(verl, "algorithm.adv_estimator")
     n = _get(verl, f"{ROLLOUT}.n")
@@ -166,14 +166,28 @@ def algorithm_problems(verl: dict, algo: str) -> list[Problem]:
             out.append(Problem("reward.reward_kwargs.overlong_buffer_cfg.len", length,
                                f"must be positive and at most max_resp_len={max_resp}",
                                f"reward.reward_kwargs.overlong_buffer_cfg.len={max_resp // 2 if max_resp else 1}"))
+    if dynamic_sampling is not None and algo != "dapo":
+        out.append(Problem("algo.dynamic_sampling", dynamic_sampling, f"only DAPO samples dynamically: it does nothing "
+                           f"for algo={algo}", "drop algo.dynamic_sampling, or algo=dapo", warning=True))
     if algo == "dapo":
-        want = {"algorithm.filter_groups.enable": True, f"{ACTOR}.loss_agg_mode": "token-mean",
-                f"{ACTOR}.use_kl_loss": False, "algorithm.use_kl_in_reward": False,
-                "reward.reward_manager.name": "dapo"}
+        want = {f"{ACTOR}.loss_agg_mode": "token-mean", f"{ACTOR}.use_kl_loss": False,
+                "algorithm.use_kl_in_reward": False, "reward.reward_manager.name": "dapo"}
+        if dynamic_sampling is not False:
+            want["algorithm.filter_groups.enable"] = True
+        elif fg.get("enable"):
+            out.append(Problem("algorithm.filter_groups.enable", True, "algo.dynamic_sampling=false says DAPO runs "
+                               "without dynamic sampling", "drop it, or algo.dynamic_sampling=true"))
+        else:
+            out.append(Problem("algo.dynamic_sampling", False, "DAPO without dynamic sampling: groups whose samples "
+                               "all score alike stay in the batch (zero advantage); clip-higher, token-mean loss, no "
+                               "KL and overlong reward shaping stay on", "algo.dynamic_sampling=true on a verl that "
+                               "has algorithm.filter_groups (PyPI 0.9.1, verl main 1dda039b)", warning=True))
         for key, v in want.items():
             if _get(verl, key) != v:
+                alt = ", algo.dynamic_sampling=false to plan DAPO without it" if key.startswith("algorithm.filter") \
+                    else ""
                 out.append(Problem(key, _get(verl, key), "algo=dapo needs it for DAPO to be applied",
-                                   f"{key}={str(v).lower() if isinstance(v, bool) else v}, or algo=grpo"))
+                                   f"{key}={str(v).lower() if isinstance(v, bool) else v}{alt}, or algo=grpo"))
         lo, hi = _get(verl, f"{ACTOR}.clip_ratio_low"), _get(verl, f"{ACTOR}.clip_ratio_high")
         if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and hi <= lo:
             out.append(Problem(f"{ACTOR}.clip_ratio_high", hi, f"DAPO's clip-higher needs clip_ratio_high > "

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from vrun import checks, mlite, rundir, translate, verl_tree
+from vrun import checks, memory, mlite, phases, rundir, translate, verl_tree
 from vrun.mesh import Mesh
 from vrun.memory import GIB
 from vrun.problems import SECRETISH, PlanError, Problem
@@ -42,6 +42,7 @@ class Plan:
     search: Optional[dict] = None            # mesh=auto: what was searched and the top alternatives
     checkpoint: Optional[dict] = None        # parameter counts read from the checkpoint
     pipeline: list = field(default_factory=list)  # per stage: decoder layers [first, last], embedding/MTP/loss
+    params: Optional[dict] = None            # {total, active, source, ...} and the per-stage split
 
     def to_json(self) -> dict:
         return {
@@ -58,6 +59,7 @@ class Plan:
             "mesh_search": self.search,
             "checkpoint": self.checkpoint,
             "pipeline": self.pipeline,
+            "params": self.params,
             "warnings": [w.line() for w in self.warnings],
         }
 
@@ -110,11 +112,11 @@ def make_plan(cfg: dict, run_dir: str, *, single_model: bool = True, environ: Op
     problems += p
     placeholder = path if path else f"<unset: {cfg['model']['path_env']}>"
     req, resolved = _verl(cfg, run_dir, env, placeholder, problems)
-    params, params_note, ckpt = model_params(cfg, path, problems)
+    params, params_note, ckpt, counts = model_params(cfg, path, problems, resolved)
     params = with_built_mtp(params, cfg, resolved)
     search = None
     if cfg["mesh"].get("search"):
-        cfg, search = _search(cfg, resolved, params, params_note, problems)
+        cfg, search = _search(cfg, resolved, params, params_note, problems, counts)
         req, resolved = _verl(cfg, run_dir, env, placeholder, problems)
     found = checks.check_all(cfg, resolved)
     problems += found
@@ -130,17 +132,21 @@ def make_plan(cfg: dict, run_dir: str, *, single_model: bool = True, environ: Op
         warnings.append(Problem("verl_mlite", None, "not importable: planned against the project's record of "
                                 f"its config (Megatron-LM {mlite.record()['megatron_lm_commit'][:8]})",
                                 "export MLITE_ROOT=/path/to/Megatron-LM for preflight and train", warning=True))
-    est = memory_estimate(cfg, resolved, mesh, params) if params is not None else None
+    est = memory_estimate(cfg, resolved, mesh, params, counts) if params is not None else None
+    if est is not None:
+        warnings += phases.rollout_problems(est.rollout_detail)
+        counts = dict(counts or {}, per_stage=memory.stage_split(params, mesh))
     if est is not None and not est.fits:
         warnings.append(Problem("memory", f"{est.peak / GIB:.1f}GiB", f"the estimate exceeds the "
-                                f"{cfg['cluster']['gpu_mem_gib']} GiB per GPU of cluster.gpu_mem_gib "
+                                f"{est.gpu_mem / GIB:g} GiB per GPU of {cfg['cluster']['gpu']} (cluster.gpu / "
+                                "cluster.gpu_mem_gib) "
                                 f"(stage {est.stage}: {est.layers_on_stage} layers)",
                                 "a larger PP·EP mesh, more offload, a smaller token budget, or mesh=auto",
                                 warning=True))
     return Plan(cfg=cfg, run_dir=run_dir, verl=resolved, request=req, mesh=mesh, entrypoint=entry, argv=argv,
                 env=env, env_unset=unset, pass_env=list(cfg.get("pass_env") or []), model_path=path,
                 model_path_source=path_from, mlite=source, warnings=warnings, memory=est,
-                memory_note=params_note, search=search, checkpoint=ckpt,
+                memory_note=params_note, search=search, checkpoint=ckpt, params=counts,
                 pipeline=pipeline_stages(cfg, resolved, mesh, params))
 
 
@@ -154,10 +160,13 @@ def _verl(cfg: dict, run_dir: str, env: dict, model_path: str, problems: list) -
     return req, verl_tree.resolve(tree)
 
 
-def model_params(cfg: dict, path: Optional[str], problems: list) -> tuple:
-    """Parameter counts: the checkpoint's when it is on disk, else the model group's facts."""
-    from vrun import memory
+def model_params(cfg: dict, path: Optional[str], problems: list, verl: Optional[dict] = None) -> tuple:
+    """Parameter counts: the checkpoint's when it is on disk, else the model group's facts (vrun/params.py).
+    Returns (memory units, why none, checkpoint summary, {total, active, source, rollout, ...})."""
+    from vrun import params as counting
 
+    verl = verl or {}
+    facts_count, _ = counting.count(cfg["model"]["arch"])
     if path and Path(os.path.expanduser(path)).is_dir():
         from vrun import checkpoint
 
@@ -176,9 +185,27 @@ def model_params(cfg: dict, path: Optional[str], problems: list) -> tuple:
             if not facts.complete:
                 problems.append(Problem("checkpoint", path, f"unknown tensor layouts: {facts.unknown[:3]}",
                                         "the counts exclude them", warning=True))
-            return p, "", summary
-    p, note = memory.params_from_arch(cfg["model"]["arch"])
-    return p, note, None
+            t = facts.totals
+            counts = {"total": t["total"], "active": None, "source": p.source,
+                      "rollout": [int(t["total"] - t.get("mtp", 0) - t["routed_expert"]), int(t["routed_expert"])]}
+            if facts_count is not None:
+                counts["facts_total"] = facts_count.total
+                off = facts_count.total / max(t["total"], 1) - 1
+                if abs(off) > 0.05:
+                    problems.append(Problem("model.arch", cfg["model"]["name"], f"the facts count "
+                                            f"{facts_count.total / 1e9:.1f}B parameters, the checkpoint "
+                                            f"{t['total'] / 1e9:.1f}B ({off:+.0%})", "the checkpoint is the "
+                                            "truth: fix conf/model", warning=True))
+            return p, "", summary, counts
+    if facts_count is None:
+        _, note = counting.count(cfg["model"]["arch"])
+        return None, note, None, None
+    p = counting.to_memory_params(facts_count, mtp=phases.mtp_enabled(cfg, verl),
+                                  vision=phases.vision_mounted(cfg, verl))
+    routed = sum(x.routed for x in facts_count.layers)
+    counts = {**facts_count.summary(), "mtp_built": p.mtp_layers > 0,
+              "rollout": [facts_count.total - sum(x.total for x in facts_count.mtp) - routed, routed]}
+    return p, "", None, counts
 
 
 def pipeline_stages(cfg: dict, verl: dict, mesh: Mesh, params) -> list[dict]:
@@ -236,49 +263,99 @@ def memory_inputs(cfg: dict, verl: dict) -> dict:
         param_offload=bool(eng.get("param_offload")), grad_offload=bool(eng.get("param_offload")),
         optimizer_offload=bool(eng.get("optimizer_offload")),
         offload_fraction=float(g(optim, "override_optimizer_config.offload_fraction") or 0.0),
-        gpu_mem_gib=float(cfg["cluster"]["gpu_mem_gib"]), rollout_fraction=float(rollout),
+        gpu_mem_gib=gpu_mem(cfg), rollout_fraction=float(rollout),
+        residual_streams=int(arch.get("hc_mult") or 1),
         cross_entropy_fusion=bool(eng.get("cross_entropy_fusion") or g(eng, "impl_cfg.cross_entropy_fusion")))
 
 
-def memory_estimate(cfg: dict, verl: dict, mesh: Mesh, params) -> object:
-    from vrun import memory
+def gpu_mem(cfg: dict) -> float:
+    from vrun import hardware
 
-    return memory.estimate(params, mesh, **memory_inputs(cfg, verl))
+    mem, problems = hardware.gpu_mem_gib(cfg["cluster"])
+    if problems:
+        raise PlanError(problems)
+    return mem
 
 
-def _search(cfg: dict, verl: dict, params, note: str, problems: list) -> tuple:
+def memory_estimate(cfg: dict, verl: dict, mesh: Mesh, params, counts: Optional[dict] = None) -> object:
+    inputs = memory_inputs(cfg, verl)
+    est = memory.estimate(params, mesh, **inputs)
+    return phases.attach(est, cfg, verl, mesh, rollout_params(params, counts), inputs)
+
+
+def rollout_params(params, counts: Optional[dict]) -> tuple:
+    """(dense, routed experts) that vLLM loads: the counts' when known, else the units' without MTP."""
+    if counts and counts.get("rollout"):
+        return tuple(counts["rollout"])
+    routed = sum(params.expert_per_layer)
+    return (params.total - params.mtp_dense - params.mtp_expert - routed, routed)
+
+
+def _search(cfg: dict, verl: dict, params, note: str, problems: list, counts: Optional[dict] = None) -> tuple:
+    """mesh=auto: every valid training mesh ranked by the estimate, and the rollout TP chosen beside it (a second,
+    small choice: within a node, tiling the GPUs, within the model's rules, ranked by KV fit)."""
     import time
 
-    from vrun import search
+    from vrun import rollout, search
     from vrun.mesh import Arch
 
     model = cfg["model"]
     m0 = cfg["mesh"]
+    ppo = cfg["algo"]["entrypoint"] == "ppo"
     t = time.perf_counter()
-    valid = search.valid_meshes(m0["nnodes"], m0["gpus_per_node"], Arch.of(model["arch"]), model["tp_allowed"],
-                                model["etp_allowed"], model["name"], verl, cfg["algo"]["entrypoint"],
-                                bool(checks._get(cfg, "engine.impl_cfg.use_deepep", False)))
+    arch, world = Arch.of(model["arch"]), m0["nnodes"] * m0["gpus_per_node"]
+    rkey = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    pinned = checks._get(cfg, f"verl.{rkey}")
+    tps = None
+    if ppo:
+        tps = rollout.choices(world, m0["gpus_per_node"], model["arch"])
+        if pinned is not None:
+            tps = [x for x in tps if x[0] == pinned]
+    deepep = bool(checks._get(cfg, "engine.impl_cfg.use_deepep", False))
+    args = (m0["nnodes"], m0["gpus_per_node"], arch, model["tp_allowed"], model["etp_allowed"], model["name"],
+            verl, cfg["algo"]["entrypoint"], deepep, tps)
+    valid = search.valid_meshes(*args)
+    inputs = memory_inputs(cfg, verl) if params is not None else None
     if params is not None:
-        from vrun import memory
-
-        inputs = memory_inputs(cfg, verl)
         ranked = search.rank(valid, lambda m: memory.estimate(params, m, **inputs))
     else:
         ranked = search.rank(valid)
+    ropts = []
+    if ppo and ranked and params is not None:
+        rin = phases.rollout_inputs(cfg, verl, inputs["gpu_mem_gib"])
+        configured = (checks._get(verl, rkey), checks._get(verl, "actor_rollout_ref.rollout.data_parallel_size"))
+        ropts = rollout.choose(model["arch"], rollout_params(params, counts), world=world,
+                               gpus_per_node=m0["gpus_per_node"], configured=configured, allowed=tps, **rin)
     seconds = time.perf_counter() - t
     if not ranked:
+        why = search.binding_constraint(*args)
         raise PlanError(problems + [Problem("mesh", "auto", f"no mesh of {m0['nnodes']}×{m0['gpus_per_node']} GPUs "
-                                            f"passes the plan's checks for {model['name']}",
-                                            "change mesh.nnodes / mesh.gpus_per_node or the batch sizes")])
+                                            f"passes the plan's checks for {model['name']}"
+                                            + (f"; binding: {why.key}={why.value}: {why.why}" if why else ""),
+                                            why.fix if why else "change mesh.nnodes / mesh.gpus_per_node or the "
+                                            "batch sizes")])
     best = ranked[0].mesh
     cfg = dict(cfg, mesh={**m0, **{k: getattr(best, k) for k in ("tp", "pp", "vpp", "ep", "etp", "cp")}})
-    top = [{"overrides": " ".join(f"mesh.{k}={getattr(c.mesh, k)}" for k in ("tp", "pp", "ep", "cp", "etp")),
-            "dp": c.mesh.dp, "edp": c.mesh.edp,
+    rtp, rdp = (ropts[0].tp, ropts[0].dp) if ropts else (tps[0] if tps else (None, None))
+    if ppo and pinned is None and rtp is not None:
+        recipe = dict(cfg.get("recipe") or {})
+        ppo_r = dict(recipe.get("ppo") or {})
+        aref = dict(ppo_r.get("actor_rollout_ref") or {})
+        aref["rollout"] = {**(aref.get("rollout") or {}), "tensor_model_parallel_size": rtp,
+                           "data_parallel_size": rdp}
+        cfg = dict(cfg, recipe={**recipe, "ppo": {**ppo_r, "actor_rollout_ref": aref}})
+    rsuffix = f" rollout TP{rtp}·DP{rdp}" if ppo and rtp is not None else ""
+    top = [{"overrides": " ".join(f"mesh.{k}={getattr(c.mesh, k)}" for k in ("tp", "pp", "ep", "cp", "etp"))
+            + rsuffix, "dp": c.mesh.dp, "edp": c.mesh.edp, "rollout_tp": rtp,
             "peak_gib": round(c.estimate.peak / GIB, 1) if c.estimate is not None else None, "fits": c.fits}
            for c in ranked[:6]]
+    rollout_rank = [{"tp": r.tp, "dp": r.dp, "replicas": r.replicas, "sequences_fit": r.fits,
+                     "step_sequences_per_replica": r.step_share} for r in ropts[:4]]
     return cfg, {"valid_meshes": len(valid), "search_ms": round(seconds * 1000, 1), "chosen": top[0],
-                 "alternatives": top[1:], "memory": "estimated" if params is not None else note,
-                 "objective": "fits in memory, then smaller TP, smaller CP, EP within a node, fewer PP stages"}
+                 "alternatives": top[1:], "rollout_tp_choices": rollout_rank,
+                 "memory": "estimated" if params is not None else note,
+                 "objective": "fits in memory, then smaller TP, smaller CP, EP within a node, fewer PP stages; "
+                              "rollout TP: holds a sequence, holds the replica's share, the configured TP, smaller"}
 
 
 def mesh_hints(cfg: dict, verl: dict, found: list) -> list[str]:
@@ -356,13 +433,14 @@ def batch_summary(plan: Plan) -> dict:
         tbs, n = g(v, "data.train_batch_size"), g(v, "actor_rollout_ref.rollout.n")
         mini = g(v, "actor_rollout_ref.actor.ppo_mini_batch_size")
         rtp = g(v, "actor_rollout_ref.rollout.tensor_model_parallel_size")
+        rdp = g(v, "actor_rollout_ref.rollout.data_parallel_size") or 1
         return {"train_batch_size": tbs, "n": n, "samples_per_step": tbs * n, "mini_batch_size": mini,
                 "updates_per_step": tbs // mini, "samples_per_dp_rank": tbs * n // m.dp,
                 "dynamic_bsz": g(v, "actor_rollout_ref.actor.use_dynamic_bsz"),
                 "max_token_len_per_gpu": g(v, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
                 "prompt_length": g(v, "data.max_prompt_length"), "response_length": g(v, "data.max_response_length"),
-                "rollout": {"engine": g(v, "actor_rollout_ref.rollout.name"), "tp": rtp,
-                            "replicas": m.world // rtp, "gpu_memory_utilization":
+                "rollout": {"engine": g(v, "actor_rollout_ref.rollout.name"), "tp": rtp, "dp": rdp,
+                            "replicas": m.world // (rtp * rdp), "gpu_memory_utilization":
                                 g(v, "actor_rollout_ref.rollout.gpu_memory_utilization")}}
     tbs = g(v, "data.train_batch_size")
     return {"train_batch_size": tbs, "per_dp_rank": tbs // m.dp, "micro_batch_size_per_gpu":
@@ -380,6 +458,21 @@ def write(plan: Plan) -> None:
                                                   default_flow_style=False))
     (d / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n")
     rundir.index_add(plan.run_dir)
+
+
+def dapo_parts(verl: dict) -> str:
+    """Which of DAPO's four parts the verl config applies, in one line."""
+    g = checks._get
+    a = "actor_rollout_ref.actor"
+    ob = g(verl, "reward.reward_kwargs.overlong_buffer_cfg") or {}
+    shaping = ob.get("enable") and g(verl, "reward.reward_manager.name") == "dapo"
+    return "; ".join([
+        f"dynamic sampling {'on (' + str(g(verl, 'algorithm.filter_groups.metric')) + ')' if g(verl, 'algorithm.filter_groups.enable') else 'OFF'}",
+        f"clip-higher {g(verl, a + '.clip_ratio_low')}/{g(verl, a + '.clip_ratio_high')}",
+        f"loss {g(verl, a + '.loss_agg_mode')}",
+        "no KL" if not (g(verl, a + ".use_kl_loss") or g(verl, "algorithm.use_kl_in_reward")) else "KL ON",
+        f"overlong shaping {'last ' + str(ob.get('len')) + ' of ' + str(g(verl, 'reward.reward_kwargs.max_resp_len')) + ' tokens' if shaping else 'OFF'}",
+    ])
 
 
 def table(plan: Plan) -> str:
@@ -400,9 +493,11 @@ def table(plan: Plan) -> str:
             f"{b['samples_per_dp_rank']} samples per DP rank",
             f"tokens  prompt {b['prompt_length']} + response {b['response_length']}; dynamic bsz "
             f"{b['dynamic_bsz']}, {b['max_token_len_per_gpu']} tokens/GPU",
-            f"rollout {r['engine']} TP{r['tp']} × {r['replicas']} replicas, gpu_memory_utilization "
+            f"rollout {r['engine']} TP{r['tp']}·DP{r['dp']} × {r['replicas']} replicas, gpu_memory_utilization "
             f"{r['gpu_memory_utilization']}",
         ]
+        if c["algo"]["name"] == "dapo":
+            rows.append(f"dapo    {dapo_parts(plan.verl)}")
     else:
         rows += [f"batch   {b['train_batch_size']} sequences/step, {b['per_dp_rank']} per DP rank; dynamic bsz "
                  f"{b['dynamic_bsz']}, {b['max_token_len_per_gpu']} tokens/GPU, max_length {b['max_length']}"]
@@ -447,6 +542,27 @@ def memory_rows(plan: Plan) -> list[str]:
     rows.append(f"memory  per GPU, stage {e.stage} ({e.layers_on_stage} layers): weights {g(e.weights)} + grads "
                 f"{g(e.grads)} + optimizer {g(e.optimizer)} + activations {g(e.activations)} + logits "
                 f"{g(e.logits)} = {g(e.train_peak)} GiB training")
-    rows.append(f"        rollout {g(e.rollout)} + actor residents {g(e.rollout_residents)} GiB; peak {g(e.peak)} of "
-                f"{g(e.gpu_mem)} GiB {'(fits)' if e.fits else '(DOES NOT FIT)'}  [params: {e.params_source}]")
+    r = e.rollout_detail
+    if r is not None:
+        rows.append(f"        rollout phase: vLLM {g(r.budget)} GiB = weights {g(r.weights)} (TP{r.tp}·DP{r.dp}) + "
+                    f"reserve {g(r.reserve)} + KV cache {g(r.kv_cache)}; actor residents {g(e.rollout_residents)} "
+                    f"GiB beside it")
+        per_tok = f"{r.kv.per_token / 1024:.1f} KiB/token" + \
+            (f" + {r.kv.per_sequence / 2 ** 20:.1f} MiB/sequence" if r.kv.per_sequence else "")
+        rows.append(f"        KV      {per_tok} per GPU ({r.kv.formula}); {r.fits} of the step's {r.step_share} "
+                    f"sequences per replica fit at once ({r.seq_len} tokens each)")
+    verdict = "(fits)" if e.fits else "(DOES NOT FIT)"
+    if r is not None and not r.holds_one:
+        verdict += "; the rollout does NOT fit (see the warning)"
+    rows.append(f"        peak {g(e.peak)} of {g(e.gpu_mem)} GiB per GPU {verdict}"
+                f" = max(training {g(e.train_peak)}, rollout {g(e.rollout)} + residents {g(e.rollout_residents)})")
+    if plan.params:
+        pc = plan.params
+        active = f", active {pc['active'] / 1e9:.1f}B" if pc.get("active") else ""
+        mtp = f" ({(pc['total'] - pc['mtp']) / 1e9:.1f}B without the {pc['mtp'] / 1e9:.1f}B MTP)" \
+            if pc.get("mtp") else ""
+        rows.append(f"params  {pc['total'] / 1e9:.1f}B total{mtp}{active} [{pc['source']}]"
+                    + (f"; not sourced: {', '.join(pc['estimates'])}" if pc.get("estimates") else ""))
+    if e.assumptions:
+        rows.append(f"assume  {e.assumptions}")
     return rows

@@ -30,8 +30,9 @@ class Candidate:
 
 def valid_meshes(nnodes: int, gpus_per_node: int, arch: Arch, tp_allowed: Iterable[int],
                  etp_allowed: Iterable[int], model: str, verl: Optional[dict] = None, entrypoint: str = "ppo",
-                 use_deepep: bool = False) -> list[Mesh]:
-    """Every mesh of nnodes × gpus_per_node that passes the mesh, rollout and batch checks."""
+                 use_deepep: bool = False, rollout_tps: Optional[list] = None) -> list[Mesh]:
+    """Every mesh of nnodes × gpus_per_node that passes the mesh, rollout and batch checks. rollout_tps: the
+    rollout TPs the search may choose from (the configured one is then not required)."""
     world = nnodes * gpus_per_node
     tps, etps = sorted(set(tp_allowed)), sorted(set(etp_allowed))
     out = []
@@ -55,15 +56,18 @@ def valid_meshes(nnodes: int, gpus_per_node: int, arch: Arch, tp_allowed: Iterab
                         m = Mesh(nnodes, gpus_per_node, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)
                         if verl is not None:
                             if m.dp not in other:
-                                other[m.dp] = bool(_other_problems(m, arch, model, verl, entrypoint))
+                                other[m.dp] = bool(_other_problems(m, arch, model, verl, entrypoint, rollout_tps))
                             if other[m.dp]:
                                 continue
                         out.append(m)
     return out
 
 
-def _other_problems(m: Mesh, arch: Arch, model: str, verl: dict, entrypoint: str) -> list:
+def _other_problems(m: Mesh, arch: Arch, model: str, verl: dict, entrypoint: str,
+                    rollout_tps: Optional[list] = None) -> list:
     if entrypoint == "ppo":
+        if rollout_tps is not None:
+            return ["no rollout TP"] if not rollout_tps else checks.ppo_batch_problems(verl, m)
         rtp = checks._get(verl, "actor_rollout_ref.rollout.tensor_model_parallel_size")
         return rollout_problems(m, rtp, arch, model) or checks.ppo_batch_problems(verl, m)
     return checks.sft_batch_problems(verl, m)
@@ -102,3 +106,32 @@ def neighbours(mesh: Mesh, valid: Iterable[Mesh], limit: int = 4) -> tuple[list[
 
 def as_overrides(mesh: Mesh, base: Mesh) -> str:
     return " ".join(f"mesh.{k}={getattr(mesh, k)}" for k in KNOBS if getattr(mesh, k) != getattr(base, k))
+
+
+def binding_constraint(nnodes: int, gpus_per_node: int, arch: Arch, tp_allowed, etp_allowed, model: str,
+                       verl: Optional[dict], entrypoint: str, use_deepep: bool, rollout_tps: Optional[list]):
+    """Why no mesh passes: the first family of checks that leaves none — Megatron Lite's mesh rules, the rollout
+    TP, then the batch checks (with the problem of the best mesh that passed the earlier ones)."""
+    from vrun.problems import Problem
+
+    world = nnodes * gpus_per_node
+    meshes = valid_meshes(nnodes, gpus_per_node, arch, tp_allowed, etp_allowed, model, None, entrypoint, use_deepep)
+    if not meshes:
+        return Problem("mesh.nnodes", nnodes, f"no TP·CP·PP / ETP·EP·PP split of {nnodes}×{gpus_per_node}={world} "
+                       f"GPUs meets {model}'s rules (EP divides {arch.routed_experts} experts, TP in "
+                       f"{list(tp_allowed)})", "a GPU count with more factors of 2, e.g. mesh.nnodes="
+                       f"{max(1, 1 << (max(nnodes, 1) - 1).bit_length())}")
+    if entrypoint == "ppo" and rollout_tps is not None and not rollout_tps:
+        key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+        rule = f" and divide {arch.o_groups} o_groups" if arch.o_groups else ""
+        return Problem(key, None, f"no rollout TP fits within a node of {gpus_per_node} GPUs, tiles {world} GPUs"
+                       f"{rule}", "mesh.gpus_per_node a power of two")
+    ranked = rank(meshes)
+    found = _other_problems(ranked[0].mesh, arch, model, verl, entrypoint, rollout_tps) if verl else []
+    found = [p for p in found if isinstance(p, Problem)]
+    if found:
+        p = found[0]
+        example = " ".join(f"{k}={getattr(ranked[0].mesh, k)}" for k in KNOBS)
+        return Problem(p.key, p.value, f"every mesh of {world} GPUs fails the batch checks; with {example}: {p.why}",
+                       p.fix)
+    return None

@@ -113,6 +113,15 @@ def build(cfg: dict, run_dir: str, env: dict, model_path: str) -> VerlRequest:
     req = VerlRequest(ep, pre["config"], tuple(groups), problems=problems)
 
     base = verl_tree.base_tree(req.config_name, req.groups)
+    if cfg["algo"].get("dynamic_sampling") is False:
+        # DAPO without dynamic sampling: the group file's filter_groups block goes; where verl has the section, it
+        # is switched off explicitly (the pass-through may still set it, and the checks then say so)
+        values = {k: v for k, v in values.items()
+                  if not (origin[k] == f"recipe.{ep}" and k.startswith("algorithm.filter_groups."))}
+        if verl_tree.lookup(base, "algorithm.filter_groups") is not verl_tree.MISSING \
+                and "algorithm.filter_groups.enable" not in values:
+            values["algorithm.filter_groups.enable"] = False
+            origin["algorithm.filter_groups.enable"] = "project"
     # what the algorithm's own group file sets in a section this verl lacks: one line, not one per key
     from_algo = {k: v for k, v in values.items() if origin[k] == f"recipe.{ep}"}
     missing = _missing_capabilities(base, from_algo, cfg["algo"]["name"])
@@ -153,7 +162,8 @@ def _missing_capabilities(base: dict, values: dict, algo: str) -> list[tuple[str
             out.append((section, Problem("algo", algo, f"the installed verl {installed_verl()} has no {section} in "
                                          f"its config: {algo}'s {loses} would be read by nothing",
                                          "install verl main 1dda039b or later (it has both this and the engine fields "
-                                         "Megatron Lite sets; README 'Which verl'), or plan algo=grpo")))
+                                         "Megatron Lite sets; README 'Which verl'), or plan without it: "
+                                         "algo.dynamic_sampling=false")))
     return out
 
 
