@@ -150,8 +150,8 @@ def _event(r: state.Run, e: dict) -> str:
         return f"nodes joined {e.get('joined')}/{e.get('of')} {','.join(e.get('hosts') or [])}"
     if ev == "failed":
         return f"failed on {state.node_name(r, e)}: {e.get('error')}"
-    detail = " ".join(f"{k}={v}" for k, v in rest.items() if k in ("job_id", "attempt", "rc", "hosts", "seconds",
-                                                                    "pid", "job_ids"))
+    detail = " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in rest.items()
+                      if k in ("job_id", "attempt", "rc", "hosts", "seconds", "pid", "job_ids"))
     return f"{ev} ({e.get('host')}) {detail}".rstrip()
 
 
