@@ -39,8 +39,8 @@ def state_dir(tmp_path, monkeypatch):
 
 
 def test_runs_lists_an_indexed_plan_sweep(tmp_path, state_dir):
-    """A plan-only sweep lands in the index; `runs` lists every point with model, GPUs, mode and state, and
-    filters by state and model."""
+    """A plan-only sweep lands in the index; `runs` lists every point with model, GPUs, mode, state and last
+    checkpoint step, and filters by state and model."""
     proc = runner("-m", "model=glm5_1,qwen3_5_35b", "optimizer=fsdp2,dist_opt", "mode=plan",
                   f"hydra.sweep.dir={tmp_path}/s")
     assert proc.returncode == 0, proc.stderr
@@ -56,6 +56,11 @@ def test_runs_lists_an_indexed_plan_sweep(tmp_path, state_dir):
     assert table[0].split()[:6] == ["WHEN", "MODEL", "ALGO", "GPUS", "MODE", "STATE"] and len(table) == 3
     assert all("qwen3_5_35b" in line and "planned" in line for line in table[1:])
     assert vrun("runs", "--state", "running").stdout.strip() == "no runs match"
+    # verl's checkpoint layout under the run dir (trainer.default_local_dir): the last step is listed
+    for step in (10, 20):
+        (tmp_path / "s" / "0_glm5_1_grpo_fsdp2" / "checkpoints" / f"global_step_{step}").mkdir(parents=True)
+    rows = json.loads(vrun("runs", str(tmp_path / "s" / "0_glm5_1_grpo_fsdp2"), "--json").stdout)
+    assert rows[0]["checkpoint_step"] == 20
     # a point deleted since: said plainly, the rest still listed
     import shutil
 
