@@ -2,8 +2,7 @@
 at job start (or silently get wrong), found before the allocation. Pure functions of their inputs."""
 from __future__ import annotations
 
-from typing import Any
-
+from vrun.dotted import get
 from vrun.mesh import Arch, Mesh, mesh_problems, rollout_problems
 from vrun.problems import Problem
 
@@ -11,29 +10,20 @@ ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
 
 
-def _get(tree: dict, key: str, default: Any = None) -> Any:
-    node: Any = tree
-    for p in key.split("."):
-        if not isinstance(node, dict) or p not in node:
-            return default
-        node = node[p]
-    return node
-
-
 def check_all(cfg: dict, verl: dict) -> list[Problem]:
     ep = cfg["algo"]["entrypoint"]
     mesh = Mesh.of(cfg["mesh"])
     model = cfg["model"]
     arch = Arch.of(model["arch"])
-    eng = _get(verl, f"{ACTOR}.engine" if ep == "ppo" else "engine", {})
+    eng = get(verl, f"{ACTOR}.engine" if ep == "ppo" else "engine", {})
     out = mesh_problems(mesh, arch, model["tp_allowed"], model["etp_allowed"], model["name"],
-                        use_deepep=bool(_get(eng, "impl_cfg.use_deepep", False)))
+                        use_deepep=bool(get(eng, "impl_cfg.use_deepep", False)))
     if out:
         return out + engine_problems(eng, cfg)
     out += engine_problems(eng, cfg)
     out += trainer_problems(verl, mesh)
     if ep == "ppo":
-        out += rollout_problems(mesh, _get(verl, f"{ROLLOUT}.tensor_model_parallel_size"), arch, model["name"])
+        out += rollout_problems(mesh, get(verl, f"{ROLLOUT}.tensor_model_parallel_size"), arch, model["name"])
         out += ppo_batch_problems(verl, mesh)
         out += algorithm_problems(verl, cfg["algo"]["name"])
     else:
@@ -44,18 +34,18 @@ def check_all(cfg: dict, verl: dict) -> list[Problem]:
 def engine_problems(eng: dict, cfg: dict) -> list[Problem]:
     out = []
     pre = "engine"
-    if _get(eng, "impl_cfg.use_thd", True) is not True:
-        out.append(Problem(f"{pre}.impl_cfg.use_thd", _get(eng, "impl_cfg.use_thd"),
+    if get(eng, "impl_cfg.use_thd", True) is not True:
+        out.append(Problem(f"{pre}.impl_cfg.use_thd", get(eng, "impl_cfg.use_thd"),
                            "the Megatron Lite engine only runs packed (THD) sequences", f"{pre}.impl_cfg.use_thd=true"))
-    opt = _get(eng, "impl_cfg.optimizer")
+    opt = get(eng, "impl_cfg.optimizer")
     if opt not in ("fsdp2", "dist_opt"):
         out.append(Problem("optimizer.name", opt, "Megatron Lite takes fsdp2 or dist_opt", "optimizer=fsdp2"))
-    rrm = _get(eng, "router_replay_mode", "disabled")
+    rrm = get(eng, "router_replay_mode", "disabled")
     if rrm not in ("disabled", "R3"):
         out.append(Problem(f"{pre}.router_replay_mode", rrm, "the Megatron Lite engine supports disabled or R3",
                            f"{pre}.router_replay_mode=R3"))
-    if _get(eng, "resync_config") and _get(eng, "resync_format") is None:
-        out.append(Problem(f"{pre}.resync_config", _get(eng, "resync_config"), "resync_config needs resync_format",
+    if get(eng, "resync_config") and get(eng, "resync_format") is None:
+        out.append(Problem(f"{pre}.resync_config", get(eng, "resync_config"), "resync_config needs resync_format",
                            f"set {pre}.resync_format (e.g. block_fp8)"))
     return out
 
@@ -64,19 +54,19 @@ def trainer_problems(verl: dict, mesh: Mesh) -> list[Problem]:
     out = []
     for key, want, knob in (("trainer.nnodes", mesh.nnodes, "mesh.nnodes"),
                             ("trainer.n_gpus_per_node", mesh.gpus_per_node, "mesh.gpus_per_node")):
-        if _get(verl, key) != want:
-            out.append(Problem(key, _get(verl, key), f"must equal the mesh's {want}", f"set {knob} instead"))
+        if get(verl, key) != want:
+            out.append(Problem(key, get(verl, key), f"must equal the mesh's {want}", f"set {knob} instead"))
     return out
 
 
 def ppo_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
     """verl's job-start assertions (validate_config, ActorConfig.validate), with Megatron Lite's real DP."""
     out = []
-    tbs = _get(verl, "data.train_batch_size")
-    n = _get(verl, f"{ROLLOUT}.n")
-    mini = _get(verl, f"{ACTOR}.ppo_mini_batch_size")
-    micro = _get(verl, f"{ACTOR}.ppo_micro_batch_size_per_gpu")
-    dyn = bool(_get(verl, f"{ACTOR}.use_dynamic_bsz"))
+    tbs = get(verl, "data.train_batch_size")
+    n = get(verl, f"{ROLLOUT}.n")
+    mini = get(verl, f"{ACTOR}.ppo_mini_batch_size")
+    micro = get(verl, f"{ACTOR}.ppo_micro_batch_size_per_gpu")
+    dyn = bool(get(verl, f"{ACTOR}.use_dynamic_bsz"))
     for key, v in (("data.train_batch_size", tbs), (f"{ROLLOUT}.n", n), (f"{ACTOR}.ppo_mini_batch_size", mini)):
         if not isinstance(v, int) or v < 1:
             return [Problem(key, v, "must be a positive integer", f"set {key}")]
@@ -116,8 +106,8 @@ def ppo_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
                                    f"{ACTOR}.ppo_micro_batch_size_per_gpu in "
                                    f"{[m for m in _divs(tbs * n // dp) if m <= 8]}"))
     else:
-        budget = _get(verl, f"{ACTOR}.ppo_max_token_len_per_gpu")
-        seq = (_get(verl, "data.max_prompt_length") or 0) + (_get(verl, "data.max_response_length") or 0)
+        budget = get(verl, f"{ACTOR}.ppo_max_token_len_per_gpu")
+        seq = (get(verl, "data.max_prompt_length") or 0) + (get(verl, "data.max_response_length") or 0)
         if isinstance(budget, int) and seq and budget < seq:
             out.append(Problem(f"{ACTOR}.ppo_max_token_len_per_gpu", budget,
                                f"smaller than one full sequence (max_prompt_length+max_response_length = {seq})",
@@ -127,28 +117,28 @@ def ppo_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
 
 def algorithm_problems(verl: dict, algo: str) -> list[Problem]:
     out = []
-    est = _get(verl, "algorithm.adv_estimator")
-    n = _get(verl, f"{ROLLOUT}.n")
+    est = get(verl, "algorithm.adv_estimator")
+    n = get(verl, f"{ROLLOUT}.n")
     if est in ("grpo", "rloo", "grpo_passk") and isinstance(n, int) and n < 2:
         out.append(Problem(f"{ROLLOUT}.n", n, f"{est} compares samples within a group: with n={n} every advantage is 0",
                            f"{ROLLOUT}.n=8 (any n >= 2)"))
-    if _get(verl, f"{ROLLOUT}.name") not in ("vllm", "sglang", "trtllm"):
-        out.append(Problem(f"{ROLLOUT}.name", _get(verl, f"{ROLLOUT}.name"), "verl rolls out with vllm, sglang or trtllm",
+    if get(verl, f"{ROLLOUT}.name") not in ("vllm", "sglang", "trtllm"):
+        out.append(Problem(f"{ROLLOUT}.name", get(verl, f"{ROLLOUT}.name"), "verl rolls out with vllm, sglang or trtllm",
                            f"{ROLLOUT}.name=vllm"))
-    fg = _get(verl, "algorithm.filter_groups") or {}
+    fg = get(verl, "algorithm.filter_groups") or {}
     if fg.get("enable") and not fg.get("metric"):
         out.append(Problem("algorithm.filter_groups.metric", fg.get("metric"),
                            "dynamic sampling needs a metric to filter groups on (verl does not check)",
                            "algorithm.filter_groups.metric=acc"))
-    rk = _get(verl, "reward.reward_kwargs") or {}
+    rk = get(verl, "reward.reward_kwargs") or {}
     ob = rk.get("overlong_buffer_cfg") or {}
-    manager = _get(verl, "reward.reward_manager.name")
+    manager = get(verl, "reward.reward_manager.name")
     if ob.get("enable"):
         if manager != "dapo":
             out.append(Problem("reward.reward_manager.name", manager,
                                "only verl's DAPO reward manager reads overlong_buffer_cfg: the overlong penalty would "
                                "be inert", "reward.reward_manager.name=dapo"))
-        resp = _get(verl, "data.max_response_length")
+        resp = get(verl, "data.max_response_length")
         max_resp = rk.get("max_resp_len")
         length = ob.get("len")
         if max_resp is None:
@@ -163,10 +153,10 @@ def algorithm_problems(verl: dict, algo: str) -> list[Problem]:
                 f"{ACTOR}.use_kl_loss": False, "algorithm.use_kl_in_reward": False,
                 "reward.reward_manager.name": "dapo"}
         for key, v in want.items():
-            if _get(verl, key) != v:
-                out.append(Problem(key, _get(verl, key), "algo=dapo needs it for DAPO to be applied",
+            if get(verl, key) != v:
+                out.append(Problem(key, get(verl, key), "algo=dapo needs it for DAPO to be applied",
                                    f"{key}={str(v).lower() if isinstance(v, bool) else v}, or algo=grpo"))
-        lo, hi = _get(verl, f"{ACTOR}.clip_ratio_low"), _get(verl, f"{ACTOR}.clip_ratio_high")
+        lo, hi = get(verl, f"{ACTOR}.clip_ratio_low"), get(verl, f"{ACTOR}.clip_ratio_high")
         if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and hi <= lo:
             out.append(Problem(f"{ACTOR}.clip_ratio_high", hi, f"DAPO's clip-higher needs clip_ratio_high > "
                                f"clip_ratio_low={lo}", f"{ACTOR}.clip_ratio_high=0.28"))
@@ -175,9 +165,9 @@ def algorithm_problems(verl: dict, algo: str) -> list[Problem]:
 
 def sft_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
     out = []
-    tbs = _get(verl, "data.train_batch_size")
-    micro = _get(verl, "data.micro_batch_size_per_gpu")
-    dyn = bool(_get(verl, "data.use_dynamic_bsz"))
+    tbs = get(verl, "data.train_batch_size")
+    micro = get(verl, "data.micro_batch_size_per_gpu")
+    dyn = bool(get(verl, "data.use_dynamic_bsz"))
     dp = mesh.dp
     if not isinstance(tbs, int) or tbs < 1:
         return [Problem("data.train_batch_size", tbs, "must be a positive integer", "data.train_batch_size=32")]
@@ -187,10 +177,10 @@ def sft_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
     elif not dyn and isinstance(micro, int) and micro > 0 and (tbs // dp) % micro:
         out.append(Problem("data.micro_batch_size_per_gpu", micro, f"must divide the per-rank batch {tbs}/{dp}",
                            f"data.micro_batch_size_per_gpu in {_divs(tbs // dp)}"))
-    if _get(verl, "data.pad_mode") != "no_padding":
-        out.append(Problem("data.pad_mode", _get(verl, "data.pad_mode"), "Megatron Lite only takes packed sequences",
+    if get(verl, "data.pad_mode") != "no_padding":
+        out.append(Problem("data.pad_mode", get(verl, "data.pad_mode"), "Megatron Lite only takes packed sequences",
                            "data.pad_mode=no_padding"))
-    budget, length = _get(verl, "data.max_token_len_per_gpu"), _get(verl, "data.max_length")
+    budget, length = get(verl, "data.max_token_len_per_gpu"), get(verl, "data.max_length")
     if dyn and isinstance(budget, int) and isinstance(length, int) and budget < length:
         out.append(Problem("data.max_token_len_per_gpu", budget, f"smaller than data.max_length={length}",
                            f"data.max_token_len_per_gpu={length}"))

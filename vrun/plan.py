@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from vrun import checks, mlite, translate, verl_tree
+from vrun import checks, dotted, mlite, translate, verl_tree
 from vrun.mesh import Mesh
 from vrun.memory import GIB
 from vrun.problems import SECRETISH, PlanError, Problem
@@ -178,7 +178,7 @@ def model_params(cfg: dict, path: Optional[str], problems: list) -> tuple:
 
 def memory_inputs(cfg: dict, verl: dict) -> dict:
     """What the estimate reads from the run and verl configs (everything but the mesh)."""
-    g = checks._get
+    g = dotted.get
     ppo = cfg["algo"]["entrypoint"] == "ppo"
     eng = g(verl, "actor_rollout_ref.actor.engine" if ppo else "engine", {})
     optim = g(verl, "actor_rollout_ref.actor.optim" if ppo else "optim", {})
@@ -223,7 +223,7 @@ def _search(cfg: dict, verl: dict, params, note: str, problems: list) -> tuple:
     t = time.perf_counter()
     valid = search.valid_meshes(m0["nnodes"], m0["gpus_per_node"], Arch.of(model["arch"]), model["tp_allowed"],
                                 model["etp_allowed"], model["name"], verl, cfg["algo"]["entrypoint"],
-                                bool(checks._get(cfg, "engine.impl_cfg.use_deepep", False)))
+                                bool(dotted.get(cfg, "engine.impl_cfg.use_deepep", False)))
     if params is not None:
         from vrun import memory
 
@@ -317,7 +317,7 @@ def command(cfg: dict, run_dir: str, mesh: Mesh, python: str, node_rank: int = 0
 
 def batch_summary(plan: Plan) -> dict:
     v, m = plan.verl, plan.mesh
-    g = checks._get
+    g = dotted.get
     if plan.cfg["algo"]["entrypoint"] == "ppo":
         tbs, n = g(v, "data.train_batch_size"), g(v, "actor_rollout_ref.rollout.n")
         mini = g(v, "actor_rollout_ref.actor.ppo_mini_batch_size")

@@ -12,7 +12,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from vrun import mlite, verl_tree
+from vrun import dotted, mlite, verl_tree
 from vrun.plan import Plan
 from vrun.problems import PlanError, Problem
 
@@ -68,7 +68,7 @@ def model_path_problems(plan: Plan) -> list[Problem]:
 def data_problems(plan: Plan) -> list[Problem]:
     out = []
     for key in ("data.train_files", "data.val_files"):
-        v = verl_tree.lookup(plan.verl, key, None)
+        v = dotted.get(plan.verl, key)
         for f in ([v] if isinstance(v, str) else list(v or [])):
             if "://" in f:
                 continue

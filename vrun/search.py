@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from vrun import checks
+from vrun import checks, dotted
 from vrun.mesh import Arch, Mesh, divisors, rollout_problems
 
 
@@ -64,7 +64,7 @@ def valid_meshes(nnodes: int, gpus_per_node: int, arch: Arch, tp_allowed: Iterab
 
 def _other_problems(m: Mesh, arch: Arch, model: str, verl: dict, entrypoint: str) -> list:
     if entrypoint == "ppo":
-        rtp = checks._get(verl, "actor_rollout_ref.rollout.tensor_model_parallel_size")
+        rtp = dotted.get(verl, "actor_rollout_ref.rollout.tensor_model_parallel_size")
         return rollout_problems(m, rtp, arch, model) or checks.ppo_batch_problems(verl, m)
     return checks.sft_batch_problems(verl, m)
 

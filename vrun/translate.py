@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from vrun import mlite, verl_tree
+from vrun import dotted, mlite, verl_tree
 from vrun.mesh import Mesh
 from vrun.problems import Problem
 from vrun.verl_tree import Override
@@ -147,7 +147,7 @@ def _mode(base, key, value, pre, allowed_impl, rec, model, origin):
         if name not in rec["override_optimizer_config_keys"]:
             return None, Problem(shown, value, "the Megatron Lite engine does not read this optimizer override "
                                  "(it would be ignored)", f"one of {rec['override_optimizer_config_keys']}")
-    if verl_tree.lookup(base, key) is not verl_tree.MISSING:
+    if dotted.get(base, key, dotted.MISSING) is not dotted.MISSING:
         return "set", None
     if key.startswith(impl) or key.startswith(oo):
         return "add", None
@@ -164,7 +164,7 @@ def _mode(base, key, value, pre, allowed_impl, rec, model, origin):
 def _under_empty_map(base: dict, key: str) -> bool:
     parts = key.split(".")
     for i in range(len(parts) - 1, 0, -1):
-        node = verl_tree.lookup(base, ".".join(parts[:i]))
-        if node is not verl_tree.MISSING:
+        node = dotted.get(base, ".".join(parts[:i]), dotted.MISSING)
+        if node is not dotted.MISSING:
             return node == {}
     return False

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from vrun.dotted import MISSING
 from vrun.problems import Problem
 
 
@@ -63,19 +64,6 @@ def _copy(x: Any) -> Any:
     if isinstance(x, list):
         return [_copy(v) for v in x]
     return x
-
-
-MISSING = object()
-
-
-def lookup(tree: dict, key: str, default: Any = MISSING) -> Any:
-    node: Any = tree
-    for part in key.split("."):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        else:
-            return default
-    return node
 
 
 def apply(tree: dict, overrides: Iterable[Override], open_maps: Iterable[str] = ()) -> list[Problem]:
@@ -142,11 +130,16 @@ class _Unsupported(Exception):
 def resolve(tree: dict) -> dict:
     """Resolve every interpolation; the fast resolver handles verl's grammar, OmegaConf the rest."""
     try:
-        return _Resolver(tree).run()
+        return resolve_fast(tree)
     except _Unsupported:
         from omegaconf import OmegaConf
 
         return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)
+
+
+def resolve_fast(tree: dict) -> dict:
+    """Resolve with the small resolver only (raises when the tree uses grammar beyond verl's)."""
+    return _Resolver(tree).run()
 
 
 class _Resolver:
