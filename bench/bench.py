@@ -58,11 +58,11 @@ def main():
 
 def mesh_search():
     sys.path.insert(0, str(ROOT))
+    from dataclasses import asdict
+
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from vrun import memory, plan as planning, schema, search
-    from vrun.mesh import Arch
 
     schema.register()
     models = ["deepseek_v4_flash", "deepseek_v4_pro", "kimi_k2_6", "glm5_1", "qwen3_5_35b"]
@@ -70,18 +70,17 @@ def mesh_search():
     print("mesh search (ms; valid meshes)  " + "  ".join(f"{g:>12}" for g in gpus))
     for model in models:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-            cfg = OmegaConf.to_container(compose("run", [f"model={model}", "mode=plan"]), resolve=True)
-        p = planning.make_plan(cfg, tempfile.mkdtemp())
-        m = cfg["model"]
-        params, _ = memory.params_from_arch(m["arch"])
-        inputs = planning.memory_inputs(cfg, p.verl)
+            config = schema.typed(compose("run", [f"model={model}", "mode=plan"]))
+        p = planning.make_plan(config, tempfile.mkdtemp())
+        params, _ = memory.params_from_arch(asdict(config.model.arch))
+        inputs = planning.memory_inputs(config, p.entrypoint, p.verl)
+        rules = planning.rules_of(config, p.entrypoint, p.verl)
         cells = []
         for g in gpus:
             best = float("inf")
             for _ in range(3):
                 t = time.perf_counter()
-                valid = search.valid_meshes(g // 8, 8, Arch.of(m["arch"]), m["tp_allowed"], m["etp_allowed"],
-                                            model, p.verl, cfg["algo"]["entrypoint"])
+                valid = search.valid_meshes(rules, g // 8, 8, p.verl, p.entrypoint)
                 search.rank(valid, (lambda mm: memory.estimate(params, mm, **inputs)) if params else None)
                 best = min(best, time.perf_counter() - t)
             cells.append(f"{best * 1000:6.1f}; {len(valid):5d}")

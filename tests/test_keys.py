@@ -6,6 +6,7 @@ import pytest
 from conftest import ROOT, compose, problems_of, runner
 from vrun.plan import make_plan
 from vrun.problems import PlanError
+from vrun.schema import typed
 
 
 def one_error_line(proc):
@@ -95,7 +96,7 @@ def test_recipe_typo_in_group_file(tmp_path):
     conf = planted_conf(tmp_path, "launcher/kimi_k2_6_glm5_1.yaml", "gpu_memory_utilization: 0.8",
                         "gpu_memory_utilisation: 0.8")
     with pytest.raises(PlanError) as e:
-        make_plan(compose(["model=glm5_1"], conf_dir=conf), str(tmp_path / "r"))
+        make_plan(typed(compose(["model=glm5_1"], conf_dir=conf)), str(tmp_path / "r"))
     assert "gpu_memory_utilisation" in str(e.value) and "gpu_memory_utilization" in str(e.value)
 
 

@@ -94,7 +94,7 @@ def launcher_tree(verl_config_dir: Path, launcher: tuple[str, list[str]]) -> dic
 def project_tree(command: list[str], path_env: str, model_path: str, run_dir: Path) -> dict:
     schema.register()
     cfg = compose_plain(CONF_DIR, "run", command)
-    p = plan.make_plan(cfg, str(run_dir), environ={"HOME": HOME, path_env: model_path})
+    p = plan.make_plan(schema.typed(cfg), str(run_dir), environ={"HOME": HOME, path_env: model_path})
     # the launcher side searches the project's record of verl_mlite's config: so must the plan
     assert p.mlite.kind == "record", p.mlite
     return p.verl

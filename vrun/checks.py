@@ -1,49 +1,48 @@
 """Plan-time checks on the run config and the resolved verl config: what verl or Megatron Lite would reject
-at job start (or silently get wrong), found before the allocation. Pure functions of their inputs."""
+at job start (or silently get wrong), found before the allocation. Pure functions of their inputs; the values
+Megatron Lite allows come from its record (vrun/mlite_record/record.yaml)."""
 from __future__ import annotations
 
+from vrun import mlite
 from vrun.dotted import get
-from vrun.mesh import Arch, Mesh, mesh_problems, rollout_problems
+from vrun.mesh import Mesh, Rules
 from vrun.problems import Problem
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
 
 
-def check_all(cfg: dict, verl: dict) -> list[Problem]:
-    ep = cfg["algo"]["entrypoint"]
-    mesh = Mesh.of(cfg["mesh"])
-    model = cfg["model"]
-    arch = Arch.of(model["arch"])
-    eng = get(verl, f"{ACTOR}.engine" if ep == "ppo" else "engine", {})
-    out = mesh_problems(mesh, arch, model["tp_allowed"], model["etp_allowed"], model["name"],
-                        use_deepep=bool(get(eng, "impl_cfg.use_deepep", False)))
+def check_all(config, entrypoint, verl: dict, mesh: Mesh, rules: Rules) -> list[Problem]:
+    """Every check of the plan: the mesh rules, the engine, then (on a valid mesh) the trainer, the entrypoint's
+    mesh-dependent and recipe checks. `entrypoint`: the run's record (vrun.entrypoints)."""
+    eng = get(verl, entrypoint.engine, {})
+    out = rules.problems(mesh)
     if out:
-        return out + engine_problems(eng, cfg)
-    out += engine_problems(eng, cfg)
+        return out + engine_problems(eng)
+    out += engine_problems(eng)
     out += trainer_problems(verl, mesh)
-    if ep == "ppo":
-        out += rollout_problems(mesh, get(verl, f"{ROLLOUT}.tensor_model_parallel_size"), arch, model["name"])
-        out += ppo_batch_problems(verl, mesh)
-        out += algorithm_problems(verl, cfg["algo"]["name"])
-    else:
-        out += sft_batch_problems(verl, mesh)
+    out += entrypoint.mesh_problems(verl, mesh, rules)
+    out += entrypoint.recipe_problems(verl, config.algo.name)
     return out
 
 
-def engine_problems(eng: dict, cfg: dict) -> list[Problem]:
+def engine_problems(eng: dict) -> list[Problem]:
+    rec = mlite.record()
     out = []
     pre = "engine"
     if get(eng, "impl_cfg.use_thd", True) is not True:
         out.append(Problem(f"{pre}.impl_cfg.use_thd", get(eng, "impl_cfg.use_thd"),
                            "the Megatron Lite engine only runs packed (THD) sequences", f"{pre}.impl_cfg.use_thd=true"))
     opt = get(eng, "impl_cfg.optimizer")
-    if opt not in ("fsdp2", "dist_opt"):
-        out.append(Problem("optimizer.name", opt, "Megatron Lite takes fsdp2 or dist_opt", "optimizer=fsdp2"))
+    optimizers = [v for v in rec["impl_cfg_optimizer_values"] if v is not None]
+    if opt not in optimizers:
+        out.append(Problem("optimizer.name", opt, f"Megatron Lite takes {' or '.join(optimizers)}",
+                           f"optimizer={optimizers[-1]}"))
     rrm = get(eng, "router_replay_mode", "disabled")
-    if rrm not in ("disabled", "R3"):
-        out.append(Problem(f"{pre}.router_replay_mode", rrm, "the Megatron Lite engine supports disabled or R3",
-                           f"{pre}.router_replay_mode=R3"))
+    modes = rec["router_replay_modes"]
+    if rrm not in modes:
+        out.append(Problem(f"{pre}.router_replay_mode", rrm, f"the Megatron Lite engine supports {' or '.join(modes)}",
+                           f"{pre}.router_replay_mode={modes[-1]}"))
     if get(eng, "resync_config") and get(eng, "resync_format") is None:
         out.append(Problem(f"{pre}.resync_config", get(eng, "resync_config"), "resync_config needs resync_format",
                            f"set {pre}.resync_format (e.g. block_fp8)"))

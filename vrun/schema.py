@@ -1,15 +1,49 @@
 """Typed schema of the run config (conf/run.yaml and its groups).
 
-Registered in Hydra's ConfigStore as the base of the primary config, so a misspelled key in any group file
-or override fails at composition with the key named. The `engine`, `optim`, `recipe` and `verl` nodes hold
-verl keys: they are open here and checked against verl's own tree at plan time (vrun.verl_tree).
+Registered in Hydra's ConfigStore as the base of the primary config, so a misspelled key or a value outside a
+closed choice (mode, optimizer, algo entrypoint, cluster) fails at composition with the key named. After
+composition `typed()` turns the config into these dataclasses once; everything after reads attributes.
+The `engine`, `optim`, `recipe` and `verl` nodes hold verl keys: they are open here and checked against
+verl's own tree at plan time (vrun.verl_tree).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any, Dict, List, Mapping, Optional
 
-from omegaconf import MISSING
+# omegaconf.MISSING's value, spelled here so that the schema imports without OmegaConf (the conf/ lint
+# reads vrun.mesh, which uses Arch)
+MISSING: Any = "???"
+
+
+class Choice(str, Enum):
+    """A closed choice: compares and prints as its value (interpolations, JSON and YAML see the plain string)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Mode(Choice):
+    plan = "plan"            # write and print the plan only
+    preflight = "preflight"  # plan + the checks that need the target environment
+    train = "train"          # plan, preflight, launch
+
+
+class OptimizerName(Choice):
+    # Megatron Lite's optimizers (engine.impl_cfg.optimizer)
+    fsdp2 = "fsdp2"
+    dist_opt = "dist_opt"
+
+
+class EntrypointName(Choice):
+    ppo = "ppo"  # verl.trainer.main_ppo on Ray (GRPO, DAPO)
+    sft = "sft"  # verl.trainer.sft_trainer under torchrun
+
+
+class ClusterName(Choice):
+    local = "local"  # this machine
+    slurm = "slurm"  # submitted through submitit, one task per node
 
 
 @dataclass
@@ -36,6 +70,11 @@ class Arch:
     expert_ffn_hidden: Optional[int] = None
     dense_ffn_hidden: Optional[int] = None
     source: str = ""
+
+    @classmethod
+    def of(cls, m: Mapping[str, Any]) -> "Arch":
+        """From a mapping that may hold only some of the fields (a model file read as YAML)."""
+        return cls(**{f.name: m[f.name] for f in fields(cls) if f.name in m})
 
 
 @dataclass
@@ -73,14 +112,14 @@ class Mesh:
 @dataclass
 class Optimizer:
     # Megatron Lite optimizer (engine.impl_cfg.optimizer): fsdp2 or dist_opt
-    name: str = MISSING
+    name: OptimizerName = MISSING
 
 
 @dataclass
 class Algo:
     name: str = MISSING
     # which verl entrypoint runs it: ppo (verl.trainer.main_ppo on Ray) or sft (verl.trainer.sft_trainer, torchrun)
-    entrypoint: str = MISSING
+    entrypoint: EntrypointName = MISSING
 
 
 @dataclass
@@ -104,7 +143,7 @@ class RayCfg:
 
 @dataclass
 class Cluster:
-    name: str = MISSING
+    name: ClusterName = MISSING
     ray: RayCfg = field(default_factory=RayCfg)
     partition: Optional[str] = None
     account: Optional[str] = None
@@ -149,7 +188,7 @@ class Run:
 @dataclass
 class RunConfig:
     # plan: write and print the plan only; preflight: plan + target-environment checks; train: launch
-    mode: str = "train"
+    mode: Mode = Mode.train
     model: Model = field(default_factory=Model)
     mesh: Mesh = field(default_factory=Mesh)
     optimizer: Optimizer = field(default_factory=Optimizer)
@@ -171,13 +210,26 @@ class RunConfig:
     verl: Dict[str, Any] = field(default_factory=dict)
 
 
-def register() -> None:
-    from hydra.core.config_store import ConfigStore
-
+def schema_node():
     from omegaconf import OmegaConf
 
     node = OmegaConf.structured(RunConfig)
     # the pass-through takes any key without a `+` (checked against verl's tree at plan time)
     for open_node in ("verl", "recipe", "engine", "optim", "env"):
         OmegaConf.set_struct(node[open_node], False)
-    ConfigStore.instance().store(name="run_schema", node=node)
+    return node
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="run_schema", node=schema_node())
+
+
+def typed(cfg: Any) -> RunConfig:
+    """The composed config (Hydra's node, or the same as plain containers) as the schema's objects, resolved."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if not (isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is RunConfig):
+        cfg = OmegaConf.merge(schema_node(), cfg)
+    return OmegaConf.to_object(cfg)

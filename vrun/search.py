@@ -6,11 +6,12 @@ lower memory peak. Pure functions of their inputs.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from vrun import checks, dotted
-from vrun.mesh import Arch, Mesh, divisors, rollout_problems
+from vrun.memory import GIB
+from vrun.mesh import KNOBS, Mesh, Rules, divisors
 
 
 @dataclass(frozen=True)
@@ -28,19 +29,16 @@ class Candidate:
         return (not self.fits, m.tp, m.cp, m.ep * m.etp > m.gpus_per_node, m.pp, peak, -m.ep, m.etp)
 
 
-def valid_meshes(nnodes: int, gpus_per_node: int, arch: Arch, tp_allowed: Iterable[int],
-                 etp_allowed: Iterable[int], model: str, verl: Optional[dict] = None, entrypoint: str = "ppo",
-                 use_deepep: bool = False) -> list[Mesh]:
-    """Every mesh of nnodes × gpus_per_node that passes the mesh, rollout and batch checks."""
+def valid_meshes(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[dict] = None,
+                 entrypoint=None) -> list[Mesh]:
+    """Every mesh of nnodes × gpus_per_node that passes the mesh rules and, given verl's tree and the
+    entrypoint's record (vrun.entrypoints), its mesh-dependent checks (rollout, batch)."""
     world = nnodes * gpus_per_node
-    tps, etps = sorted(set(tp_allowed)), sorted(set(etp_allowed))
+    arch = rules.arch
     out = []
     other: dict = {}  # the rollout and batch checks depend on the mesh only through its dense DP
     # the enumeration builds in every rule of mesh_problems (tests/test_search.py checks each result with it)
-    heads = [n for n in (arch.heads, arch.kv_heads, arch.gdn_k_heads, arch.gdn_v_heads) if n]
-    tps = [t for t in tps if all(n % t == 0 for n in heads)]
-    if use_deepep:
-        etps = [e for e in etps if e == 1]
+    tps, etps = rules.tp_values(), rules.etp_values()
     for pp in (d for d in divisors(world) if d <= arch.layers):
         for tp in tps:
             if (world // pp) % tp:
@@ -49,24 +47,19 @@ def valid_meshes(nnodes: int, gpus_per_node: int, arch: Arch, tp_allowed: Iterab
                 for etp in etps:
                     if (world // pp) % etp:
                         continue
+                    dp = world // (pp * tp * cp)
+                    if other.get(dp):
+                        continue
                     for ep in divisors(world // (pp * etp)):
                         if arch.routed_experts % ep:
                             continue
                         m = Mesh(nnodes, gpus_per_node, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)
-                        if verl is not None:
-                            if m.dp not in other:
-                                other[m.dp] = bool(_other_problems(m, arch, model, verl, entrypoint))
-                            if other[m.dp]:
-                                continue
+                        if verl is not None and dp not in other:
+                            other[dp] = bool(entrypoint.mesh_problems(verl, m, rules))
+                            if other[dp]:
+                                break
                         out.append(m)
     return out
-
-
-def _other_problems(m: Mesh, arch: Arch, model: str, verl: dict, entrypoint: str) -> list:
-    if entrypoint == "ppo":
-        rtp = dotted.get(verl, "actor_rollout_ref.rollout.tensor_model_parallel_size")
-        return rollout_problems(m, rtp, arch, model) or checks.ppo_batch_problems(verl, m)
-    return checks.sft_batch_problems(verl, m)
 
 
 def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = None) -> list[Candidate]:
@@ -81,9 +74,6 @@ def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = 
 
     cands = [Candidate(m, est(m) if estimate else None) for m in meshes]
     return sorted(cands, key=Candidate.key)
-
-
-KNOBS = ("tp", "pp", "ep", "cp", "etp")
 
 
 def neighbours(mesh: Mesh, valid: Iterable[Mesh], limit: int = 4) -> tuple[list[Mesh], list[Mesh]]:
@@ -101,4 +91,36 @@ def neighbours(mesh: Mesh, valid: Iterable[Mesh], limit: int = 4) -> tuple[list[
 
 
 def as_overrides(mesh: Mesh, base: Mesh) -> str:
-    return " ".join(f"mesh.{k}={getattr(mesh, k)}" for k in KNOBS if getattr(mesh, k) != getattr(base, k))
+    return mesh.overrides(base)
+
+
+def auto(rules: Rules, nnodes: int, gpus_per_node: int, verl: dict, entrypoint,
+         estimate: Optional[Callable[[Mesh], object]], note: str) -> tuple[Optional[Mesh], dict]:
+    """mesh=auto: the best valid mesh (None when there is none) and what the plan records about the search."""
+    t = time.perf_counter()
+    valid = valid_meshes(rules, nnodes, gpus_per_node, verl, entrypoint)
+    ranked = rank(valid, estimate)
+    seconds = time.perf_counter() - t
+    if not ranked:
+        return None, {}
+    top = [{"overrides": c.mesh.overrides(), "dp": c.mesh.dp, "edp": c.mesh.edp,
+            "peak_gib": round(c.estimate.peak / GIB, 1) if c.estimate is not None else None, "fits": c.fits}
+           for c in ranked[:6]]
+    return ranked[0].mesh, {"valid_meshes": len(valid), "search_ms": round(seconds * 1000, 1), "chosen": top[0],
+                            "alternatives": top[1:], "memory": "estimated" if estimate is not None else note,
+                            "objective": "fits in memory, then smaller TP, smaller CP, EP within a node, fewer PP "
+                                         "stages"}
+
+
+def hints(rules: Rules, mesh: Mesh, verl: dict, entrypoint) -> list[str]:
+    """For mesh errors: valid meshes of the same GPU count that change one knob, then two."""
+    valid = valid_meshes(rules, mesh.nnodes, mesh.gpus_per_node, verl, entrypoint)
+    one, two = neighbours(mesh, valid)
+    out = []
+    if one:
+        out.append("valid meshes, one change: " + " | ".join(as_overrides(v, mesh) for v in one))
+    if two:
+        out.append("valid meshes, two changes: " + " | ".join(as_overrides(v, mesh) for v in two))
+    if not valid:
+        out.append(f"no mesh of {mesh.world} GPUs passes for {rules.model}: change mesh.nnodes")
+    return out

@@ -54,7 +54,12 @@ def _base(config_name: str, groups: tuple[str, ...], config_dir: str) -> dict:
 
 def base_tree(config_name: str, groups: Iterable[str]) -> dict:
     """A private copy of verl's composed tree (interpolations unresolved)."""
-    return _copy(_base(config_name, tuple(groups), str(verl_config_dir())))
+    return _copy(base_view(config_name, groups))
+
+
+def base_view(config_name: str, groups: Iterable[str]) -> dict:
+    """verl's composed tree, shared and cached: read it, never change it (base_tree gives a copy to change)."""
+    return _base(config_name, tuple(groups), str(verl_config_dir()))
 
 
 def _copy(x: Any) -> Any:
