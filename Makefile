@@ -1,34 +1,45 @@
 # Two commands on a fresh machine: `make run` and `make test`. Both set up ./.venv when it is missing.
+#
+# Which verl: VERL is one pip requirement (PyPI's 0.9.1 by default: plans, cannot train on Megatron Lite);
+# PINS are extra requirements that verl needs beside it. A different VERL/PINS/TORCH re-installs the venv's verl.
+#   make test VENV=.venv-a6ef VERL='verl @ git+https://github.com/verl-project/verl.git@a6ef5009' \
+#             PINS='pyarrow==25.0.1 transformers==5.10.4 uvicorn fastapi cachetools'
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # CPU wheel for this machine and CI; on a GPU cluster the image's own CUDA torch is used instead
 TORCH ?= torch==2.13.0
 VERL  ?= verl[verl-core]==0.9.1
+PINS  ?=
+# extra pytest arguments, e.g. PYTEST_ARGS='-m "not slurm"'
+PYTEST_ARGS ?=
+WANT  := $(TORCH) | $(VERL) | $(PINS)
 
-.PHONY: help run test lint bench clean
+.PHONY: help setup run test lint bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-6s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q "$(VERL)" -e ".[test]"
-	touch $(STAMP)
+setup: ## create $(VENV) with torch, verl ($(VERL)) and the project, unless already there
+	@if [ -f "$(STAMP)" ] && [ ! pyproject.toml -nt "$(STAMP)" ] && [ "$$(cat "$(STAMP)")" = '$(WANT)' ]; then exit 0; fi; \
+	set -e; \
+	test -x "$(PY)" || python3 -m venv "$(VENV)"; \
+	"$(PY)" -m pip install -q --upgrade pip; \
+	"$(PY)" -m pip install -q "$(TORCH)"; \
+	"$(PY)" -m pip install -q "$(VERL)" $(PINS) -e ".[test]"; \
+	printf '%s' '$(WANT)' > "$(STAMP)"
 
-run: $(STAMP) ## plan the main job: GLM-5.1 GRPO on 256 GPUs (prints the plan; starts nothing)
+run: setup ## plan the main job: GLM-5.1 GRPO on 256 GPUs (prints the plan; starts nothing)
 	$(PY) runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan
 
-test: $(STAMP) ## run every test that needs no GPU (real verl, Hydra, Ray, torchrun; SLURM where reachable)
-	$(PY) -m pytest -q -rs -p no:cacheprovider
+test: setup ## every test that needs no GPU (real verl, Hydra, Ray, torchrun; SLURM where reachable)
+	$(PY) -m pytest -q -rs -p no:cacheprovider $(PYTEST_ARGS)
 
-lint: $(STAMP) ## repository conventions for conf/
+lint: setup ## repository conventions for conf/
 	$(PY) -m hooks.check_conventions
 
-bench: $(STAMP) ## plan vs verl's CLI, a 64-point plan sweep, mesh search, Ray bring-up on SLURM
+bench: setup ## plan vs verl's CLI, a 64-point plan sweep, mesh search, Ray bring-up on SLURM
 	$(PY) bench/bench.py
 
-clean: ## remove run outputs (keeps .venv)
+clean: ## remove run outputs (keeps the venvs)
 	rm -rf outputs multirun .bench .pytest_cache .slurm-test

@@ -9,6 +9,7 @@
    reachable SLURM, e.g. the CI harness).
 """
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -18,11 +19,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+# the same plans whatever the shell exports: no checkpoint paths (a 2-model sweep refuses one MODEL_PATH for both,
+# and a checkpoint on disk would add header reads to the figures)
+ENV = {k: v for k, v in os.environ.items() if not k.endswith("MODEL_PATH")}
 
 
 def timed(cmd, cwd=ROOT):
     t = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=ENV)
     dt = time.perf_counter() - t
     if proc.returncode:
         sys.exit(f"bench: {' '.join(cmd[:4])} … exited {proc.returncode}: {proc.stderr[-500:]}")
@@ -53,7 +57,7 @@ def main():
     s = statistics.median(runs)
     print(f"plan sweep, {points} points      {s:6.2f} s   ({s / points * 1000:.0f} ms/point; goal < 10 s total)")
     mesh_search()
-    subprocess.run([PY, str(ROOT / "bench" / "ray_bringup.py")], cwd=ROOT)
+    subprocess.run([PY, str(ROOT / "bench" / "ray_bringup.py")], cwd=ROOT, env=ENV)
 
 
 def mesh_search():
@@ -71,7 +75,7 @@ def mesh_search():
     for model in models:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
             config = schema.typed(compose("run", [f"model={model}", "mode=plan"]))
-        p = planning.make_plan(config, tempfile.mkdtemp())
+        p = planning.make_plan(config, tempfile.mkdtemp(), environ=ENV)
         params, _ = memory.params_from_arch(asdict(config.model.arch))
         inputs = planning.memory_inputs(config, p.entrypoint, p.verl)
         rules = planning.rules_of(config, p.entrypoint, p.verl)

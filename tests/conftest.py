@@ -4,7 +4,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -14,6 +17,53 @@ from vrun import schema  # noqa: E402
 schema.register()
 
 PY = sys.executable
+
+# The three verls the suite knows and what each one has (measured: ../shared/stack/README.md).
+#   filter_groups: algorithm.filter_groups in ppo_trainer.yaml (DAPO's dynamic sampling)
+#   grad_offload:  EngineConfig declares grad_offload (so verl_mlite's MegatronLiteEngineConfig can be built)
+VERL_VERSION = metadata.version("verl")
+KNOWN_VERLS = {
+    "0.9.1": {"filter_groups": True, "grad_offload": False},        # PyPI
+    "0.9.0.dev0": {"filter_groups": False, "grad_offload": True},   # a6ef5009, the commit Megatron Lite pins
+    "0.10.0.dev0": {"filter_groups": True, "grad_offload": True},   # main 1dda039b
+}
+
+
+def verl_has(feature: str) -> bool:
+    """What the installed verl has; a test whose expectation depends on it skips on a verl the suite does not know."""
+    if VERL_VERSION not in KNOWN_VERLS:
+        pytest.skip(f"verl {VERL_VERSION} is not one of the verls this suite knows ({', '.join(KNOWN_VERLS)}): "
+                    "what it has is not recorded")
+    return KNOWN_VERLS[VERL_VERSION][feature]
+
+
+def real_mlite_root() -> Path | None:
+    """A real Megatron-LM checkout for the tests that compare with or build verl_mlite: MLITE_ROOT as users export
+    it, or VRUN_TEST_MLITE_ROOT (a checkout the tests may use without the planner seeing it by default)."""
+    for name in ("MLITE_ROOT", "VRUN_TEST_MLITE_ROOT"):
+        root = os.environ.get(name)
+        if root and (Path(root) / "experimental/lite/examples/verl/verl_mlite/__init__.py").is_file():
+            return Path(root)
+    return None
+
+
+needs_real_mlite = pytest.mark.skipif(
+    real_mlite_root() is None, reason="no Megatron-LM checkout: set MLITE_ROOT or VRUN_TEST_MLITE_ROOT to one "
+    "(branch dev; ../shared/stack has a tarball) to compare with the real verl_mlite")
+
+
+def without_mlite(env: dict | None = None) -> dict:
+    """The environment with no real verl_mlite in reach (the record path every new user starts on)."""
+    return {k: v for k, v in (os.environ if env is None else env).items()
+            if not k.startswith("MLITE") and k != "VRUN_TEST_MLITE_ROOT"}
+
+
+def needs_dapo() -> None:
+    """Skip a test of DAPO's own settings where the installed verl has no dynamic sampling (planning refuses
+    algo=dapo there: tests/test_combinations.py asserts that refusal)."""
+    if not verl_has("filter_groups"):
+        pytest.skip(f"verl {VERL_VERSION} has no algorithm.filter_groups: algo=dapo is refused on it")
+
 MODELS = ["deepseek_v4_flash", "deepseek_v4_pro", "kimi_k2_6", "glm5_1", "qwen3_5_35b"]
 PATH_ENV = {"deepseek_v4_flash": "FLASH_MODEL_PATH", "deepseek_v4_pro": "PRO_MODEL_PATH",
             "kimi_k2_6": "KIMI_K2_6_MODEL_PATH", "glm5_1": "GLM5_1_MODEL_PATH", "qwen3_5_35b": "QWEN3_5_35B_MODEL_PATH"}

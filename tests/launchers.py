@@ -8,8 +8,8 @@ The parity tests compose these with Hydra itself and compare against the project
 """
 from __future__ import annotations
 
-# The launchers search pkg://verl_mlite.config; the real package is not installed here, so the project's
-# record of that config package stands in (the same stand-in the project plans against).
+# The launchers search pkg://verl_mlite.config. The parity tests replace this entry by the package the plan
+# searched: the real verl_mlite when MLITE_ROOT provides it, else the project's record of its config package.
 MLITE_SEARCHPATH = "hydra.searchpath=[pkg://vrun.mlite_record.config]"
 
 # ALL_OFFLOAD's default in every launcher

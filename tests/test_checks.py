@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from conftest import problems_of
+from conftest import needs_dapo, problems_of
 from vrun import checks, verl_tree
 from vrun.mesh import Mesh
 
@@ -58,6 +58,7 @@ def test_grpo_needs_a_group():
 
 def test_dapo_is_applied():
     """algo=dapo plans with filter_groups, clip-higher, token-mean, no KL, DAPO reward manager."""
+    needs_dapo()
     from conftest import plan
 
     v = plan(["model=glm5_1", "algo=dapo", "mode=plan"]).verl
@@ -72,18 +73,21 @@ def test_dapo_is_applied():
 
 def test_overlong_penalty_without_dapo_manager_is_inert():
     """The launcher's mistake: overlong_buffer_cfg with the naive reward manager."""
+    needs_dapo()
     lines = problems_of(["model=glm5_1", "algo=dapo", "mode=plan", "verl.reward.reward_manager.name=naive"])
     assert any(line.startswith("error: reward.reward_manager.name=naive") and "inert" in line for line in lines)
 
 
 def test_dapo_without_dynamic_sampling_is_not_dapo():
     """algo=dapo with filter_groups off is rejected."""
+    needs_dapo()
     lines = problems_of(["model=glm5_1", "algo=dapo", "mode=plan", "verl.algorithm.filter_groups.enable=false"])
     assert any("algorithm.filter_groups.enable=False" in line for line in lines)
 
 
 def test_overlong_buffer_longer_than_response():
     """The DAPO reward manager asserts max_resp_len >= overlong_buffer.len."""
+    needs_dapo()
     lines = problems_of(["model=glm5_1", "algo=dapo", "mode=plan",
                          "verl.reward.reward_kwargs.overlong_buffer_cfg.len=8192"])
     assert any("overlong_buffer_cfg.len=8192" in line for line in lines)
@@ -167,3 +171,25 @@ def test_presets_pass_batch_checks():
 def test_non_positive_knob(bad):
     """A non-positive knob is named."""
     assert any(bad.split("=")[0] in line for line in problems_of(BASE + [bad]))
+
+
+def test_grad_offload_apart_from_param_offload_is_a_warning():
+    """Megatron Lite reads no grad_offload (gradients move with the parameters): a plan that sets the two apart is
+    told what happens instead; the launchers' ALL_OFFLOAD (both on) and the defaults say nothing."""
+    from conftest import plan
+
+    lines = [w.line() for w in plan(["model=kimi_k2_6", "mode=plan", "engine.grad_offload=false"]).warnings]
+    (line,) = [x for x in lines if "grad_offload" in x]
+    assert line.startswith("warning: engine.grad_offload=False: Megatron Lite ignores it") and "offloaded" in line
+    assert not [w for w in plan(["model=kimi_k2_6", "mode=plan"]).warnings if "grad_offload" in w.key]
+
+
+def test_memory_estimate_moves_gradients_with_parameters():
+    """The estimate's gradients follow param_offload whatever grad_offload says."""
+    from conftest import plan
+    from vrun.plan import memory_inputs
+
+    for params, grads in ((True, False), (False, True)):
+        p = plan(["model=kimi_k2_6", "mode=plan", f"engine.param_offload={params}", f"engine.grad_offload={grads}"])
+        inputs = memory_inputs(p.config, p.entrypoint, p.verl)
+        assert inputs["param_offload"] is params and inputs["grad_offload"] is params

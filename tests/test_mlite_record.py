@@ -1,7 +1,7 @@
 """The project's record of verl_mlite.config, and what preflight says about the real package.
 
-The real verl_mlite lives in a Megatron-LM checkout (not on PyPI): the drift tests run when MLITE_ROOT points
-at one and skip otherwise. The record is read, never imported as `verl_mlite`.
+The real verl_mlite lives in a Megatron-LM checkout (not on PyPI): the drift tests run when MLITE_ROOT (or
+VRUN_TEST_MLITE_ROOT) points at one and skip otherwise. The record is read, never imported as `verl_mlite`.
 """
 import ast
 import os
@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PY, ROOT, plan, runner
+from conftest import PY, ROOT, needs_real_mlite, plan, real_mlite_root, runner, verl_has, without_mlite
 from vrun import mlite, preflight
 
 RECORD = ROOT / "vrun" / "mlite_record"
-MLITE_ROOT = os.environ.get("MLITE_ROOT")
-needs_real = pytest.mark.skipif(not MLITE_ROOT, reason="MLITE_ROOT is not set: no Megatron-LM checkout to compare")
+MLITE_ROOT = real_mlite_root()
+needs_real = needs_real_mlite
 MODELS = {"deepseek_v4": "deepseek_v4", "glm5": "glm5", "kimi_k2": "kimi_k2", "qwen3_5": "qwen3_5"}
 
 
@@ -64,8 +64,8 @@ def test_engine_fields_and_required_verl_equal_real():
 @needs_real
 def test_plan_with_real_package_equals_plan_with_record(tmp_path):
     """Planned against the real package (MLITE_ROOT) the verl config is the one the record gives."""
-    env_real = dict(os.environ)
-    env_rec = {k: v for k, v in os.environ.items() if not k.startswith("MLITE")}
+    env_rec = without_mlite()
+    env_real = {**env_rec, "MLITE_ROOT": str(MLITE_ROOT)}
     a = runner("model=glm5_1", "mode=plan", f"hydra.run.dir={tmp_path}/real", env=env_real)
     b = runner("model=glm5_1", "mode=plan", f"hydra.run.dir={tmp_path}/rec", env=env_rec)
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
@@ -80,38 +80,54 @@ def test_plan_with_real_package_equals_plan_with_record(tmp_path):
 
 def test_record_is_not_named_verl_mlite():
     """The record cannot shadow the real package."""
-    assert not list(ROOT.rglob("verl_mlite/__init__.py"))
+    # the project's own folders (a Megatron-LM checkout the user unpacked inside the repo is not the project's)
+    own = [ROOT / d for d in ("vrun", "hooks", "hydra_plugins", "tests", "conf", "bench")]
+    assert not [p for d in own for p in d.rglob("verl_mlite/__init__.py")] and not (ROOT / "verl_mlite").exists()
     assert mlite.RECORD_PKG == "vrun.mlite_record"
 
 
 def test_plan_says_which_it_used(tmp_path):
     """Without MLITE_ROOT the plan composes against the record and says so."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLITE")}
-    proc = runner("model=glm5_1", "mode=plan", f"hydra.run.dir={tmp_path}/r", env=env)
+    proc = runner("model=glm5_1", "mode=plan", f"hydra.run.dir={tmp_path}/r", env=without_mlite())
     assert proc.returncode == 0 and "verl_mlite from record" in proc.stdout
     assert "warning: verl_mlite=null: not importable" in proc.stdout
 
 
 def test_preflight_reports_incompatible_verl_and_missing_package(tmp_path):
-    """On PyPI verl 0.9.1 preflight names the missing EngineConfig field and verl_mlite's verl commit, and the
-    absent real package, each in one line (not Hydra's "could not find mlite_actor")."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLITE")}
-    proc = runner("model=glm5_1", "mode=preflight", f"hydra.run.dir={tmp_path}/r", env=env)
+    """Without verl_mlite preflight says so in one line (not Hydra's "could not find mlite_actor"); on a verl whose
+    EngineConfig lacks grad_offload (PyPI 0.9.1) it also names that field and the commit verl_mlite pins."""
+    proc = runner("model=glm5_1", "mode=preflight", f"hydra.run.dir={tmp_path}/r", env=without_mlite())
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.splitlines()
-    (compat,) = [line for line in lines if line.startswith("error: verl=")]
-    assert "['grad_offload']" in compat and "a6ef5009" in compat
+    compat = [line for line in lines if line.startswith("error: verl=")]
+    if verl_has("grad_offload"):
+        assert compat == []
+    else:
+        (line,) = compat
+        assert "['grad_offload']" in line and "a6ef5009" in line
     assert any(line.startswith("error: MLITE_ROOT=") and "verl_mlite is not importable" in line for line in lines)
     assert "mlite_actor" not in proc.stderr
 
 
-def test_compat_check_reads_installed_verl():
-    """The missing fields are what verl 0.9.1's EngineConfig lacks and the engine yaml sets."""
-    from importlib import metadata
+@needs_real
+def test_preflight_with_real_verl_mlite_names_the_verl_to_install(tmp_path):
+    """With the real verl_mlite, preflight on a verl that cannot build its engine config (PyPI 0.9.1) refuses in
+    one line naming grad_offload and the verl to install; on the verls that can, no such line."""
+    env = {**without_mlite(), "MLITE_ROOT": str(MLITE_ROOT)}
+    proc = runner("model=glm5_1", "mode=preflight", f"hydra.run.dir={tmp_path}/r", env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert not any(line.startswith("error: MLITE_ROOT=") for line in lines)
+    compat = [line for line in lines if line.startswith("error: verl=")]
+    if verl_has("grad_offload"):
+        assert compat == []
+    else:
+        (line,) = compat
+        assert "['grad_offload']" in line and "install verl from source at commit a6ef5009" in line
 
+
+def test_compat_check_reads_installed_verl():
+    """The missing fields are what the installed verl's EngineConfig lacks and the engine yaml sets."""
     p = plan(["model=glm5_1", "mode=plan"])
     missing = preflight.verl_compat(p)
-    if metadata.version("verl").startswith("0.9."):
-        assert missing == {"grad_offload"}
-    else:
-        assert "grad_offload" not in missing
+    assert missing == (set() if verl_has("grad_offload") else {"grad_offload"})

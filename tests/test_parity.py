@@ -20,7 +20,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 import launchers
-from vrun import plan, schema
+from vrun import mlite, plan, schema
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -80,40 +80,55 @@ def verl_config_dir() -> Path:
 
 @pytest.fixture(autouse=True)
 def fixed_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same HOME on both sides, and no real verl_mlite, so both plan against the same stand-in."""
+    """The same HOME on both sides (MLITE_ROOT is left as the user has it: both sides search the same package)."""
     monkeypatch.setenv("HOME", HOME)
-    for name in ("MLITE_ROOT", "MLITE_VERL_ROOT", "MLITE_LITE_ROOT"):
-        monkeypatch.delenv(name, raising=False)
 
 
-def launcher_tree(verl_config_dir: Path, launcher: tuple[str, list[str]]) -> dict:
+def launcher_tree(verl_config_dir: Path, launcher: tuple[str, list[str]], searchpath: str) -> dict:
+    """The launcher's config, searching the same verl_mlite config package as the plan did: the real one
+    (`pkg://verl_mlite.config`, the launchers' own string) with MLITE_ROOT, the project's record without."""
     config_name, overrides = launcher
+    overrides = [f"hydra.searchpath=[{searchpath}]" if o == launchers.MLITE_SEARCHPATH else o for o in overrides]
     return compose_plain(verl_config_dir, config_name, overrides)
 
 
-def project_tree(command: list[str], path_env: str, model_path: str, run_dir: Path) -> dict:
+def project_tree(command: list[str], path_env: str, model_path: str, run_dir: Path) -> tuple[dict, str]:
     schema.register()
     cfg = compose_plain(CONF_DIR, "run", command)
     p = plan.make_plan(schema.typed(cfg), str(run_dir), environ={"HOME": HOME, path_env: model_path})
-    # the launcher side searches the project's record of verl_mlite's config: so must the plan
-    assert p.mlite.kind == "record", p.mlite
-    return p.verl
+    # the plan uses the real package exactly when the environment provides one
+    assert p.mlite.kind == ("verl_mlite" if mlite.find_source().location else "record"), p.mlite
+    return p.verl, p.mlite.searchpath
 
 
 # ---------------------------------------------------------------- comparing
 
 
 def without(tree: dict, keys) -> dict:
-    """A copy of tree with each dotted key (and its subtree) removed where present."""
+    """A copy of tree with each dotted key (and its subtree) removed where present, and the containers that
+    removal left empty."""
     out = copy.deepcopy(tree)
     for key in keys:
         *parents, leaf = key.split(".")
         node: Any = out
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
+        if isinstance(node, dict) and leaf in node:
+            node.pop(leaf)
+            _prune(out, parents)
     return out
+
+
+def _prune(tree: dict, parents: list[str]) -> None:
+    """Drop the containers a removal left empty (a verl whose tree lacks the parent has none to compare)."""
+    while parents:
+        node: Any = tree
+        for part in parents[:-1]:
+            node = node[part]
+        if node[parents[-1]] != {}:
+            return
+        node.pop(parents[-1])
+        parents = parents[:-1]
 
 
 def leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -148,8 +163,9 @@ def diff(launcher: dict, project: dict) -> list[tuple[str, Any, Any]]:
 
 def assert_parity(verl_config_dir: Path, launcher: tuple[str, list[str]], command: list[str], path_env: str,
                   model_path: str, run_dir: Path) -> None:
-    ours = without(project_tree(command, path_env, model_path, run_dir), DELIBERATE)
-    theirs = without(launcher_tree(verl_config_dir, launcher), DELIBERATE)
+    tree, searchpath = project_tree(command, path_env, model_path, run_dir)
+    ours = without(tree, DELIBERATE)
+    theirs = without(launcher_tree(verl_config_dir, launcher, searchpath), DELIBERATE)
     found = diff(theirs, ours)
     assert not found, f"{len(found)} difference(s) from the launcher:\n" + "\n".join(
         f"  {k}: launcher={x!r} project={y!r}" for k, x, y in found)

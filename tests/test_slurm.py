@@ -1,8 +1,9 @@
 """Multi-node on a real SLURM cluster: submission through the submitit launcher, Ray brought up inside the
 allocation, torchrun across nodes, a node that never joins, requeue, and a sweep with one bad point.
 
-Runs against whatever SLURM `sinfo` reaches: $VRUN_SLURM_WRAPPER (the CI harness's `slx`, which runs clients
-in its controller namespace) or plain `sinfo` on PATH; skips with one line where none is reachable. The CI
+Runs against $VRUN_SLURM_WRAPPER (the CI harness's `slx`, which runs clients in its controller namespace), or the
+cluster plain `sinfo` reaches when VRUN_TEST_SLURM=1 says so (these tests submit jobs: never to a user's cluster
+by accident); skips with one line otherwise. The CI
 harness declares 4 GPUs per node (GRES on stand-in devices): Ray is told the GPU count, nothing is detected.
 Run dirs live under the checkout (<repo>/.slurm-test), which every node sees; /tmp is private per node.
 """
@@ -25,7 +26,7 @@ def _wrapper() -> list:
     w = os.environ.get("VRUN_SLURM_WRAPPER")
     if w and Path(w).exists():
         prefix = [w]
-    elif shutil.which("sinfo"):
+    elif shutil.which("sinfo") and os.environ.get("VRUN_TEST_SLURM") == "1":
         prefix = []
     else:
         return None
@@ -56,7 +57,8 @@ def _nodes_see_checkout(prefix) -> str:
 WRAP = _wrapper()
 NOT_SHARED = _nodes_see_checkout(WRAP) if WRAP is not None else ""
 pytestmark = [pytest.mark.slurm,
-              pytest.mark.skipif(WRAP is None, reason="no SLURM reachable (sinfo failed; set VRUN_SLURM_WRAPPER)"),
+              pytest.mark.skipif(WRAP is None, reason="no test SLURM cluster: set VRUN_SLURM_WRAPPER (the CI harness's slx), "
+                                 "or VRUN_TEST_SLURM=1 to submit test jobs to the cluster sinfo reaches"),
               pytest.mark.skipif(bool(NOT_SHARED), reason=f"the SLURM nodes cannot run {PY} in {ROOT} "
                                  f"(a per-node /tmp?): {NOT_SHARED}")]
 

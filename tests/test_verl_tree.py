@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from conftest import plan
+from conftest import needs_dapo, plan
 from vrun import verl_tree
 
 
@@ -24,6 +24,8 @@ def hydra_compose(config_name, overrides):
                                        ["model=kimi_k2_6", "verl.actor_rollout_ref.actor.use_kl_loss=true"]])
 def test_fast_path_equals_hydra(overrides, tmp_path):
     """Same verl config through Hydra's compose with the plan's groups and rendered overrides."""
+    if "algo=dapo" in overrides:
+        needs_dapo()
     p = plan(overrides + ["mode=plan"], run_dir=str(tmp_path / "r"))
     via_hydra = hydra_compose(p.request.config_name, list(p.request.groups) + [o.cli() for o in p.request.overrides])
     assert via_hydra == p.verl

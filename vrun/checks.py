@@ -46,6 +46,14 @@ def engine_problems(eng: dict) -> list[Problem]:
     if get(eng, "resync_config") and get(eng, "resync_format") is None:
         out.append(Problem(f"{pre}.resync_config", get(eng, "resync_config"), "resync_config needs resync_format",
                            f"set {pre}.resync_format (e.g. block_fp8)"))
+    grads, params = bool(get(eng, "grad_offload")), bool(get(eng, "param_offload"))
+    if grads != params:
+        # the engine offloads gradients exactly when it offloads parameters; no Megatron Lite code reads grad_offload
+        out.append(Problem(f"{pre}.grad_offload", grads, f"Megatron Lite ignores it: gradients are "
+                           f"{'offloaded' if params else 'kept on the GPU'} because {pre}.param_offload={params}",
+                           f"set {pre}.param_offload={str(grads).lower()} to {'offload' if grads else 'keep'} "
+                           f"gradients, or {pre}.grad_offload={str(params).lower()} to say what happens",
+                           warning=True))
     return out
 
 

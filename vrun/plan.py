@@ -213,7 +213,8 @@ def memory_inputs(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> dict
         optimizer=get(eng, "impl_cfg.optimizer"), hidden=arch.hidden, vocab=arch.vocab or 0,
         top_k=arch.experts_per_token or 0,
         recompute=bool(recompute) and recompute not in ("none", ["none"]),
-        param_offload=bool(eng.get("param_offload")), grad_offload=bool(eng.get("grad_offload")),
+        # Megatron Lite offloads gradients exactly when it offloads parameters (grad_offload is read by nothing)
+        param_offload=bool(eng.get("param_offload")), grad_offload=bool(eng.get("param_offload")),
         optimizer_offload=bool(eng.get("optimizer_offload")),
         offload_fraction=float(get(optim, "override_optimizer_config.offload_fraction") or 0.0),
         gpu_mem_gib=float(config.cluster.gpu_mem_gib),

@@ -94,6 +94,12 @@ def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, e
     req = VerlRequest(ep.config_name, tuple(ep.groups(source.searchpath, values)), problems=problems)
     base = verl_tree.base_view(req.config_name, req.groups)
     allowed_impl = set(mlite.impl_cfg_fields(config.model.mlite_name))
+    # what the algorithm's own group file sets in a section this verl lacks: one line, not one per key
+    from_algo = {k: v for k, v in values.items() if origin[k] == f"recipe.{ep.name.value}"}
+    missing = _missing_capabilities(base, from_algo, config.algo.name)
+    req.problems += [p for _, p in missing]
+    values = {k: v for k, v in values.items()
+              if not (k in from_algo and any(k.startswith(section + ".") for section, _ in missing))}
     rec = mlite.record()
     pre = {"engine": ep.engine, "optim": ep.optim}
     for key, value in values.items():
@@ -103,6 +109,33 @@ def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, e
         else:
             req.overrides.append(Override(key, value, mode))
     return req
+
+
+# sections of verl's tree an algorithm relies on, which not every verl has → what the algorithm loses without it
+CAPABILITIES = {
+    "algorithm.filter_groups": "dynamic sampling",
+}
+
+
+def installed_verl() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def _missing_capabilities(base: dict, values: dict, algo: str) -> list[tuple[str, Problem]]:
+    """(section, problem) for each capability section the values set and the installed verl's tree lacks."""
+    out = []
+    for section, loses in CAPABILITIES.items():
+        if any(k.startswith(section + ".") for k in values) and dotted.get(base, section, dotted.MISSING) is dotted.MISSING:
+            out.append((section, Problem("algo", algo, f"the installed verl {installed_verl()} has no {section} in "
+                                         f"its config: {algo}'s {loses} would be read by nothing",
+                                         "install verl main 1dda039b or later (it has both this and the engine fields "
+                                         "Megatron Lite sets; README 'Which verl'), or plan algo=grpo")))
+    return out
 
 
 def _mode(base, key, value, pre, allowed_impl, rec, model, origin):
