@@ -30,25 +30,25 @@ from typing import Any, Optional
 
 import yaml
 
-try:
-    from vrun import dotted
-    from vrun.mesh import KNOBS, Arch, Mesh, mesh_problems, rollout_problems
-except ImportError:  # run as a file path (python hooks/check_conventions.py): the repo root is not on sys.path
+if __package__ in (None, ""):  # run as a file path (python hooks/check_conventions.py): put the repo root first
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from vrun import dotted
-    from vrun.mesh import KNOBS, Arch, Mesh, mesh_problems, rollout_problems
+from vrun import dotted, mlite  # noqa: E402
+from vrun.entrypoints import PPO, ROLLOUT  # noqa: E402
+from vrun.mesh import SIZES, Mesh, mesh_problems, rollout_problems  # noqa: E402
+from vrun.schema import Arch, EntrypointName, OptimizerName  # noqa: E402
 
-MESH_FIELDS = ("nnodes", "gpus_per_node") + KNOBS
+MESH_FIELDS = SIZES
 MESH_NAME = re.compile(r"([1-9][0-9]*)gpu(?:_[a-z0-9_]+)?")
 MESH_EXEMPT = {"auto"}
 OPTION_NAME = re.compile(r"[a-z0-9_]+\.yaml")
-MLITE_NAMES = ("deepseek_v4", "glm5", "kimi_k2", "qwen3_5")
+# the model families Megatron Lite's record lists ImplConfig fields for
+MLITE_NAMES = tuple(sorted(set(mlite.record()["impl_cfg_fields"]) - {"common"}))
 ARCH_REQUIRED = ("layers", "routed_experts", "experts_per_token", "heads", "hidden")
 # read by vrun.mesh's rules when present: null or a positive integer
 ARCH_OPTIONAL = ("kv_heads", "o_groups", "gdn_k_heads", "gdn_v_heads")
-ENTRYPOINTS = ("ppo", "sft")
-OPTIMIZERS = ("fsdp2", "dist_opt")
-ROLLOUT_TP = "recipe.ppo.actor_rollout_ref.rollout.tensor_model_parallel_size"
+ENTRYPOINTS = tuple(e.value for e in EntrypointName)
+OPTIMIZERS = tuple(o.value for o in OptimizerName)
+ROLLOUT_TP = f"recipe.{PPO.name.value}.{ROLLOUT}.tensor_model_parallel_size"
 MESH_OVERRIDE = "override /mesh"
 LAUNCHER_PREFIX = "/launcher/"
 

@@ -35,6 +35,16 @@ def test_wrong_type_is_one_line(tmp_path):
     assert line.startswith("error: mesh.tp=two:")
 
 
+@pytest.mark.parametrize("bad,fix", [("mode=bogus", "mode=plan or mode=preflight or mode=train"),
+                                     ("optimizer.name=adam", "optimizer.name=fsdp2 or optimizer.name=dist_opt"),
+                                     ("algo.entrypoint=rl", "algo.entrypoint=ppo or algo.entrypoint=sft"),
+                                     ("cluster.name=k8s", "cluster.name=local or cluster.name=slurm")])
+def test_closed_choice_is_rejected_at_composition(bad, fix, tmp_path):
+    """A value outside a closed choice fails while Hydra composes: one line with the choices as the fix."""
+    (line,) = one_error_line(runner(bad, "mode=plan", f"hydra.run.dir={tmp_path}/r"))
+    assert line.startswith(f"error: {bad}: Invalid value") and line.endswith(f"fix: {fix}")
+
+
 def test_passthrough_typo_names_nearest_verl_key():
     """verl.trainer.save_frq=10 is not in verl's tree: the nearest key is suggested."""
     lines = problems_of(["model=glm5_1", "verl.trainer.save_frq=10", "mode=plan"])

@@ -86,8 +86,9 @@ class Model:
     path: Optional[str] = None
     path_env: str = MISSING
     default_path: Optional[str] = None
-    tp_allowed: List[int] = field(default_factory=lambda: [1])
-    etp_allowed: List[int] = field(default_factory=lambda: [1])
+    # TP and ETP values Megatron Lite implements for the family (every model file says; make lint checks)
+    tp_allowed: List[int] = MISSING
+    etp_allowed: List[int] = MISSING
     arch: Arch = field(default_factory=Arch)
     # environment the model's runtime needs (vLLM switches and the like)
     env: Dict[str, str] = field(default_factory=dict)
