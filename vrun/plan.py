@@ -18,7 +18,7 @@ from typing import Optional
 from vrun import checks, entrypoints, mlite, translate, verl_tree
 from vrun.dotted import get
 from vrun.entrypoints import Entrypoint
-from vrun.memory import GIB
+from vrun.memory import GIB, Estimate
 from vrun.mesh import Mesh, Rules
 from vrun.problems import SECRETISH, PlanError, Problem
 from vrun.schema import RunConfig
@@ -43,7 +43,7 @@ class Plan:
     model_path_source: str
     mlite: mlite.MliteSource
     warnings: list = field(default_factory=list)
-    memory: Optional[object] = None          # vrun.memory.Estimate
+    memory: Optional[Estimate] = None        # None when no estimate can be made (memory_note says why)
     memory_note: str = ""
     search: Optional[dict] = None            # mesh=auto: what was searched and the top alternatives
     checkpoint: Optional[dict] = None        # parameter counts read from the checkpoint
@@ -222,7 +222,7 @@ def memory_inputs(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> dict
         **entrypoint.token_inputs(verl))
 
 
-def memory_estimate(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> object:
+def memory_estimate(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> Estimate:
     from vrun import memory
 
     return memory.estimate(params, mesh, **memory_inputs(config, entrypoint, verl))
