@@ -77,3 +77,11 @@ def test_the_check_sees_a_private_import():
     finally:
         bad.unlink()
     assert len(found) == 2 and "_gone" in found[0] and "vrun.plan._private_helper" in found[1]
+
+
+def test_no_module_is_named_after_a_standard_library_module():
+    """`import inspect` inside the project must mean the standard library's (vrun/inspect.py once shadowed it)."""
+    import sys
+
+    clashes = [f"{f.relative_to(ROOT)}" for f in project_files() if f.stem in sys.stdlib_module_names]
+    assert clashes == [], clashes
