@@ -4,8 +4,9 @@ import random
 import pytest
 
 from conftest import MODELS, compose, plan, problems_of, runner
-from vrun import checks, search
+from vrun import search
 from vrun.entrypoints import PPO
+from vrun.entrypoints.ppo import ppo_batch_problems
 from vrun.mesh import Mesh, Rules, mesh_problems
 from vrun.schema import Arch
 
@@ -28,7 +29,7 @@ def test_every_result_passes_the_plan_checks(model):
     for nnodes in rnd.sample([1, 2, 3, 4, 6, 8, 16, 32], 4):
         for mesh in search.valid_meshes(rules_of(model, m, arch), nnodes, 8, verl, PPO()):
             assert mesh_problems(mesh, arch, m["tp_allowed"], m["etp_allowed"], model) == [], mesh
-            assert checks.ppo_batch_problems(verl, mesh) == [], mesh
+            assert ppo_batch_problems(verl, mesh) == [], mesh
 
 
 def test_results_plan_end_to_end():
