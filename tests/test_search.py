@@ -63,6 +63,17 @@ def test_auto_prints_choice_alternatives_and_memory(tmp_path):
     assert "memory  per GPU, stage" in out and "GiB training" in out and "of 80.0 GiB" in out
 
 
+@pytest.mark.parametrize("model", ["qwen3_5_35b", "kimi_k2_6"])
+def test_auto_equals_a_plan_of_its_choice(model, tmp_path):
+    """mesh=auto sets the chosen mesh's keys in the tree it already built: verl's config and the overrides equal
+    those of a plan given that mesh."""
+    auto = plan([f"model={model}", "mesh=auto", "mode=plan"], run_dir=str(tmp_path / "r"))
+    chosen = plan([f"model={model}", "mesh=auto", "mesh.search=false", "mode=plan"] + auto.mesh.overrides().split(),
+                  run_dir=str(tmp_path / "r"))
+    assert auto.verl == chosen.verl
+    assert [o.cli() for o in auto.request.overrides] == [o.cli() for o in chosen.request.overrides]
+
+
 def test_auto_prefers_what_fits():
     """With little GPU memory the choice moves to a mesh that fits."""
     roomy = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "optimizer=dist_opt", "mode=plan",

@@ -145,7 +145,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
         config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, **{
             f.name: getattr(best, f.name) for f in dataclasses.fields(Mesh)}))
         req = req.with_mesh(ep, mesh)
-        verl_tree.apply(tree, [o for o in req.overrides if o.key in dict(translate.mesh_values(ep, mesh))])
+        verl_tree.apply(tree, translate.mesh_overrides(ep, mesh))
         resolved = verl_tree.resolve(tree)
     found = checks.check_all(config, ep, resolved, mesh, rules)
     problems += found

@@ -57,6 +57,11 @@ def mesh_values(entrypoint: Entrypoint, mesh: Mesh) -> list[tuple[str, Any]]:
         [("trainer.nnodes", mesh.nnodes), ("trainer.n_gpus_per_node", mesh.gpus_per_node)]
 
 
+def mesh_overrides(entrypoint: Entrypoint, mesh: Mesh) -> list[Override]:
+    """The mesh's keys as overrides (each exists in verl's tree)."""
+    return [Override(k, v, "set") for k, v in mesh_values(entrypoint, mesh)]
+
+
 def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, env: dict,
           model_path: str) -> VerlRequest:
     """env: the run's variables to set."""
