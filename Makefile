@@ -38,7 +38,7 @@ test: setup ## every test that needs no GPU (real verl, Hydra, Ray, torchrun; SL
 lint: setup ## repository conventions for conf/
 	$(PY) -m hooks.check_conventions
 
-bench: setup ## plan vs verl's CLI, a 64-point plan sweep, mesh search, Ray bring-up on SLURM
+bench: setup ## plan vs verl's CLI, a 64-point plan sweep, mesh search with the rollout replica, Ray bring-up on SLURM
 	$(PY) bench/bench.py
 
 clean: ## remove run outputs (keeps the venvs)

@@ -3,8 +3,8 @@
 1. `runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan` vs `python -m verl.trainer.main_ppo --cfg job`
    with the same verl groups and overrides (what a launcher costs just to print its config). Goal <= 0.25x.
 2. A 64-point plan-only --multirun sweep (every point planned, checked and written). Goal < 10 s.
-3. mesh=auto search time (every valid mesh, each with its memory estimate) for 8…1024 GPUs and each model.
-   Goal: under 100 ms for 512 GPUs.
+3. mesh=auto search time (every valid mesh, each with its memory estimate, and the rollout replica chosen
+   beside it) for 8…1024 GPUs and each model. Goal: under 100 ms.
 4. Ray bring-up inside a SLURM allocation at 1-3 nodes vs verl's fixed sleeps (bench/ray_bringup.py; needs a
    reachable SLURM, e.g. the CI harness).
 """
@@ -62,33 +62,34 @@ def main():
 
 def mesh_search():
     sys.path.insert(0, str(ROOT))
-    from dataclasses import asdict
-
     from hydra import compose, initialize_config_dir
 
-    from vrun import memory, plan as planning, schema, search
+    from vrun import plan as planning, schema
+    from vrun.mesh import Mesh
 
     schema.register()
     models = ["deepseek_v4_flash", "deepseek_v4_pro", "kimi_k2_6", "glm5_1", "qwen3_5_35b"]
     gpus = [8, 64, 256, 512, 1024]
-    print("mesh search (ms; valid meshes)  " + "  ".join(f"{g:>12}" for g in gpus))
+    print("mesh search with the rollout replica (ms; valid meshes; rollout TP·DP chosen), goal < 100 ms")
+    print("  " + " " * 30 + "  ".join(f"{g:>20}" for g in gpus))
     for model in models:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
             config = schema.typed(compose("run", [f"model={model}", "mode=plan"]))
         p = planning.make_plan(config, tempfile.mkdtemp(), environ=ENV)
-        params, _ = memory.params_from_arch(asdict(config.model.arch))
-        inputs = planning.memory_inputs(config, p.entrypoint, p.verl)
+        params, note, _, counts = planning.model_params(config, p.entrypoint, None, [], p.verl)
         rules = planning.rules_of(config, p.entrypoint, p.verl)
         cells = []
         for g in gpus:
             best = float("inf")
             for _ in range(3):
                 t = time.perf_counter()
-                valid = search.valid_meshes(rules, g // 8, 8, p.verl, p.entrypoint)
-                search.rank(valid, (lambda mm: memory.estimate(params, mm, **inputs)) if params else None)
+                _, _, found = planning.auto_mesh(config, p.entrypoint, rules, Mesh(g // 8, 8), p.verl, params, note,
+                                                 counts, [])
                 best = min(best, time.perf_counter() - t)
-            cells.append(f"{best * 1000:6.1f}; {len(valid):5d}")
-        print(f"  {model:<30}" + "  ".join(f"{c:>12}" for c in cells) + ("" if params else "   (no estimate)"))
+            r = found["rollout_tp_choices"][0] if found["rollout_tp_choices"] else None
+            cells.append(f"{best * 1000:5.1f}; {found['valid_meshes']:5d}; "
+                         + (f"TP{r['tp']}·DP{r['dp']}" if r else "-"))
+        print(f"  {model:<30}" + "  ".join(f"{x:>20}" for x in cells))
 
 
 if __name__ == "__main__":

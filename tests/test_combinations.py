@@ -11,7 +11,8 @@ OPTIMIZERS = ["fsdp2", "dist_opt"]
 
 @pytest.mark.parametrize("model,algo,optimizer", list(itertools.product(MODELS, ALGOS, OPTIMIZERS)))
 def test_every_combination_plans(model, algo, optimizer, tmp_path, monkeypatch):
-    """All 30 combinations plan (DAPO: where the installed verl has dynamic sampling); the mesh, optimizer and model path reach verl's config."""
+    """All 30 combinations plan with a memory estimate (DAPO: where the installed verl has dynamic sampling); the
+    mesh, optimizer and model path reach verl's config."""
     monkeypatch.setenv(PATH_ENV[model], str(tmp_path / "ckpt"))
     if algo == "dapo" and not verl_has("filter_groups"):
         # a verl without dynamic sampling: refused in one line naming the verl, what it lacks and the fix
@@ -28,3 +29,4 @@ def test_every_combination_plans(model, algo, optimizer, tmp_path, monkeypatch):
     model_path = p.verl["model"]["path"] if algo == "sft" else p.verl["actor_rollout_ref"]["model"]["path"]
     assert model_path == str(tmp_path / "ckpt")
     assert p.verl["trainer"]["default_local_dir"] == f"{tmp_path}/r/checkpoints"
+    assert p.memory is not None and (p.memory.rollout_detail is None) == (algo == "sft")

@@ -65,13 +65,15 @@ def test_auto_prints_choice_alternatives_and_memory(tmp_path):
 
 @pytest.mark.parametrize("model", ["qwen3_5_35b", "kimi_k2_6"])
 def test_auto_equals_a_plan_of_its_choice(model, tmp_path):
-    """mesh=auto sets the chosen mesh's keys in the tree it already built: verl's config and the overrides equal
-    those of a plan given that mesh."""
+    """mesh=auto sets the chosen mesh's keys (and the rollout TP·DP chosen beside it) in the tree it already built:
+    verl's config and the overrides equal those of a plan given that mesh and rollout."""
     auto = plan([f"model={model}", "mesh=auto", "mode=plan"], run_dir=str(tmp_path / "r"))
-    chosen = plan([f"model={model}", "mesh=auto", "mesh.search=false", "mode=plan"] + auto.mesh.overrides().split(),
-                  run_dir=str(tmp_path / "r"))
+    r = auto.verl["actor_rollout_ref"]["rollout"]
+    rollout = [f"verl.actor_rollout_ref.rollout.{k}={r[k]}" for k in ("tensor_model_parallel_size", "data_parallel_size")]
+    chosen = plan([f"model={model}", "mesh=auto", "mesh.search=false", "mode=plan"] + auto.mesh.overrides().split()
+                  + rollout, run_dir=str(tmp_path / "r"))
     assert auto.verl == chosen.verl
-    assert [o.cli() for o in auto.request.overrides] == [o.cli() for o in chosen.request.overrides]
+    assert sorted(o.cli() for o in auto.request.overrides) == sorted(o.cli() for o in chosen.request.overrides)
 
 
 def test_auto_prefers_what_fits():

@@ -9,12 +9,15 @@ The model (README, "Memory estimate") — every figure is bytes per GPU on the b
   fsdp2        weights, gradients and optimizer states all sharded over the data-parallel group
                (dense over DP·CP, experts over EDP), plus one unsharded layer being computed
   dist_opt     weights and gradients replicated across data parallel; optimizer states sharded as above
-  activations  T tokens per GPU (the per-GPU token budget), hidden h, top-k k, TP t:
-               full recompute: stored layer inputs L_stage·T·h·2 B for PP in-flight micro-batches, plus one
-               layer being recomputed, T·h·(34 + 4k)/t B; no recompute: PP·L_stage·T·h·(34 + 4k)/t B
+  activations  T tokens per GPU (the per-GPU token budget), hidden h, top-k k, TP t (sequence parallel),
+               residual streams m (DeepSeek-V4's mHC carries 4, others 1):
+               full recompute: stored layer inputs L_stage·T·h·m·2/t B for PP in-flight micro-batches, plus
+               one layer being recomputed, T·h·(34 + 4k)/t B; no recompute: PP·L_stage·T·h·(34 + 4k)/t B
   logits       last stage: T·vocab·4 B / t (fp32 logits for the loss; 2 B with cross_entropy_fusion)
   rollout      colocated vLLM takes gpu_memory_utilization of the GPU while the actor's residents stay:
-               weights unless param_offload, gradients unless grad_offload, optimizer unless optimizer_offload
+               weights unless param_offload, gradients unless grad_offload (the plan passes param_offload: Megatron
+               Lite offloads gradients with the parameters), optimizer unless optimizer_offload;
+               what vLLM does inside its share (weights, KV cache, sequences): vrun/rollout.py
   peak         max(training step, rollout phase)
 Assumptions: no activation offload, no sequence-length imbalance between DP ranks, MTP layers cost as a
 decoder layer with experts, the optimizer keeps no extra buffers beyond the above.
@@ -49,29 +52,14 @@ class Params:
 
 
 def params_from_arch(arch: dict) -> tuple[Optional[Params], str]:
-    """Approximate counts from the architecture facts; None with the reason when a needed fact is missing."""
-    need = ("hidden", "layers", "routed_experts", "heads", "vocab", "expert_ffn_hidden")
-    missing = [k for k in need if not arch.get(k)]
-    dense_layers = arch.get("dense_layers") or 0
-    if dense_layers and not arch.get("dense_ffn_hidden"):
-        missing.append("dense_ffn_hidden")
-    if missing:
-        return None, f"no checkpoint and no arch.{'/'.join(missing)} in the model group"
-    h, L, E = arch["hidden"], arch["layers"], arch["routed_experts"]
-    head_dim = arch.get("head_dim") or h // arch["heads"]
-    q = arch["heads"] * head_dim
-    kv = (arch.get("kv_heads") or arch["heads"]) * head_dim
-    attn = h * q + 2 * h * kv + q * h                       # q, k, v, o projections
-    expert = 3 * h * arch["expert_ffn_hidden"]              # gate, up, down
-    shared = (arch.get("shared_experts") or 0) * expert
-    router = h * E
-    dense_mlp = 3 * h * (arch.get("dense_ffn_hidden") or 0)
-    dense_pl = tuple(attn + 2 * h + (dense_mlp if i < dense_layers else shared + router) for i in range(L))
-    expert_pl = tuple(0 if i < dense_layers else E * expert for i in range(L))
-    m = arch.get("mtp_layers") or 0
-    return Params(embedding=arch["vocab"] * h, output=arch["vocab"] * h, dense_per_layer=dense_pl,
-                  expert_per_layer=expert_pl, mtp_dense=m * (attn + 2 * h + shared + router + 2 * h * h),
-                  mtp_expert=m * E * expert, mtp_layers=m), ""
+    """Counts from the architecture facts (vrun/params.py, every layer with all its parts); None with the
+    reason when a needed fact is missing."""
+    from vrun import params
+
+    c, why = params.count(arch)
+    if c is None:
+        return None, why
+    return params.to_memory_params(c, mtp=True, vision=False), ""
 
 
 def stage_layout(pp: int, layers: int, mtp_layers: int) -> list[list]:
@@ -102,6 +90,8 @@ class Estimate:
     gpu_mem: float
     params_source: str
     breakdown: dict = field(default_factory=dict)
+    rollout_detail: Optional[object] = None     # vrun.rollout.RolloutEstimate (RL runs)
+    assumptions: str = ""
 
     @property
     def fits(self) -> bool:
@@ -114,7 +104,9 @@ class Estimate:
                 "activations_gib": g(self.activations), "logits_gib": g(self.logits),
                 "train_peak_gib": g(self.train_peak), "rollout_gib": g(self.rollout),
                 "rollout_residents_gib": g(self.rollout_residents), "peak_gib": g(self.peak),
-                "gpu_mem_gib": g(self.gpu_mem), "fits": self.fits, "params": self.params_source}
+                "gpu_mem_gib": g(self.gpu_mem), "fits": self.fits, "params": self.params_source,
+                "rollout_phase": self.rollout_detail.summary() if self.rollout_detail is not None else None,
+                "assumptions": self.assumptions}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -144,7 +136,7 @@ def _stages(p: Params, pp: int) -> tuple:
 def estimate(p: Params, mesh: Mesh, *, optimizer: str, hidden: int, vocab: int, top_k: int, tokens_per_gpu: int,
              recompute: bool, param_offload: bool, grad_offload: bool, optimizer_offload: bool,
              offload_fraction: float, gpu_mem_gib: float, rollout_fraction: float = 0.0,
-             cross_entropy_fusion: bool = False) -> Estimate:
+             cross_entropy_fusion: bool = False, residual_streams: int = 1) -> Estimate:
     frac = 1.0 if optimizer_offload else min(max(offload_fraction or 0.0, 0.0), 1.0)
     dense_dp, edp, ept = mesh.dp * mesh.cp, mesh.edp, mesh.ep * mesh.etp
     T = tokens_per_gpu
@@ -163,7 +155,7 @@ def estimate(p: Params, mesh: Mesh, *, optimizer: str, hidden: int, vocab: int, 
         if not layers:
             act = 0.0
         elif recompute:
-            act = mesh.pp * layers * T * hidden * 2 + per_layer_act
+            act = mesh.pp * layers * T * hidden * residual_streams * 2 / mesh.tp + per_layer_act
         else:
             act = mesh.pp * layers * per_layer_act
         logits = T * vocab * (2 if cross_entropy_fusion else 4) / mesh.tp if loss else 0.0
@@ -176,3 +168,12 @@ def estimate(p: Params, mesh: Mesh, *, optimizer: str, hidden: int, vocab: int, 
     return Estimate(stage=s, layers_on_stage=layers, weights=w, grads=gr, optimizer=opt, activations=act,
                     logits=logits, train_peak=train, rollout=rollout, rollout_residents=residents, peak=peak,
                     gpu_mem=gpu_mem_gib * GIB, params_source=p.source)
+
+
+def stage_split(p: Params, mesh: Mesh) -> list[dict]:
+    """Per pipeline stage: its parameters, and what one rank of it holds (dense / TP, experts / (EP·ETP))."""
+    out = []
+    for s, (dense, expert, layers, loss, _) in enumerate(_stages(p, mesh.pp)):
+        out.append({"stage": s, "layers": layers, "dense": int(dense), "routed_expert": int(expert),
+                    "per_rank": int(dense / mesh.tp + expert / (mesh.ep * mesh.etp)), "has_loss": loss})
+    return out

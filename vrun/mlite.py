@@ -60,3 +60,18 @@ def record() -> dict:
 def impl_cfg_fields(mlite_name: str) -> list[str]:
     r = record()["impl_cfg_fields"]
     return list(r["common"]) + list(r.get(mlite_name, []))
+
+
+def mtp_layers_built(mlite_name: str, impl_cfg: dict, model_mtp_layers: int) -> int:
+    """MTP layers the engine builds: the model's own count when impl_cfg.mtp_enable (default per model) is on, else
+    none. DeepSeek-V4 takes an explicit count from impl_cfg.num_nextn_predict_layers, then mtp_num_layers."""
+    enabled = impl_cfg.get("mtp_enable")
+    if enabled is None:
+        enabled = record()["impl_cfg_mtp_enable_default"].get(mlite_name, False)
+    if not enabled:
+        return 0
+    if mlite_name == "deepseek_v4":
+        for key in ("num_nextn_predict_layers", "mtp_num_layers"):
+            if impl_cfg.get(key) is not None:
+                return int(impl_cfg[key])
+    return int(model_mtp_layers or 0)

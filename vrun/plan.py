@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from vrun import checks, entrypoints, mlite, translate, verl_tree
+from vrun import checks, entrypoints, memory, mlite, phases, translate, verl_tree
 from vrun.dotted import get
 from vrun.entrypoints import Entrypoint
 from vrun.memory import GIB, Estimate
@@ -47,6 +47,8 @@ class Plan:
     memory_note: str = ""
     search: Optional[dict] = None            # mesh=auto: what was searched and the top alternatives
     checkpoint: Optional[dict] = None        # parameter counts read from the checkpoint
+    params: Optional[dict] = None            # {total, active, source, ...} and the per-stage split
+    pipeline: list = field(default_factory=list)  # per stage: decoder layers [first, last], embedding/MTP/loss
 
     @property
     def pass_env(self) -> list:
@@ -124,28 +126,18 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
         raise PlanError(problems)
     resolved = verl_tree.resolve(tree)
     rules = rules_of(config, ep, resolved)
-    params, params_note, ckpt = model_params(config, path, problems)
+    params, params_note, ckpt, counts = model_params(config, ep, path, problems, resolved)
+    params = with_built_mtp(params, config, ep, resolved)
     search = None
     if config.mesh.search:
-        from vrun import search as searching
-
-        estimate = None
-        if params is not None:
-            from vrun import memory
-
-            inputs = memory_inputs(config, ep, resolved)
-            estimate = lambda m: memory.estimate(params, m, **inputs)  # noqa: E731
-        best, search = searching.auto(rules, mesh.nnodes, mesh.gpus_per_node, resolved, ep, estimate, params_note)
-        if best is None:
-            raise PlanError(problems + [Problem("mesh", "auto", f"no mesh of {mesh.nnodes}×{mesh.gpus_per_node} "
-                                                f"GPUs passes the plan's checks for {config.model.name}",
-                                                "change mesh.nnodes / mesh.gpus_per_node or the batch sizes")])
-        # only the mesh's own keys change: set them in the tree already built and resolve it again
-        mesh = best
+        mesh, rollout_choice, search = auto_mesh(config, ep, rules, mesh, resolved, params, params_note, counts,
+                                                 problems)
+        # only the mesh's keys (and the rollout TP·DP chosen beside it) change: set them in the tree already
+        # built and resolve it again
         config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, **{
-            f.name: getattr(best, f.name) for f in dataclasses.fields(Mesh)}))
-        req = req.with_mesh(ep, mesh)
-        verl_tree.apply(tree, translate.mesh_overrides(ep, mesh))
+            f.name: getattr(mesh, f.name) for f in dataclasses.fields(Mesh)}))
+        req = req.with_mesh(ep, mesh, rollout_choice)
+        verl_tree.apply(tree, translate.mesh_overrides(ep, mesh, rollout_choice))
         resolved = verl_tree.resolve(tree)
     found = checks.check_all(config, ep, resolved, mesh, rules)
     problems += found
@@ -163,23 +155,32 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
         warnings.append(Problem("verl_mlite", None, "not importable: planned against the project's record of "
                                 f"its config (Megatron-LM {mlite.record()['megatron_lm_commit'][:8]})",
                                 "export MLITE_ROOT=/path/to/Megatron-LM for preflight and train", warning=True))
-    est = memory_estimate(config, ep, resolved, mesh, params) if params is not None else None
+    est = memory_estimate(config, ep, resolved, mesh, params, counts) if params is not None else None
+    if est is not None:
+        warnings += phases.rollout_problems(est.rollout_detail)
+        counts = dict(counts or {}, per_stage=memory.stage_split(params, mesh))
     if est is not None and not est.fits:
         warnings.append(Problem("memory", f"{est.peak / GIB:.1f}GiB", f"the estimate exceeds the "
-                                f"{config.cluster.gpu_mem_gib} GiB per GPU of cluster.gpu_mem_gib "
+                                f"{est.gpu_mem / GIB:g} GiB per GPU of {config.cluster.gpu} (cluster.gpu / "
+                                "cluster.gpu_mem_gib) "
                                 f"(stage {est.stage}: {est.layers_on_stage} layers)",
                                 "a larger PP·EP mesh, more offload, a smaller token budget, or mesh=auto",
                                 warning=True))
     return Plan(config=config, entrypoint=ep, mesh=mesh, run_dir=run_dir, verl=resolved, request=req, argv=argv,
                 env=env, env_unset=unset, model_path=path, model_path_source=path_from, mlite=source,
-                warnings=warnings, memory=est, memory_note=params_note, search=search, checkpoint=ckpt)
+                warnings=warnings, memory=est, memory_note=params_note, search=search, checkpoint=ckpt, params=counts,
+                pipeline=pipeline_stages(config, ep, resolved, mesh, params))
 
 
-def model_params(config: RunConfig, path: Optional[str], problems: list) -> tuple:
-    """Parameter counts: the checkpoint's when it is on disk, else the model group's facts."""
-    from vrun import memory
+def model_params(config: RunConfig, entrypoint: Entrypoint, path: Optional[str], problems: list,
+                 verl: dict) -> tuple:
+    """Parameter counts: the checkpoint's when it is on disk, else the model group's facts (vrun/params.py).
+    Returns (memory units, why none, checkpoint summary, {total, active, source, rollout, ...})."""
+    from vrun import params as counting
 
-    arch = dataclasses.asdict(config.model.arch)
+    m = config.model
+    arch = dataclasses.asdict(m.arch)
+    facts_count, _ = counting.count(arch)
     if path and Path(os.path.expanduser(path)).is_dir():
         from vrun import checkpoint
 
@@ -187,20 +188,65 @@ def model_params(config: RunConfig, path: Optional[str], problems: list) -> tupl
             facts = checkpoint.read_checkpoint(os.path.expanduser(path))
         except (OSError, ValueError) as e:
             facts = None
-            problems.append(Problem(config.model.path_env, path, f"checkpoint headers unreadable ({e})",
+            problems.append(Problem(m.path_env, path, f"checkpoint headers unreadable ({e})",
                                     "check the checkpoint files", warning=True))
         if facts is not None:
             for line in checkpoint.cross_check(facts, arch):
-                problems.append(Problem("model.arch", config.model.name, line, "the checkpoint is the truth: "
+                problems.append(Problem("model.arch", m.name, line, "the checkpoint is the truth: "
                                         "fix conf/model or point at the right checkpoint", warning=True))
             p = checkpoint.params_from_checkpoint(facts, arch)
             summary = checkpoint.checkpoint_summary(facts)
             if not facts.complete:
                 problems.append(Problem("checkpoint", path, f"unknown tensor layouts: {facts.unknown[:3]}",
                                         "the counts exclude them", warning=True))
-            return p, "", summary
-    p, note = memory.params_from_arch(arch)
-    return p, note, None
+            t = facts.totals
+            counts = {"total": t["total"], "active": None, "source": p.source,
+                      "rollout": [int(t["total"] - t.get("mtp", 0) - t["routed_expert"]), int(t["routed_expert"])]}
+            if facts_count is not None:
+                counts["facts_total"] = facts_count.total
+                off = facts_count.total / max(t["total"], 1) - 1
+                if abs(off) > 0.05:
+                    problems.append(Problem("model.arch", m.name, f"the facts count "
+                                            f"{facts_count.total / 1e9:.1f}B parameters, the checkpoint "
+                                            f"{t['total'] / 1e9:.1f}B ({off:+.0%})", "the checkpoint is the "
+                                            "truth: fix conf/model", warning=True))
+            return p, "", summary, counts
+    if facts_count is None:
+        _, note = counting.count(arch)
+        return None, note, None, None
+    p = counting.to_memory_params(facts_count, mtp=phases.mtp_enabled(config, entrypoint, verl),
+                                  vision=phases.vision_mounted(entrypoint, verl))
+    routed = sum(x.routed for x in facts_count.layers)
+    counts = {**facts_count.summary(), "mtp_built": p.mtp_layers > 0,
+              "rollout": [facts_count.total - sum(x.total for x in facts_count.mtp) - routed, routed]}
+    return p, "", None, counts
+
+
+def pipeline_stages(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> list[dict]:
+    """Megatron Lite's auto layout of this run: per pipeline stage, its decoder layers and what else it holds."""
+    from vrun import memory
+
+    m = config.model
+    eng = get(verl, entrypoint.engine) or {}
+    layers = len(params.dense_per_layer) if params is not None else m.arch.layers
+    mtp = params.mtp_layers if params is not None else mlite.mtp_layers_built(
+        m.mlite_name, eng.get("impl_cfg") or {}, m.arch.mtp_layers or 0)
+    out = []
+    for units in memory.stage_layout(mesh.pp, layers, mtp):
+        idx = [u[1] for u in units if u[0] == "layer"]
+        out.append({"layers": [idx[0], idx[-1]] if idx else [], "embedding": ("emb",) in units,
+                    "mtp": any(u[0] == "mtp" for u in units), "loss": ("loss",) in units})
+    return out
+
+
+def with_built_mtp(params, config: RunConfig, entrypoint: Entrypoint, verl: dict):
+    """The parameter counts with the MTP layers the engine will build (the pipeline layout places those)."""
+    if params is None:
+        return None
+    m = config.model
+    eng = get(verl, entrypoint.engine) or {}
+    built = mlite.mtp_layers_built(m.mlite_name, eng.get("impl_cfg") or {}, params.mtp_layers or m.arch.mtp_layers or 0)
+    return dataclasses.replace(params, mtp_layers=built)
 
 
 def memory_inputs(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> dict:
@@ -217,12 +263,85 @@ def memory_inputs(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> dict
         param_offload=bool(eng.get("param_offload")), grad_offload=bool(eng.get("param_offload")),
         optimizer_offload=bool(eng.get("optimizer_offload")),
         offload_fraction=float(get(optim, "override_optimizer_config.offload_fraction") or 0.0),
-        gpu_mem_gib=float(config.cluster.gpu_mem_gib),
+        gpu_mem_gib=gpu_mem(config), residual_streams=int(arch.hc_mult or 1),
         cross_entropy_fusion=bool(eng.get("cross_entropy_fusion") or get(eng, "impl_cfg.cross_entropy_fusion")),
         **entrypoint.token_inputs(verl))
 
 
-def memory_estimate(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> Estimate:
-    from vrun import memory
+def gpu_mem(config: RunConfig) -> float:
+    from vrun import hardware
 
-    return memory.estimate(params, mesh, **memory_inputs(config, entrypoint, verl))
+    mem, problems = hardware.gpu_mem_gib(dataclasses.asdict(config.cluster))
+    if problems:
+        raise PlanError(problems)
+    return mem
+
+
+def memory_estimate(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
+                    counts: Optional[dict] = None) -> Estimate:
+    inputs = memory_inputs(config, entrypoint, verl)
+    est = memory.estimate(params, mesh, **inputs)
+    return phases.attach(est, config, entrypoint, verl, mesh, rollout_params(params, counts), inputs)
+
+
+def rollout_params(params, counts: Optional[dict]) -> tuple:
+    """(dense, routed experts) that vLLM loads: the counts' when known, else the units' without MTP."""
+    if counts and counts.get("rollout"):
+        return tuple(counts["rollout"])
+    routed = sum(params.expert_per_layer)
+    return (params.total - params.mtp_dense - params.mtp_expert - routed, routed)
+
+
+def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mesh, verl: dict, params, note: str,
+              counts: Optional[dict], problems: list) -> tuple[Mesh, Optional[tuple], dict]:
+    """mesh=auto: every valid training mesh ranked by the estimate, and the rollout TP chosen beside it (a second,
+    small choice: within a node, tiling the GPUs, within the model's rules, ranked by KV fit). Returns the mesh,
+    the rollout (TP, DP) to set (None: keep the configured one) and what the plan records about the search."""
+    import time
+
+    from vrun import rollout, search
+
+    model, arch = config.model, dataclasses.asdict(config.model.arch)
+    rollout_on = entrypoint.has_rollout
+    t = time.perf_counter()
+    world, gpn = mesh.world, mesh.gpus_per_node
+    rkey = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    pinned = get(config.verl, rkey)
+    tps = None
+    if rollout_on:
+        tps = rollout.choices(world, gpn, arch)
+        if pinned is not None:
+            tps = [x for x in tps if x[0] == pinned]
+    valid = search.valid_meshes(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
+    inputs = memory_inputs(config, entrypoint, verl) if params is not None else None
+    if params is not None:
+        ranked = search.rank(valid, lambda m: memory.estimate(params, m, **inputs))
+    else:
+        ranked = search.rank(valid)
+    ropts = []
+    if rollout_on and ranked and params is not None:
+        rin = phases.rollout_inputs(entrypoint, verl, inputs["gpu_mem_gib"])
+        configured = (get(verl, rkey), get(verl, "actor_rollout_ref.rollout.data_parallel_size"))
+        ropts = rollout.choose(arch, rollout_params(params, counts), world=world, gpus_per_node=gpn,
+                               configured=configured, allowed=tps, **rin)
+    seconds = time.perf_counter() - t
+    if not ranked:
+        why = search.binding_constraint(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
+        raise PlanError(problems + [Problem("mesh", "auto", f"no mesh of {mesh.nnodes}×{gpn} GPUs "
+                                            f"passes the plan's checks for {model.name}"
+                                            + (f"; binding: {why.key}={why.value}: {why.why}" if why else ""),
+                                            why.fix if why else "change mesh.nnodes / mesh.gpus_per_node or the "
+                                            "batch sizes")])
+    rtp, rdp = (ropts[0].tp, ropts[0].dp) if ropts else (tps[0] if tps else (None, None))
+    choice = (rtp, rdp) if rollout_on and pinned is None and rtp is not None else None
+    rsuffix = f" rollout TP{rtp}·DP{rdp}" if rollout_on and rtp is not None else ""
+    top = [{"overrides": c.mesh.overrides() + rsuffix, "dp": c.mesh.dp, "edp": c.mesh.edp, "rollout_tp": rtp,
+            "peak_gib": round(c.estimate.peak / GIB, 1) if c.estimate is not None else None, "fits": c.fits}
+           for c in ranked[:6]]
+    rollout_rank = [{"tp": r.tp, "dp": r.dp, "replicas": r.replicas, "sequences_fit": r.fits,
+                     "step_sequences_per_replica": r.step_share} for r in ropts[:4]]
+    return ranked[0].mesh, choice, {
+        "valid_meshes": len(valid), "search_ms": round(seconds * 1000, 1), "chosen": top[0], "alternatives": top[1:],
+        "rollout_tp_choices": rollout_rank, "memory": "estimated" if params is not None else note,
+        "objective": "fits in memory, then smaller TP, smaller CP, EP within a node, fewer PP stages; "
+                     "rollout TP: holds a sequence, holds the replica's share, the configured TP, smaller"}

@@ -139,14 +139,27 @@ def dataclass_fields(path: Path, cls: str) -> set[str]:
 
 
 def memory_problems(plan: Plan) -> list[Problem]:
+    import dataclasses
+
+    from vrun import phases
+
     e = plan.memory
-    if e is None or e.fits:
+    if e is None:
         return []
+    allow = plan.config.run.allow_memory_overrun
+    out = []
+    # the rollout cannot hold one prompt+response: vLLM would fail at wake-up (a warning in the plan)
+    r = e.rollout_detail
+    if r is not None and not r.holds_one:
+        out += [dataclasses.replace(p, warning=allow) for p in phases.rollout_problems(r)]
+    if e.fits:
+        return out
     gib = 1024 ** 3
-    return [Problem("memory", f"{e.peak / gib:.1f}GiB", f"the per-GPU estimate (stage {e.stage}) exceeds "
-                    f"cluster.gpu_mem_gib={e.gpu_mem / gib:g}: the job would likely run out of memory",
+    return out + [Problem("memory", f"{e.peak / gib:.1f}GiB", f"the per-GPU estimate (stage {e.stage}) exceeds "
+                    f"{e.gpu_mem / gib:g} GiB per GPU (cluster.gpu / cluster.gpu_mem_gib): the job would likely "
+                    "run out of memory",
                     "mesh=auto, a larger PP·EP mesh or more offload; or run.allow_memory_overrun=true",
-                    warning=plan.config.run.allow_memory_overrun)]
+                    warning=allow)]
 
 
 def gpu_problems(plan: Plan, gpus: int | None = None) -> list[Problem]:

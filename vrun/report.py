@@ -24,6 +24,8 @@ def plan_json(plan: Plan) -> dict:
         "memory": plan.memory.summary() if plan.memory is not None else {"unavailable": plan.memory_note},
         "mesh_search": plan.search,
         "checkpoint": plan.checkpoint,
+        "pipeline": plan.pipeline,
+        "params": plan.params,
         "warnings": [w.line() for w in plan.warnings],
     }
 
@@ -91,6 +93,27 @@ def memory_rows(plan: Plan) -> list[str]:
     rows.append(f"memory  per GPU, stage {e.stage} ({e.layers_on_stage} layers): weights {g(e.weights)} + grads "
                 f"{g(e.grads)} + optimizer {g(e.optimizer)} + activations {g(e.activations)} + logits "
                 f"{g(e.logits)} = {g(e.train_peak)} GiB training")
-    rows.append(f"        rollout {g(e.rollout)} + actor residents {g(e.rollout_residents)} GiB; peak {g(e.peak)} of "
-                f"{g(e.gpu_mem)} GiB {'(fits)' if e.fits else '(DOES NOT FIT)'}  [params: {e.params_source}]")
+    r = e.rollout_detail
+    if r is not None:
+        rows.append(f"        rollout phase: vLLM {g(r.budget)} GiB = weights {g(r.weights)} (TP{r.tp}·DP{r.dp}) + "
+                    f"reserve {g(r.reserve)} + KV cache {g(r.kv_cache)}; actor residents {g(e.rollout_residents)} "
+                    f"GiB beside it")
+        per_tok = f"{r.kv.per_token / 1024:.1f} KiB/token" + \
+            (f" + {r.kv.per_sequence / 2 ** 20:.1f} MiB/sequence" if r.kv.per_sequence else "")
+        rows.append(f"        KV      {per_tok} per GPU ({r.kv.formula}); {r.fits} of the step's {r.step_share} "
+                    f"sequences per replica fit at once ({r.seq_len} tokens each)")
+    verdict = "(fits)" if e.fits else "(DOES NOT FIT)"
+    if r is not None and not r.holds_one:
+        verdict += "; the rollout does NOT fit (see the warning)"
+    rows.append(f"        peak {g(e.peak)} of {g(e.gpu_mem)} GiB per GPU {verdict}"
+                f" = max(training {g(e.train_peak)}, rollout {g(e.rollout)} + residents {g(e.rollout_residents)})")
+    if plan.params:
+        pc = plan.params
+        active = f", active {pc['active'] / 1e9:.1f}B" if pc.get("active") else ""
+        mtp = f" ({(pc['total'] - pc['mtp']) / 1e9:.1f}B without the {pc['mtp'] / 1e9:.1f}B MTP)" \
+            if pc.get("mtp") else ""
+        rows.append(f"params  {pc['total'] / 1e9:.1f}B total{mtp}{active} [{pc['source']}]"
+                    + (f"; not sourced: {', '.join(pc['estimates'])}" if pc.get("estimates") else ""))
+    if e.assumptions:
+        rows.append(f"assume  {e.assumptions}")
     return rows

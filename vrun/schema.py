@@ -69,6 +69,36 @@ class Arch:
     # FFN widths for the memory estimate without a checkpoint (moe_intermediate_size, intermediate_size)
     expert_ffn_hidden: Optional[int] = None
     dense_ffn_hidden: Optional[int] = None
+    # --- attention and extras for the parameter count and the KV cache (vrun/params.py, vrun/rollout.py) ---
+    # mla | mla_dsa | csa | gdn_hybrid | gqa
+    attention: str = "gqa"
+    q_lora_rank: Optional[int] = None
+    kv_lora_rank: Optional[int] = None
+    qk_nope_head_dim: Optional[int] = None
+    qk_rope_head_dim: Optional[int] = None
+    v_head_dim: Optional[int] = None
+    # sparse-attention indexer (GLM-5 DSA, DeepSeek-V4 CSA): heads × head dim, keys selected per query
+    index_heads: Optional[int] = None
+    index_head_dim: Optional[int] = None
+    index_topk: Optional[int] = None
+    # DeepSeek-V4: grouped low-rank output, sliding window, per-layer compression (0 window only, 4, 128),
+    # mHC residual streams
+    o_lora_rank: Optional[int] = None
+    sliding_window: Optional[int] = None
+    compress_ratios: List[int] = field(default_factory=list)
+    hc_mult: Optional[int] = None
+    # Qwen3.5: gated-delta-net head dim and conv kernel, one full-attention layer every N, gated attention output
+    gdn_head_dim: Optional[int] = None
+    gdn_conv_kernel: int = 4
+    full_attention_interval: Optional[int] = None
+    attn_output_gate: bool = False
+    shared_expert_ffn_hidden: Optional[int] = None
+    # vision tower: its facts (depth, hidden, ffn, patch, temporal_patch, in_channels, merge, positions), or a
+    # published parameter figure
+    vision: Dict[str, int] = field(default_factory=dict)
+    vision_params: Optional[int] = None
+    # facts that are not sourced (shown with the counts)
+    estimates: List[str] = field(default_factory=list)
     source: str = ""
 
     @classmethod
@@ -168,8 +198,9 @@ class Cluster:
     yes: bool = False
     # submit, print the job ids and log paths, and return without waiting
     detach: bool = False
-    # GPU memory per device in GiB (for the estimate); H100 80, H200 141, B200 180
-    gpu_mem_gib: float = 80.0
+    # the GPU part (vrun/hardware.py lists them and their memory); gpu_mem_gib, when set, overrides its memory
+    gpu: str = "H100"
+    gpu_mem_gib: Optional[float] = None
 
 
 @dataclass

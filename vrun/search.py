@@ -6,11 +6,9 @@ lower memory peak. Pure functions of their inputs.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from vrun.memory import GIB
 from vrun.mesh import KNOBS, Mesh, Rules, divisors
 
 
@@ -30,9 +28,10 @@ class Candidate:
 
 
 def valid_meshes(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[dict] = None,
-                 entrypoint=None) -> list[Mesh]:
+                 entrypoint=None, rollout_tps: Optional[list] = None) -> list[Mesh]:
     """Every mesh of nnodes × gpus_per_node that passes the mesh rules and, given verl's tree and the
-    entrypoint's record (vrun.entrypoints), its mesh-dependent checks (rollout, batch)."""
+    entrypoint's record (vrun.entrypoints), its mesh-dependent checks (rollout, batch). rollout_tps: the rollout
+    TPs mesh=auto may choose from (the configured one is then not required)."""
     world = nnodes * gpus_per_node
     arch = rules.arch
     out = []
@@ -55,7 +54,7 @@ def valid_meshes(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[d
                             continue
                         m = Mesh(nnodes, gpus_per_node, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)
                         if verl is not None and dp not in other:
-                            other[dp] = bool(entrypoint.mesh_problems(verl, m, rules))
+                            other[dp] = bool(entrypoint.mesh_problems(verl, m, rules, rollout_tps))
                             if other[dp]:
                                 break
                         out.append(m)
@@ -94,22 +93,33 @@ def as_overrides(mesh: Mesh, base: Mesh) -> str:
     return mesh.overrides(base)
 
 
-def auto(rules: Rules, nnodes: int, gpus_per_node: int, verl: dict, entrypoint,
-         estimate: Optional[Callable[[Mesh], object]], note: str) -> tuple[Optional[Mesh], dict]:
-    """mesh=auto: the best valid mesh (None when there is none) and what the plan records about the search."""
-    t = time.perf_counter()
-    valid = valid_meshes(rules, nnodes, gpus_per_node, verl, entrypoint)
-    ranked = rank(valid, estimate)
-    seconds = time.perf_counter() - t
-    if not ranked:
-        return None, {}
-    top = [{"overrides": c.mesh.overrides(), "dp": c.mesh.dp, "edp": c.mesh.edp,
-            "peak_gib": round(c.estimate.peak / GIB, 1) if c.estimate is not None else None, "fits": c.fits}
-           for c in ranked[:6]]
-    return ranked[0].mesh, {"valid_meshes": len(valid), "search_ms": round(seconds * 1000, 1), "chosen": top[0],
-                            "alternatives": top[1:], "memory": "estimated" if estimate is not None else note,
-                            "objective": "fits in memory, then smaller TP, smaller CP, EP within a node, fewer PP "
-                                         "stages"}
+def binding_constraint(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[dict], entrypoint,
+                       rollout_tps: Optional[list]):
+    """Why no mesh passes: the first family of checks that leaves none — Megatron Lite's mesh rules, the rollout
+    TP, then the batch checks (with the problem of the best mesh that passed the earlier ones)."""
+    from vrun.problems import Problem
+
+    world = nnodes * gpus_per_node
+    arch = rules.arch
+    meshes = valid_meshes(rules, nnodes, gpus_per_node)
+    if not meshes:
+        return Problem("mesh.nnodes", nnodes, f"no TP·CP·PP / ETP·EP·PP split of {nnodes}×{gpus_per_node}={world} "
+                       f"GPUs meets {rules.model}'s rules (EP divides {arch.routed_experts} experts, TP in "
+                       f"{list(rules.tp_allowed)})", "a GPU count with more factors of 2, e.g. mesh.nnodes="
+                       f"{max(1, 1 << (max(nnodes, 1) - 1).bit_length())}")
+    if entrypoint.has_rollout and rollout_tps is not None and not rollout_tps:
+        key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+        rule = f" and divide {arch.o_groups} o_groups" if arch.o_groups else ""
+        return Problem(key, None, f"no rollout TP fits within a node of {gpus_per_node} GPUs, tiles {world} GPUs"
+                       f"{rule}", "mesh.gpus_per_node a power of two")
+    ranked = rank(meshes)
+    found = entrypoint.mesh_problems(verl, ranked[0].mesh, rules, rollout_tps) if verl else []
+    if found:
+        p = found[0]
+        example = " ".join(f"{k}={getattr(ranked[0].mesh, k)}" for k in KNOBS)
+        return Problem(p.key, p.value, f"every mesh of {world} GPUs fails the batch checks; with {example}: {p.why}",
+                       p.fix)
+    return None
 
 
 def hints(rules: Rules, mesh: Mesh, verl: dict, entrypoint) -> list[str]:

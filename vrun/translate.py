@@ -8,10 +8,10 @@ comes from the entrypoint's record (vrun.entrypoints).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from vrun import dotted, mlite, verl_tree
-from vrun.entrypoints import Entrypoint
+from vrun.entrypoints import ROLLOUT, Entrypoint
 from vrun.mesh import KNOBS, Mesh
 from vrun.problems import Problem
 from vrun.schema import RunConfig
@@ -37,10 +37,11 @@ class VerlRequest:
     overrides: list = field(default_factory=list)
     problems: list = field(default_factory=list)
 
-    def with_mesh(self, entrypoint: Entrypoint, mesh: Mesh) -> "VerlRequest":
-        """The same request with another mesh's values (mesh=auto's choice): nothing else depends on the mesh."""
-        new = dict(mesh_values(entrypoint, mesh))
-        return replace(self, overrides=[replace(o, value=new[o.key]) if o.key in new else o for o in self.overrides])
+    def with_mesh(self, entrypoint: Entrypoint, mesh: Mesh, rollout: Optional[tuple] = None) -> "VerlRequest":
+        """The same request with mesh=auto's choice: the mesh's values and the rollout (TP, DP) chosen beside it."""
+        new = dict(mesh_values(entrypoint, mesh, rollout))
+        kept = [replace(o, value=new.pop(o.key)) if o.key in new else o for o in self.overrides]
+        return replace(self, overrides=kept + [Override(k, v, "set") for k, v in new.items()])
 
 
 def flatten(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -51,15 +52,18 @@ def flatten(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, d
 
 
-def mesh_values(entrypoint: Entrypoint, mesh: Mesh) -> list[tuple[str, Any]]:
-    """The verl keys the mesh sets."""
-    return [(f"{entrypoint.engine}.{k}", getattr(mesh, k)) for k in KNOBS] + \
+def mesh_values(entrypoint: Entrypoint, mesh: Mesh, rollout: Optional[tuple] = None) -> list[tuple[str, Any]]:
+    """The verl keys the mesh sets (and, given a rollout (TP, DP), the rollout's)."""
+    out = [(f"{entrypoint.engine}.{k}", getattr(mesh, k)) for k in KNOBS] + \
         [("trainer.nnodes", mesh.nnodes), ("trainer.n_gpus_per_node", mesh.gpus_per_node)]
+    if rollout is not None:
+        out += [(f"{ROLLOUT}.tensor_model_parallel_size", rollout[0]), (f"{ROLLOUT}.data_parallel_size", rollout[1])]
+    return out
 
 
-def mesh_overrides(entrypoint: Entrypoint, mesh: Mesh) -> list[Override]:
+def mesh_overrides(entrypoint: Entrypoint, mesh: Mesh, rollout: Optional[tuple] = None) -> list[Override]:
     """The mesh's keys as overrides (each exists in verl's tree)."""
-    return [Override(k, v, "set") for k, v in mesh_values(entrypoint, mesh)]
+    return [Override(k, v, "set") for k, v in mesh_values(entrypoint, mesh, rollout)]
 
 
 def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, env: dict,

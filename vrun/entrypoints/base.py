@@ -1,7 +1,7 @@
 """What every entrypoint's record says (vrun.entrypoints.ppo and .sft fill it in)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from vrun.mesh import Mesh, Rules
 from vrun.problems import Problem
@@ -20,6 +20,8 @@ class Entrypoint:
     launches: str
     # on SLURM: a Ray cluster over the nodes (the driver on node 0), or the command itself on every node
     uses_ray: bool
+    # a vLLM rollout phase beside training (its memory, its TP chosen by mesh=auto)
+    has_rollout: bool
 
     def groups(self, searchpath: str, values: dict) -> list[str]:
         """verl group choices: Megatron Lite's config groups from `searchpath`."""
@@ -29,8 +31,9 @@ class Entrypoint:
         """verl keys the project sets for this entrypoint beyond the shared ones."""
         return []
 
-    def mesh_problems(self, verl: dict, mesh: Mesh, rules: Rules) -> list[Problem]:
-        """The checks besides the mesh rules that depend on the mesh (what mesh=auto filters on)."""
+    def mesh_problems(self, verl: dict, mesh: Mesh, rules: Rules, rollout_tps: Optional[list] = None) -> list[Problem]:
+        """The checks besides the mesh rules that depend on the mesh (what mesh=auto filters on). rollout_tps: the
+        rollout (TP, DP) choices mesh=auto may pick from instead of the configured rollout TP."""
         raise NotImplementedError
 
     def recipe_problems(self, verl: dict, algo: str) -> list[Problem]:

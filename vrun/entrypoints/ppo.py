@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 from vrun.dotted import get
 from vrun.entrypoints.base import Entrypoint
@@ -22,6 +22,7 @@ class PPO(Entrypoint):
     model = "actor_rollout_ref.model"
     launches = "verl.trainer.main_ppo:run_ppo"
     uses_ray = True
+    has_rollout = True
 
     def groups(self, searchpath: str, values: dict) -> list[str]:
         out = [f"hydra.searchpath=[{searchpath}]", "actor@actor_rollout_ref.actor=mlite_actor"]
@@ -42,7 +43,12 @@ class PPO(Entrypoint):
                 out.append((f"ray_kwargs.ray_init.{k}", getattr(ray, k)))
         return out
 
-    def mesh_problems(self, verl: dict, mesh: Mesh, rules: Rules) -> list[Problem]:
+    def mesh_problems(self, verl: dict, mesh: Mesh, rules: Rules, rollout_tps: Optional[list] = None) -> list[Problem]:
+        if rollout_tps is not None:  # mesh=auto picks the rollout TP from these: none left is a problem
+            if not rollout_tps:
+                return [Problem(f"{ROLLOUT}.tensor_model_parallel_size", None, "no rollout TP fits the mesh",
+                                "mesh.gpus_per_node a power of two")]
+            return ppo_batch_problems(verl, mesh)
         rtp = get(verl, f"{ROLLOUT}.tensor_model_parallel_size")
         return rollout_problems(mesh, rtp, rules.arch, rules.model) + ppo_batch_problems(verl, mesh)
 
@@ -75,12 +81,13 @@ class PPO(Entrypoint):
         tbs, n = get(v, "data.train_batch_size"), get(v, f"{ROLLOUT}.n")
         mini = get(v, f"{ACTOR}.ppo_mini_batch_size")
         rtp = get(v, f"{ROLLOUT}.tensor_model_parallel_size")
+        rdp = get(v, f"{ROLLOUT}.data_parallel_size") or 1
         return {"train_batch_size": tbs, "n": n, "samples_per_step": tbs * n, "mini_batch_size": mini,
                 "updates_per_step": tbs // mini, "samples_per_dp_rank": tbs * n // m.dp,
                 "dynamic_bsz": get(v, f"{ACTOR}.use_dynamic_bsz"),
                 "max_token_len_per_gpu": get(v, f"{ACTOR}.ppo_max_token_len_per_gpu"),
                 "prompt_length": get(v, "data.max_prompt_length"), "response_length": get(v, "data.max_response_length"),
-                "rollout": {"engine": get(v, f"{ROLLOUT}.name"), "tp": rtp, "replicas": m.world // rtp,
+                "rollout": {"engine": get(v, f"{ROLLOUT}.name"), "tp": rtp, "dp": rdp, "replicas": m.world // (rtp * rdp),
                             "gpu_memory_utilization": get(v, f"{ROLLOUT}.gpu_memory_utilization")}}
 
     def batch_rows(self, b: dict) -> list[str]:
@@ -91,7 +98,7 @@ class PPO(Entrypoint):
             f"{b['samples_per_dp_rank']} samples per DP rank",
             f"tokens  prompt {b['prompt_length']} + response {b['response_length']}; dynamic bsz "
             f"{b['dynamic_bsz']}, {b['max_token_len_per_gpu']} tokens/GPU",
-            f"rollout {r['engine']} TP{r['tp']} × {r['replicas']} replicas, gpu_memory_utilization "
+            f"rollout {r['engine']} TP{r['tp']}·DP{r['dp']} × {r['replicas']} replicas, gpu_memory_utilization "
             f"{r['gpu_memory_utilization']}",
         ]
 

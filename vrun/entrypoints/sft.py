@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from vrun.dotted import get
 from vrun.entrypoints.base import Entrypoint
@@ -18,11 +19,12 @@ class SFT(Entrypoint):
     model = "model"
     launches = "verl.trainer.sft_trainer (torchrun, verl_mlite.launch)"
     uses_ray = False
+    has_rollout = False
 
     def groups(self, searchpath: str, values: dict) -> list[str]:
         return [f"hydra.searchpath=[{searchpath}]", "engine=mlite", "optim=megatron"]
 
-    def mesh_problems(self, verl: dict, mesh: Mesh, rules: Rules) -> list[Problem]:
+    def mesh_problems(self, verl: dict, mesh: Mesh, rules: Rules, rollout_tps: Optional[list] = None) -> list[Problem]:
         return sft_batch_problems(verl, mesh)
 
     def token_inputs(self, verl: dict) -> dict:

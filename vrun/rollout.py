@@ -1,0 +1,165 @@
+"""The rollout phase of a colocated RL step, as pure arithmetic: vLLM's weights per replica, its KV cache per
+token by attention type, how many of the step's sequences fit at once.
+
+vLLM wakes with gpu_memory_utilization·GPU of its own while the actor keeps what it does not offload. A replica
+is TP·DP GPUs (verl's tensor_model_parallel_size · data_parallel_size): attention and other dense weights split
+over TP, routed experts over TP·DP (vLLM's fused MoE, as EP or ETP), each DP rank runs its own sequences.
+  weights/GPU   rollout parameters (no MTP: vLLM loads it only for speculative decoding; the vision tower when
+                the model has one) · bytes of the rollout dtype (1 under fp8 quantization):
+                dense / TP + routed experts / (TP·DP)
+  reserve       vLLM's activations and CUDA graphs: 2 GiB (an estimate; vLLM measures it at start)
+  KV cache      budget − weights − reserve
+  per sequence  (prompt + response) · KV bytes per token per GPU + state per sequence per GPU
+  fits          DP · floor(KV cache / per sequence) sequences per replica at once
+  step share    train_batch_size · n / replicas (replicas = GPUs / (TP·DP))
+
+KV bytes per token per GPU, by attention type (b = bytes of the KV dtype, L = layers of that kind):
+  mla         L·(kv_lora_rank + qk_rope_head_dim)·b, not split by TP: one latent "head" per token
+              (vLLM: MLAAttentionSpec(num_kv_heads=1, head_size=kv_lora_rank+qk_rope_head_dim) in
+              vllm/model_executor/layers/attention/mla_attention.py)
+  mla_dsa     mla + the indexer's keys L·(index_head_dim + index_head_dim/128·4) B (fp8 with a fp32 scale per
+              128: vLLM's DeepseekV32IndexerCache in vllm/model_executor/models/deepseek_v2.py, which GLM-5's
+              glm_moe_dsa reuses)
+  gqa         L·2·max(1, kv_heads/TP)·head_dim·b (vLLM: FullAttentionSpec page = 2·block·kv_heads·head_size·dtype;
+              KV heads are replicated when TP exceeds them)
+  gdn_hybrid  gqa for the full-attention layers; per sequence, per gated-delta-net layer, conv state
+              (kernel−1)·(2·Hk·dk + Hv·dv)/TP and recurrent state Hv/TP·dk·dv, in b bytes (shapes: vLLM's
+              MambaStateShapeCalculator.gated_delta_net_state_shape; the state dtype is an ESTIMATE: the
+              model's dtype, as mamba_ssm_cache_dtype=auto)
+  csa         ESTIMATE from DeepSeek-V4's shapes (no vLLM formula read): a layer of compress ratio r > 1 keeps
+              head_dim·b per r tokens (ratio 4 adds indexer keys index_head_dim + 4 B per 4 tokens); every layer
+              keeps a sliding window of min(window, sequence)·head_dim·b per sequence
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+GIB = 1024 ** 3
+RESERVE = 2 * GIB
+DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4, "fp32": 4,
+               "float": 4, "auto": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+@dataclass(frozen=True)
+class KV:
+    per_token: float            # bytes per token per GPU
+    per_sequence: float         # bytes of state per sequence per GPU (GDN state, sliding windows)
+    formula: str
+    estimate: bool              # no source for the formula
+
+
+def kv_bytes(arch: dict, rollout_tp: int, kv_dtype_bytes: int, seq_len: int) -> KV:
+    a, b, t = arch, kv_dtype_bytes, rollout_tp
+    fam = a.get("attention") or "gqa"
+    L = a["layers"]
+    if fam in ("mla", "mla_dsa"):
+        per = L * (a["kv_lora_rank"] + a["qk_rope_head_dim"]) * b
+        if fam == "mla":
+            return KV(per, 0.0, "MLA latent (vLLM MLAAttentionSpec)", False)
+        idx = a["index_head_dim"]
+        per += L * (idx + idx // 128 * 4)
+        return KV(per, 0.0, "MLA latent + DSA indexer keys (vLLM DeepSeek-V3.2 path)", False)
+    if fam == "csa":
+        D, W = a["head_dim"], a.get("sliding_window") or 0
+        ratios = list(a["compress_ratios"])[:L]
+        per = sum(D * b / r + ((a["index_head_dim"] + 4) / 4 if r == 4 else 0) for r in ratios if r > 1)
+        return KV(per, L * min(W, seq_len) * D * b, "compressed KV + indexer + sliding window (estimate)", True)
+    hd = a.get("head_dim") or a["hidden"] // a["heads"]
+    kv_heads = max(1, (a.get("kv_heads") or a["heads"]) // t)
+    if fam == "gdn_hybrid":
+        full = L // a["full_attention_interval"]
+        lin = L - full
+        hk, hv, d = a["gdn_k_heads"], a["gdn_v_heads"], a["gdn_head_dim"]
+        conv = ((a.get("gdn_conv_kernel") or 4) - 1) * (2 * hk * d + hv * d) / t
+        state = lin * (conv + hv / t * d * d) * b
+        return KV(full * 2 * kv_heads * hd * b, state, "GQA KV + gated-delta-net state per sequence (state "
+                  "dtype estimated)", True)
+    return KV(L * 2 * kv_heads * hd * b, 0.0, "GQA KV (vLLM FullAttentionSpec)", False)
+
+
+@dataclass(frozen=True)
+class RolloutEstimate:
+    tp: int
+    dp: int
+    replicas: int
+    budget: float               # gpu_memory_utilization · GPU
+    weights: float              # per GPU
+    reserve: float
+    kv_cache: float             # per GPU, what is left for the KV cache
+    kv: KV
+    seq_len: int
+    per_sequence: float         # bytes per full prompt+response per GPU
+    fits: int                   # sequences per replica at once
+    step_share: int             # the step's sequences per replica
+    weight_bytes: float         # per parameter
+    utilization: float = 0.0    # gpu_memory_utilization
+
+    @property
+    def holds_one(self) -> bool:
+        return self.fits >= 1
+
+    @property
+    def holds_share(self) -> bool:
+        return self.fits >= self.step_share
+
+    def summary(self) -> dict:
+        g = lambda x: round(x / GIB, 2)  # noqa: E731
+        return {"tp": self.tp, "dp": self.dp, "replicas": self.replicas, "budget_gib": g(self.budget),
+                "weights_gib": g(self.weights), "reserve_gib": g(self.reserve), "kv_cache_gib": g(self.kv_cache),
+                "kv_bytes_per_token": round(self.kv.per_token, 1),
+                "state_bytes_per_sequence": round(self.kv.per_sequence), "kv_formula": self.kv.formula,
+                "kv_formula_is_estimate": self.kv.estimate, "sequence_tokens": self.seq_len,
+                "sequences_fit": self.fits, "step_sequences_per_replica": self.step_share,
+                "weight_bytes_per_param": self.weight_bytes}
+
+
+def estimate(arch: dict, rollout_params: tuple, *, world: int, rollout_tp: int, gpu_mem_gib: float,
+             utilization: float, seq_len: int, step_sequences: int, dtype: str = "bfloat16",
+             quantization: Optional[str] = None, kv_cache_dtype: Optional[str] = None,
+             rollout_dp: int = 1) -> RolloutEstimate:
+    """rollout_params: (dense, routed experts) parameters vLLM loads."""
+    wb = 1 if quantization else DTYPE_BYTES.get(str(dtype).lower(), 2)
+    kb = DTYPE_BYTES.get(str(kv_cache_dtype or dtype).lower(), 2)
+    budget = utilization * gpu_mem_gib * GIB
+    dense, routed = rollout_params
+    weights = (dense / rollout_tp + routed / (rollout_tp * rollout_dp)) * wb
+    kv = kv_bytes(arch, rollout_tp, kb, seq_len)
+    left = max(budget - weights - RESERVE, 0.0)
+    per_seq = seq_len * kv.per_token + kv.per_sequence
+    replicas = max(world // (rollout_tp * rollout_dp), 1)
+    return RolloutEstimate(tp=rollout_tp, dp=rollout_dp, replicas=replicas, budget=budget, weights=weights, reserve=RESERVE,
+                           kv_cache=left, kv=kv, seq_len=seq_len, per_sequence=per_seq,
+                           fits=rollout_dp * int(left // per_seq) if per_seq > 0 else 0,
+                           step_share=-(-step_sequences // replicas), weight_bytes=wb, utilization=utilization)
+
+
+def choices(world: int, gpus_per_node: int, arch: dict) -> list[tuple[int, int]]:
+    """(TP, DP) replicas within the model's rules: TP within a node, dividing DeepSeek-V4's o_groups and the
+    attention heads; the replica (TP·DP GPUs) tiles the GPUs, within a node or whole nodes."""
+    out = []
+    for t in range(1, gpus_per_node + 1):
+        if gpus_per_node % t or world % t:
+            continue
+        if arch.get("o_groups") and arch["o_groups"] % t:
+            continue
+        if arch.get("heads") and arch["heads"] % t:
+            continue
+        for d in range(1, world // t + 1):
+            r = t * d
+            if world % r or (r > gpus_per_node and r % gpus_per_node) or (r < gpus_per_node and gpus_per_node % r):
+                continue
+            out.append((t, d))
+    return out
+
+
+def choose(arch: dict, rollout_params: tuple, *, world: int, gpus_per_node: int,
+           configured: Optional[tuple] = None, allowed: Optional[list] = None, **kw) -> list[RolloutEstimate]:
+    """Every valid rollout replica, best first: holds a single sequence, holds the replica's share of the step,
+    the fewest GPUs per replica (more replicas; when none holds a sequence, the most), the configured (TP, DP),
+    then the smaller TP."""
+    opts = [estimate(arch, rollout_params, world=world, rollout_tp=t, rollout_dp=d, **kw)
+            for t, d in (allowed if allowed is not None else choices(world, gpus_per_node, arch))]
+    return sorted(opts, key=lambda r: (not r.holds_one, not r.holds_share,
+                                       r.tp * r.dp if r.holds_one else -r.tp * r.dp,
+                                       0 if r.holds_one else r.weights, (r.tp, r.dp) != configured, r.tp))
