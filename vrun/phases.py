@@ -18,8 +18,8 @@ def engine(entrypoint: Entrypoint, verl: dict) -> dict:
 
 def mtp_enabled(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> bool:
     v = get(engine(entrypoint, verl), "impl_cfg.mtp_enable")
-    if v is None:  # ImplConfig's own default for the model (the record, checked against the real source)
-        v = mlite.record()["impl_cfg_mtp_enable_default"].get(config.model.mlite_name, False)
+    if v is None:  # ImplConfig's own default for the model
+        v = mlite.interface().impl_cfg_mtp_enable_default.get(config.model.mlite_name, False)
     return bool(v)
 
 

@@ -151,6 +151,8 @@ class Algo:
     name: str = MISSING
     # which verl entrypoint runs it: ppo (verl.trainer.main_ppo on Ray) or sft (verl.trainer.sft_trainer, torchrun)
     entrypoint: EntrypointName = MISSING
+    # DAPO's dynamic sampling (algorithm.filter_groups): false plans DAPO without it, e.g. on a verl that lacks it
+    dynamic_sampling: Optional[bool] = None
 
 
 @dataclass
