@@ -47,7 +47,7 @@ def rollout_for(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rpa
     d = get(verl, f"{ROLLOUT}.data_parallel_size") or 1
     if not isinstance(t, int) or t < 1 or not isinstance(d, int) or d < 1 or mesh.world % (t * d):
         return None
-    return rollout.estimate(dataclasses.asdict(config.model.arch), rparams, world=mesh.world, rollout_tp=t, rollout_dp=d, **inputs)
+    return rollout.estimate(config.model.arch.facts(), rparams, world=mesh.world, rollout_tp=t, rollout_dp=d, **inputs)
 
 
 def assumptions(inputs: dict, r: Optional[rollout.RolloutEstimate]) -> str:

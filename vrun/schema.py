@@ -106,6 +106,10 @@ class Arch:
         """From a mapping that may hold only some of the fields (a model file read as YAML)."""
         return cls(**{f.name: m[f.name] for f in fields(cls) if f.name in m})
 
+    def facts(self) -> dict:
+        """The fields as a mapping, for the arithmetic that reads them by name (vrun.params, memory, rollout)."""
+        return dict(vars(self))
+
 
 @dataclass
 class Model:
