@@ -2,18 +2,18 @@
 import hydra
 from omegaconf import DictConfig
 
-from vrun import errors, schema
+from vrun import cli_errors, schema
 
 schema.register()
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="run")
 def main(cfg: DictConfig) -> None:
-    from vrun.app import run
+    from vrun.task import run
 
     run(cfg)
 
 
 if __name__ == "__main__":
-    errors.one_line_hydra_errors()
+    cli_errors.one_line_hydra_errors()
     main()

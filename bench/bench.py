@@ -86,9 +86,9 @@ def list_runs(tmp: Path) -> None:
 def mesh_search():
     sys.path.insert(0, str(ROOT))
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from vrun import plan as planning, schema
+    from vrun.mesh import Mesh
 
     schema.register()
     models = ["deepseek_v4_flash", "deepseek_v4_pro", "kimi_k2_6", "glm5_1", "qwen3_5_35b"]
@@ -97,16 +97,17 @@ def mesh_search():
     print("  " + " " * 30 + "  ".join(f"{g:>20}" for g in gpus))
     for model in models:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-            cfg = OmegaConf.to_container(compose("run", [f"model={model}", "mode=plan"]), resolve=True)
-        p = planning.make_plan(cfg, tempfile.mkdtemp(), environ=ENV)
-        params, note, _, counts = planning.model_params(cfg, None, [], p.verl)
+            config = schema.typed(compose("run", [f"model={model}", "mode=plan"]))
+        p = planning.make_plan(config, tempfile.mkdtemp(), environ=ENV)
+        params, note, _, counts = planning.model_params(config, p.entrypoint, None, [], p.verl)
+        rules = planning.rules_of(config, p.entrypoint, p.verl)
         cells = []
         for g in gpus:
-            c = dict(cfg, mesh={**cfg["mesh"], "nnodes": g // 8, "gpus_per_node": 8, "search": True})
             best = float("inf")
             for _ in range(3):
                 t = time.perf_counter()
-                _, found = planning._search(c, p.verl, params, note, [], counts)
+                _, _, found = planning.auto_mesh(config, p.entrypoint, rules, Mesh(g // 8, 8), p.verl, params, note,
+                                                 counts, [])
                 best = min(best, time.perf_counter() - t)
             r = found["rollout_tp_choices"][0] if found["rollout_tp_choices"] else None
             cells.append(f"{best * 1000:5.1f}; {found['valid_meshes']:5d}; "

@@ -30,27 +30,29 @@ from typing import Any, Optional
 
 import yaml
 
-try:
-    from vrun.mesh import KNOBS, Arch, Mesh, mesh_problems, rollout_problems
-except ImportError:  # run as a file path (python hooks/check_conventions.py): the repo root is not on sys.path
+if __package__ in (None, ""):  # run as a file path (python hooks/check_conventions.py): put the repo root first
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from vrun.mesh import KNOBS, Arch, Mesh, mesh_problems, rollout_problems
+from vrun import dotted, mlite  # noqa: E402
+from vrun.entrypoints import PPO, ROLLOUT  # noqa: E402
+from vrun.mesh import SIZES, Mesh, mesh_problems, rollout_problems  # noqa: E402
+from vrun.schema import Arch, EntrypointName, OptimizerName  # noqa: E402
 
-MESH_FIELDS = ("nnodes", "gpus_per_node") + KNOBS
+MESH_FIELDS = SIZES
 MESH_NAME = re.compile(r"([1-9][0-9]*)gpu(?:_[a-z0-9_]+)?")
 MESH_EXEMPT = {"auto"}
 OPTION_NAME = re.compile(r"[a-z0-9_]+\.yaml")
-MLITE_NAMES = ("deepseek_v4", "glm5", "kimi_k2", "qwen3_5")
+# the model families Megatron Lite's record lists ImplConfig fields for
+MLITE_NAMES = tuple(sorted(set(mlite.record()["impl_cfg_fields"]) - {"common"}))
 ARCH_REQUIRED = ("layers", "routed_experts", "experts_per_token", "heads", "hidden")
 # read by vrun.mesh's rules when present: null or a positive integer
 ARCH_OPTIONAL = ("kv_heads", "o_groups", "gdn_k_heads", "gdn_v_heads")
-ENTRYPOINTS = ("ppo", "sft")
-OPTIMIZERS = ("fsdp2", "dist_opt")
-ROLLOUT_TP = "recipe.ppo.actor_rollout_ref.rollout.tensor_model_parallel_size"
+ENTRYPOINTS = tuple(e.value for e in EntrypointName)
+OPTIMIZERS = tuple(o.value for o in OptimizerName)
+ROLLOUT_TP = f"recipe.{PPO.name.value}.{ROLLOUT}.tensor_model_parallel_size"
 MESH_OVERRIDE = "override /mesh"
 LAUNCHER_PREFIX = "/launcher/"
 
-_MISSING = object()
+_MISSING = dotted.MISSING
 
 
 def check(root: Path) -> list[str]:
@@ -238,9 +240,9 @@ def _models(conf: Path, rel, meshes: dict[str, Optional[Mesh]], launchers: dict[
             out.append(f"{f}: default mesh {mesh_name} fails for {stem}: {prob.key}={prob.value}: {prob.why}; "
                        f"fix: {prob.fix}")
         # the model's own value wins over its launcher's (_self_ comes after the launcher in its defaults)
-        rtp, where = _dig(data, ROLLOUT_TP), f"{p.stem}.yaml"
+        rtp, where = dotted.get(data, ROLLOUT_TP, _MISSING), f"{p.stem}.yaml"
         if rtp in (None, _MISSING) and launcher is not None and isinstance(launchers[launcher], dict):
-            rtp, where = _dig(launchers[launcher], ROLLOUT_TP), f"launcher/{launcher}.yaml"
+            rtp, where = dotted.get(launchers[launcher], ROLLOUT_TP, _MISSING), f"launcher/{launcher}.yaml"
         if not errs and rtp not in (None, _MISSING):
             for prob in _errors(rollout_problems(mesh, rtp, mod["arch"], stem)):
                 out.append(f"{f}: default mesh {mesh_name} with rollout TP {rtp} (from {where}) fails for "
@@ -259,17 +261,17 @@ def _named_options(conf: Path, rel) -> list[str]:
             data = _load(p, rel, out)
             if data is None:
                 continue
-            name = _dig(data, key)
+            name = dotted.get(data, key, _MISSING)
             if name is _MISSING and "." not in key:
                 # an option may be a `_global_` file (cluster=slurm also selects the launcher): group.name
                 key = f"{group}.{key}"
-                name = _dig(data, key)
+                name = dotted.get(data, key, _MISSING)
             if name is _MISSING:
                 out.append(f"{f}: {key} is missing (it must be {stem!r}, the file stem)")
             elif name != stem:
                 out.append(f"{f}: {key} is {name!r} but the file is {stem}.yaml (they must match)")
-            if group == "algo" and _dig(data, "algo.entrypoint") not in ENTRYPOINTS:
-                out.append(f"{f}: algo.entrypoint is {_show(_dig(data, 'algo.entrypoint'))}, "
+            if group == "algo" and dotted.get(data, "algo.entrypoint", _MISSING) not in ENTRYPOINTS:
+                out.append(f"{f}: algo.entrypoint is {_show(dotted.get(data, 'algo.entrypoint', _MISSING))}, "
                            f"not one of {', '.join(ENTRYPOINTS)}")
             if group == "optimizer" and name is not _MISSING and name not in OPTIMIZERS:
                 out.append(f"{f}: name {name!r} is not a Megatron Lite optimizer ({', '.join(OPTIMIZERS)})")
@@ -310,14 +312,6 @@ def _package(text: str) -> Optional[str]:
         if len(parts) == 2 and parts[0] == "@package":
             return parts[1]
     return None
-
-
-def _dig(tree: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return _MISSING
-        tree = tree[part]
-    return tree
 
 
 def _pos_int(v: Any) -> bool:

@@ -90,7 +90,7 @@ def plan(overrides: list[str], run_dir: str = "/tmp/vrun-test-run", environ: dic
     from vrun.plan import make_plan
 
     env = dict(os.environ if environ is None else environ)
-    return make_plan(compose(overrides), run_dir, environ=env, **kw)
+    return make_plan(schema.typed(compose(overrides)), run_dir, environ=env, **kw)
 
 
 def problems_of(overrides: list[str], **kw) -> list[str]:

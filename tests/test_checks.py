@@ -5,7 +5,8 @@ import random
 import pytest
 
 from conftest import needs_dapo, problems_of
-from vrun import checks, verl_tree
+from vrun import verl_tree
+from vrun.entrypoints.ppo import ppo_batch_problems
 from vrun.mesh import Mesh
 
 BASE = ["model=glm5_1", "mode=plan"]
@@ -149,7 +150,7 @@ def test_plan_rejects_whatever_verl_rejects():
             rejected = True
             why = str(e)
         dense_ok = mesh.world % mesh.dense == 0
-        ours = [] if not dense_ok else checks.ppo_batch_problems(t, mesh)
+        ours = [] if not dense_ok else ppo_batch_problems(t, mesh)
         ours_rejects = (not dense_ok) or bool(ours)
         verl_rejects += rejected
         plan_rejects += ours_rejects
@@ -191,7 +192,7 @@ def test_memory_estimate_moves_gradients_with_parameters():
 
     for params, grads in ((True, False), (False, True)):
         p = plan(["model=kimi_k2_6", "mode=plan", f"engine.param_offload={params}", f"engine.grad_offload={grads}"])
-        inputs = memory_inputs(p.cfg, p.verl)
+        inputs = memory_inputs(p.config, p.entrypoint, p.verl)
         assert inputs["param_offload"] is params and inputs["grad_offload"] is params
 
 

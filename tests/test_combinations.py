@@ -25,7 +25,7 @@ def test_every_combination_plans(model, algo, optimizer, tmp_path, monkeypatch):
     eng = p.verl["engine"] if algo == "sft" else p.verl["actor_rollout_ref"]["actor"]["engine"]
     assert (eng["tp"], eng["pp"], eng["cp"], eng["ep"], eng["etp"], eng["vpp"]) == \
         (p.mesh.tp, p.mesh.pp, p.mesh.cp, p.mesh.ep, p.mesh.etp, 1)
-    assert eng["impl_cfg"]["optimizer"] == optimizer and eng["model_name"] == p.cfg["model"]["mlite_name"]
+    assert eng["impl_cfg"]["optimizer"] == optimizer and eng["model_name"] == p.config.model.mlite_name
     model_path = p.verl["model"]["path"] if algo == "sft" else p.verl["actor_rollout_ref"]["model"]["path"]
     assert model_path == str(tmp_path / "ckpt")
     assert p.verl["trainer"]["default_local_dir"] == f"{tmp_path}/r/checkpoints"

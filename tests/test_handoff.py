@@ -83,6 +83,23 @@ def test_sft_torchrun_command(tmp_path):
     assert a[16:18] == ["--config-name", "verl_config"]
 
 
+def test_sft_node_command_from_the_job_payload(tmp_path):
+    """Each SLURM node builds its torchrun command from the job payload: the plan's command with its own rank,
+    the node count and the head's address."""
+    from vrun import entrypoints, slurm
+
+    p = plan(["model=deepseek_v4_flash", "algo=sft", "mode=plan"], run_dir=str(tmp_path / "r"))
+    t = slurm.job_payload(p)["torchrun"]
+    node = entrypoints.torchrun_argv(t["python"], t["module"], p.run_dir, nnodes=16, nproc_per_node=t["nproc_per_node"],
+                                     node_rank=0, master_addr="127.0.0.1", master_port=29500)
+    assert node == p.argv
+    node3 = entrypoints.torchrun_argv(t["python"], t["module"], p.run_dir, nnodes=16,
+                                      nproc_per_node=t["nproc_per_node"], node_rank=3, master_addr="10.0.0.1",
+                                      master_port=21009)
+    assert node3[5:11] == ["--node_rank", "3", "--master_addr", "10.0.0.1", "--master_port", "21009"]
+    assert node3[11:] == p.argv[11:]
+
+
 def reads_back(module, overrides, tmp_path):
     """Plan, then let verl's own CLI load verl_config.yaml (--config-path/--config-name) and print it."""
     proc = runner(*overrides, "mode=plan", f"hydra.run.dir={tmp_path}/r")

@@ -6,6 +6,7 @@ import pytest
 from conftest import ROOT, compose, problems_of, runner
 from vrun.plan import make_plan
 from vrun.problems import PlanError
+from vrun.schema import typed
 
 
 def one_error_line(proc):
@@ -32,6 +33,16 @@ def test_wrong_type_is_one_line(tmp_path):
     """mesh.tp=two is a type error on a typed knob."""
     (line,) = one_error_line(runner("mesh.tp=two", "mode=plan", f"hydra.run.dir={tmp_path}/r"))
     assert line.startswith("error: mesh.tp=two:")
+
+
+@pytest.mark.parametrize("bad,fix", [("mode=bogus", "mode=plan or mode=preflight or mode=train"),
+                                     ("optimizer.name=adam", "optimizer.name=fsdp2 or optimizer.name=dist_opt"),
+                                     ("algo.entrypoint=rl", "algo.entrypoint=ppo or algo.entrypoint=sft"),
+                                     ("cluster.name=k8s", "cluster.name=local or cluster.name=slurm")])
+def test_closed_choice_is_rejected_at_composition(bad, fix, tmp_path):
+    """A value outside a closed choice fails while Hydra composes: one line with the choices as the fix."""
+    (line,) = one_error_line(runner(bad, "mode=plan", f"hydra.run.dir={tmp_path}/r"))
+    assert line.startswith(f"error: {bad}: Invalid value") and line.endswith(f"fix: {fix}")
 
 
 def test_passthrough_typo_names_nearest_verl_key():
@@ -95,7 +106,7 @@ def test_recipe_typo_in_group_file(tmp_path):
     conf = planted_conf(tmp_path, "launcher/kimi_k2_6_glm5_1.yaml", "gpu_memory_utilization: 0.8",
                         "gpu_memory_utilisation: 0.8")
     with pytest.raises(PlanError) as e:
-        make_plan(compose(["model=glm5_1"], conf_dir=conf), str(tmp_path / "r"))
+        make_plan(typed(compose(["model=glm5_1"], conf_dir=conf)), str(tmp_path / "r"))
     assert "gpu_memory_utilisation" in str(e.value) and "gpu_memory_utilization" in str(e.value)
 
 

@@ -27,7 +27,8 @@ import pytest
 
 from conftest import MODELS, PY, ROOT, compose, needs_real_mlite, plan, real_mlite_root
 from vrun.memory import stage_layout
-from vrun.mesh import Arch, Mesh, mesh_problems
+from vrun.mesh import Mesh, mesh_problems
+from vrun.schema import Arch
 
 
 
@@ -128,7 +129,7 @@ def test_layout_comparison_names_a_planted_mtp_mistake(defaults):
     """A layout that counts GLM-5's MTP layer (Megatron Lite builds none unless impl_cfg.mtp_enable) differs."""
     p, v = defaults["glm5_1"]
     wrong = [{"layers": [u[1] for u in units if u[0] == "layer"], "mtp": any(u[0] == "mtp" for u in units)}
-             for units in stage_layout(p.mesh.pp, p.cfg["model"]["arch"]["layers"], 1)]
+             for units in stage_layout(p.mesh.pp, p.config.model.arch.layers, 1)]
     wrong = [{"layers": [s["layers"][0], s["layers"][-1]] if s["layers"] else [], "mtp": s["mtp"]} for s in wrong]
     found = layout_differences(wrong, v)
     assert found and any("mtp True" in line for line in found), found

@@ -145,7 +145,9 @@ def test_plan_reports_params_and_the_stage_split():
     """plan.json's params: total, active and source, and per stage what one rank holds."""
     from conftest import plan
 
-    p = plan(["model=glm5_1", "mesh=256gpu", "mode=plan"]).to_json()["params"]
+    from vrun.report import plan_json
+
+    p = plan_json(plan(["model=glm5_1", "mesh=256gpu", "mode=plan"]))["params"]
     assert p["source"].startswith("facts") and p["total"] == count("glm5_1").total
     assert len(p["per_stage"]) == 8 and p["per_stage"][-1]["has_loss"]
     assert sum(s["dense"] + s["routed_expert"] for s in p["per_stage"]) == p["total"] - p["mtp"]

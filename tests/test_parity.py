@@ -95,7 +95,7 @@ def launcher_tree(verl_config_dir: Path, launcher: tuple[str, list[str]], search
 def project_tree(command: list[str], path_env: str, model_path: str, run_dir: Path) -> tuple[dict, str]:
     schema.register()
     cfg = compose_plain(CONF_DIR, "run", command)
-    p = plan.make_plan(cfg, str(run_dir), environ={"HOME": HOME, path_env: model_path})
+    p = plan.make_plan(schema.typed(cfg), str(run_dir), environ={"HOME": HOME, path_env: model_path})
     # the plan uses the real package exactly when the environment provides one
     assert p.mlite.kind == ("verl_mlite" if mlite.find_source().location else "record"), p.mlite
     return p.verl, p.mlite.searchpath
@@ -171,49 +171,28 @@ def assert_parity(verl_config_dir: Path, launcher: tuple[str, list[str]], comman
         f"  {k}: launcher={x!r} project={y!r}" for k, x, y in found)
 
 
-# ---------------------------------------------------------------- one test per launcher command
+# ---------------------------------------------------------------- one case per launcher command
+
+# (launcher command, its MODEL_PATH variable and path, the project's command): the README's table
+CASES = {
+    "kimi_k2_6_grpo": (lambda opt, path: launchers.kimi_k2_6_glm5_1("kimi_k2_6", opt, path, HOME),
+                       "KIMI_K2_6_MODEL_PATH", "/models/Kimi-K2.6", ["model=kimi_k2_6", "mesh=256gpu", "algo=grpo"]),
+    "glm5_1_grpo": (lambda opt, path: launchers.kimi_k2_6_glm5_1("glm5_1", opt, path, HOME),
+                    "GLM5_1_MODEL_PATH", "/models/GLM-5.1", ["model=glm5_1", "mesh=256gpu", "algo=grpo"]),
+    "qwen3_5_35b_grpo": (lambda opt, path: launchers.qwen3_5_35b(opt, path, HOME),
+                         "QWEN3_5_35B_MODEL_PATH", "/models/Qwen3.5-35B-A3B",
+                         ["model=qwen3_5_35b", "mesh=8gpu", "algo=grpo"]),
+    "deepseek_v4_flash_sft": (lambda opt, path: launchers.deepseek_v4_sft("flash", opt, path, HOME),
+                              "FLASH_MODEL_PATH", "/models/DeepSeek-V4-Flash", ["model=deepseek_v4_flash", "algo=sft"]),
+    "deepseek_v4_pro_sft": (lambda opt, path: launchers.deepseek_v4_sft("pro", opt, path, HOME),
+                            "PRO_MODEL_PATH", "/models/DeepSeek-V4-Pro", ["model=deepseek_v4_pro", "algo=sft"]),
+}
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_kimi_k2_6_grpo_matches_launcher(verl_config_dir, tmp_path, optimizer):
-    """model=kimi_k2_6 mesh=256gpu algo=grpo plans the Kimi/GLM launcher's MODEL_VARIANT=kimi_k2_6 config."""
-    path = "/models/Kimi-K2.6"
-    assert_parity(verl_config_dir, launchers.kimi_k2_6_glm5_1("kimi_k2_6", optimizer, path, HOME),
-                  ["model=kimi_k2_6", "mesh=256gpu", "algo=grpo", f"optimizer={optimizer}"],
-                  "KIMI_K2_6_MODEL_PATH", path, tmp_path)
-
-
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_glm5_1_grpo_matches_launcher(verl_config_dir, tmp_path, optimizer):
-    """model=glm5_1 mesh=256gpu algo=grpo plans the Kimi/GLM launcher's MODEL_VARIANT=glm5_1 config."""
-    path = "/models/GLM-5.1"
-    assert_parity(verl_config_dir, launchers.kimi_k2_6_glm5_1("glm5_1", optimizer, path, HOME),
-                  ["model=glm5_1", "mesh=256gpu", "algo=grpo", f"optimizer={optimizer}"],
-                  "GLM5_1_MODEL_PATH", path, tmp_path)
-
-
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_qwen3_5_35b_grpo_matches_launcher(verl_config_dir, tmp_path, optimizer):
-    """model=qwen3_5_35b mesh=8gpu algo=grpo plans the Qwen3.5-35B launcher's config."""
-    path = "/models/Qwen3.5-35B-A3B"
-    assert_parity(verl_config_dir, launchers.qwen3_5_35b(optimizer, path, HOME),
-                  ["model=qwen3_5_35b", "mesh=8gpu", "algo=grpo", f"optimizer={optimizer}"],
-                  "QWEN3_5_35B_MODEL_PATH", path, tmp_path)
-
-
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_deepseek_v4_flash_sft_matches_launcher(verl_config_dir, tmp_path, optimizer):
-    """model=deepseek_v4_flash algo=sft plans the DeepSeek-V4 SFT launcher's MODEL_VARIANT=flash config."""
-    path = "/models/DeepSeek-V4-Flash"
-    assert_parity(verl_config_dir, launchers.deepseek_v4_sft("flash", optimizer, path, HOME),
-                  ["model=deepseek_v4_flash", "algo=sft", f"optimizer={optimizer}"],
-                  "FLASH_MODEL_PATH", path, tmp_path)
-
-
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_deepseek_v4_pro_sft_matches_launcher(verl_config_dir, tmp_path, optimizer):
-    """model=deepseek_v4_pro algo=sft plans the DeepSeek-V4 SFT launcher's MODEL_VARIANT=pro config."""
-    path = "/models/DeepSeek-V4-Pro"
-    assert_parity(verl_config_dir, launchers.deepseek_v4_sft("pro", optimizer, path, HOME),
-                  ["model=deepseek_v4_pro", "algo=sft", f"optimizer={optimizer}"],
-                  "PRO_MODEL_PATH", path, tmp_path)
+@pytest.mark.parametrize("case", list(CASES))
+def test_plan_matches_launcher(verl_config_dir, tmp_path, case, optimizer):
+    """Each launcher equivalent (README table) plans the launcher's own verl config, for both optimizers."""
+    launcher, path_env, path, command = CASES[case]
+    assert_parity(verl_config_dir, launcher(optimizer, path), command + [f"optimizer={optimizer}"], path_env, path,
+                  tmp_path)

@@ -3,8 +3,10 @@ replica mesh=auto chooses, and the GPU table."""
 import pytest
 
 from conftest import MODELS, compose, needs_dapo, plan, problems_of, runner
-from vrun import checks, hardware, rollout
-from vrun.mesh import Arch, mesh_problems, rollout_problems
+from vrun import hardware, rollout
+from vrun.entrypoints.ppo import ppo_batch_problems
+from vrun.mesh import mesh_problems, rollout_problems
+from vrun.schema import Arch
 from vrun.problems import PlanError
 
 GIB = 1024 ** 3
@@ -153,14 +155,14 @@ def test_every_listed_mesh_passes_the_checks():
     for model in MODELS:
         for nodes in (2, 16):
             p = plan([f"model={model}", "mesh=auto", f"mesh.nnodes={nodes}", "mode=plan"])
-            m = p.cfg["model"]
+            m = p.config.model
             rtp = p.verl["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"]
             for alt in [p.search["chosen"]] + p.search["alternatives"]:
                 kv = dict(o.split("=") for o in alt["overrides"].split(" rollout ")[0].split())
                 mesh = p.mesh.replace(**{k.split(".")[1]: int(v) for k, v in kv.items()})
-                a = Arch.of(m["arch"])
-                assert mesh_problems(mesh, a, m["tp_allowed"], m["etp_allowed"], model) == [], (model, alt)
-                assert checks.ppo_batch_problems(p.verl, mesh) == [], (model, alt)
+                a = m.arch
+                assert mesh_problems(mesh, a, m.tp_allowed, m.etp_allowed, model) == [], (model, alt)
+                assert ppo_batch_problems(p.verl, mesh) == [], (model, alt)
                 assert rollout_problems(mesh, rtp, a, model) == [], (model, alt)
 
 

@@ -4,13 +4,20 @@ import random
 import pytest
 
 from conftest import MODELS, compose, plan, problems_of, runner
-from vrun import checks, search
-from vrun.mesh import Arch, Mesh, mesh_problems
+from vrun import search
+from vrun.entrypoints import PPO
+from vrun.entrypoints.ppo import ppo_batch_problems
+from vrun.mesh import Mesh, Rules, mesh_problems
+from vrun.schema import Arch
 
 
 def model_facts(model):
     m = compose([f"model={model}"])["model"]
     return m, Arch.of(m["arch"])
+
+
+def rules_of(model, m, arch, use_deepep=False):
+    return Rules(model, arch, tuple(m["tp_allowed"]), tuple(m["etp_allowed"]), use_deepep)
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -20,16 +27,16 @@ def test_every_result_passes_the_plan_checks(model):
     verl = plan([f"model={model}", "mode=plan"]).verl
     rnd = random.Random(model)
     for nnodes in rnd.sample([1, 2, 3, 4, 6, 8, 16, 32], 4):
-        for mesh in search.valid_meshes(nnodes, 8, arch, m["tp_allowed"], m["etp_allowed"], model, verl):
+        for mesh in search.valid_meshes(rules_of(model, m, arch), nnodes, 8, verl, PPO()):
             assert mesh_problems(mesh, arch, m["tp_allowed"], m["etp_allowed"], model) == [], mesh
-            assert checks.ppo_batch_problems(verl, mesh) == [], mesh
+            assert ppo_batch_problems(verl, mesh) == [], mesh
 
 
 def test_results_plan_end_to_end():
     """A sample of auto's results plans through the runner's own path."""
     m, arch = model_facts("qwen3_5_35b")
     verl = plan(["model=qwen3_5_35b", "mode=plan"]).verl
-    found = search.valid_meshes(1, 8, arch, m["tp_allowed"], m["etp_allowed"], "qwen3_5_35b", verl)
+    found = search.valid_meshes(rules_of("qwen3_5_35b", m, arch), 1, 8, verl, PPO())
     for mesh in random.Random(1).sample(found, min(6, len(found))):
         ov = [f"mesh.{k}={getattr(mesh, k)}" for k in ("tp", "pp", "ep", "cp", "etp")]
         assert problems_of(["model=qwen3_5_35b", "mode=plan"] + ov) == [], ov
@@ -43,7 +50,7 @@ def test_results_plan_end_to_end():
 def test_launcher_presets_are_among_the_results(model, preset):
     """The launchers' own meshes are found where they are valid."""
     m, arch = model_facts(model)
-    assert preset in search.valid_meshes(preset.nnodes, 8, arch, m["tp_allowed"], m["etp_allowed"], model)
+    assert preset in search.valid_meshes(rules_of(model, m, arch), preset.nnodes, 8)
 
 
 def test_auto_prints_choice_alternatives_and_memory(tmp_path):
@@ -54,6 +61,19 @@ def test_auto_prints_choice_alternatives_and_memory(tmp_path):
     out = proc.stdout
     assert "valid meshes searched in" in out and "chosen mesh.tp=1" in out and out.count("alternative ") == 5
     assert "memory  per GPU, stage" in out and "GiB training" in out and "of 80.0 GiB" in out
+
+
+@pytest.mark.parametrize("model", ["qwen3_5_35b", "kimi_k2_6"])
+def test_auto_equals_a_plan_of_its_choice(model, tmp_path):
+    """mesh=auto sets the chosen mesh's keys (and the rollout TP·DP chosen beside it) in the tree it already built:
+    verl's config and the overrides equal those of a plan given that mesh and rollout."""
+    auto = plan([f"model={model}", "mesh=auto", "mode=plan"], run_dir=str(tmp_path / "r"))
+    r = auto.verl["actor_rollout_ref"]["rollout"]
+    rollout = [f"verl.actor_rollout_ref.rollout.{k}={r[k]}" for k in ("tensor_model_parallel_size", "data_parallel_size")]
+    chosen = plan([f"model={model}", "mesh=auto", "mesh.search=false", "mode=plan"] + auto.mesh.overrides().split()
+                  + rollout, run_dir=str(tmp_path / "r"))
+    assert auto.verl == chosen.verl
+    assert sorted(o.cli() for o in auto.request.overrides) == sorted(o.cli() for o in chosen.request.overrides)
 
 
 def test_auto_prefers_what_fits():
@@ -76,6 +96,18 @@ def test_mesh_error_lists_valid_neighbours(tmp_path):
     two = next(line for line in lines if line.startswith("valid meshes, two changes: "))
     for option in one.split(": ", 1)[1].split(" | ") + two.split(": ", 1)[1].split(" | "):
         assert problems_of(["model=glm5_1", "mode=plan"] + option.split()) == [], option
+
+
+def test_deepep_hints_keep_etp_one(tmp_path):
+    """With use_deepep the hints after a bad ETP offer only meshes deepep allows (ETP 1), and each plans."""
+    ov = ["model=kimi_k2_6", "mesh.etp=3", "engine.impl_cfg.use_deepep=true", "mode=plan"]
+    proc = runner(*ov, f"hydra.run.dir={tmp_path}/r")
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and any("use_deepep excludes expert tensor parallelism" in line for line in lines)
+    options = [o for line in lines if line.startswith("valid meshes, ") for o in line.split(": ", 1)[1].split(" | ")]
+    assert options and all("mesh.etp=1" in o for o in options), options
+    for option in options:
+        assert problems_of(ov + option.split()) == [], option
 
 
 def test_search_under_100ms_for_512_gpus():

@@ -45,6 +45,20 @@ def test_basic_launcher_runs_checked_points(tmp_path):
     assert "1 point(s) planned and checked; launching" in proc.stdout
     assert proc.returncode == 2 and "error: MLITE_ROOT=" in proc.stderr
     assert (tmp_path / "s" / "0_qwen3_5_35b_grpo_fsdp2" / "plan.json").exists()
+    # the job took the plan the sweeper left in its run dir
+    assert not (tmp_path / "s" / "0_qwen3_5_35b_grpo_fsdp2" / ".plan.pickle").exists()
+
+
+def test_planned_point_passes_through_the_run_dir(tmp_path):
+    """The sweeper leaves a point's plan in its run dir; the job takes it once (a later run plans afresh)."""
+    from conftest import plan
+    from vrun import task
+
+    p = plan(["model=qwen3_5_35b", "mode=preflight"], run_dir=str(tmp_path / "r"))
+    task.leave_planned(p)
+    got = task.take_planned(p.run_dir)
+    assert got.argv == p.argv and got.verl == p.verl and got.mesh == p.mesh and got.config == p.config
+    assert task.take_planned(p.run_dir) is None
 
 
 def test_sweep_points_equal_single_runs(tmp_path):

@@ -44,7 +44,7 @@ def test_fast_resolver_equals_omegaconf():
     t = verl_tree.base_tree("ppo_trainer", ("hydra.searchpath=[pkg://vrun.mlite_record.config]",
                                             "actor@actor_rollout_ref.actor=mlite_actor"))
     t["actor_rollout_ref"]["rollout"]["name"] = "vllm"
-    assert verl_tree._Resolver(t).run() == OmegaConf.to_container(OmegaConf.create(t), resolve=True)
+    assert verl_tree.resolve_fast(t) == OmegaConf.to_container(OmegaConf.create(t), resolve=True)
 
 
 @pytest.mark.parametrize("value", ["~/data/x.parquet", "a b", "null", "True", "1e-5", "x=y", "[full]", "${a.b}",

@@ -422,3 +422,29 @@ def _first_int(cfg: dict, names: tuple) -> Optional[int]:
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def params_from_checkpoint(facts, arch: dict):
+    """The estimate's units from the checkpoint's counts; a vision tower sits with the embedding on stage 0,
+    the final norm with the output layer."""
+    from vrun.memory import Params
+
+    layers = max(list(facts.per_layer_dense) + list(facts.per_layer_expert) + [-1]) + 1
+    n = facts.arch.get("layers") or layers
+    dense = tuple(facts.per_layer_dense.get(i, 0) for i in range(n))
+    expert = tuple(facts.per_layer_expert.get(i, 0) for i in range(n))
+    t = facts.totals
+    rest = t.get("dense", 0) - sum(dense) - facts.embedding - facts.output
+    mtp = t.get("mtp", 0)
+    m = (facts.arch.get("mtp_layers") or arch.get("mtp_layers") or 1) if mtp else 0
+    return Params(embedding=facts.embedding + t.get("vision", 0), output=facts.output + max(rest, 0),
+                  dense_per_layer=dense, expert_per_layer=expert, mtp_dense=mtp - facts.mtp_routed_expert,
+                  mtp_expert=facts.mtp_routed_expert, mtp_layers=m, source=f"checkpoint ({facts.shards} shard(s))")
+
+
+def checkpoint_summary(facts) -> dict:
+    d = facts.to_dict()
+    return {"path": d["path"], "model_type": d["model_type"], "totals": d["totals"], "complete": d["complete"],
+            "excluded_scale_tensors": d["excluded_scale_tensors"], "dtypes": d["dtypes"],
+            "per_layer_routed_expert": d["per_layer_expert"], "unknown": d["unknown"][:10],
+            "problems": d["problems"][:10]}

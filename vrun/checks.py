@@ -1,63 +1,49 @@
 """Plan-time checks on the run config and the resolved verl config: what verl or Megatron Lite would reject
-at job start (or silently get wrong), found before the allocation. Pure functions of their inputs."""
+at job start (or silently get wrong), found before the allocation. Pure functions of their inputs; the values
+Megatron Lite allows come from its record (vrun/mlite_record/record.yaml). The checks of one entrypoint (its
+batch arithmetic, its algorithm) live with its record: vrun/entrypoints/ppo.py, vrun/entrypoints/sft.py."""
 from __future__ import annotations
 
-from typing import Any
-
-from vrun.mesh import Arch, Mesh, mesh_problems, rollout_problems
+from vrun import mlite
+from vrun.dotted import get
+from vrun.mesh import Mesh, Rules
 from vrun.problems import Problem
 
-ACTOR = "actor_rollout_ref.actor"
-ROLLOUT = "actor_rollout_ref.rollout"
-
-
-def _get(tree: dict, key: str, default: Any = None) -> Any:
-    node: Any = tree
-    for p in key.split("."):
-        if not isinstance(node, dict) or p not in node:
-            return default
-        node = node[p]
-    return node
-
-
-def check_all(cfg: dict, verl: dict) -> list[Problem]:
-    ep = cfg["algo"]["entrypoint"]
-    mesh = Mesh.of(cfg["mesh"])
-    model = cfg["model"]
-    arch = Arch.of(model["arch"])
-    eng = _get(verl, f"{ACTOR}.engine" if ep == "ppo" else "engine", {})
-    out = mesh_problems(mesh, arch, model["tp_allowed"], model["etp_allowed"], model["name"],
-                        use_deepep=bool(_get(eng, "impl_cfg.use_deepep", False)))
+def check_all(config, entrypoint, verl: dict, mesh: Mesh, rules: Rules) -> list[Problem]:
+    """Every check of the plan: the mesh rules, the engine, then (on a valid mesh) the trainer, the entrypoint's
+    mesh-dependent and recipe checks. `entrypoint`: the run's record (vrun.entrypoints)."""
+    eng = get(verl, entrypoint.engine, {})
+    out = rules.problems(mesh)
     if out:
-        return out + engine_problems(eng, cfg)
-    out += engine_problems(eng, cfg)
+        return out + engine_problems(eng)
+    out += engine_problems(eng)
     out += trainer_problems(verl, mesh)
-    if ep == "ppo":
-        out += rollout_problems(mesh, _get(verl, f"{ROLLOUT}.tensor_model_parallel_size"), arch, model["name"])
-        out += ppo_batch_problems(verl, mesh)
-        out += algorithm_problems(verl, cfg["algo"]["name"], cfg["algo"].get("dynamic_sampling"))
-    else:
-        out += sft_batch_problems(verl, mesh)
+    out += entrypoint.mesh_problems(verl, mesh, rules)
+    out += entrypoint.recipe_problems(verl, config.algo)
     return out
 
 
-def engine_problems(eng: dict, cfg: dict) -> list[Problem]:
+def engine_problems(eng: dict) -> list[Problem]:
+    iface = mlite.interface()
     out = []
     pre = "engine"
-    if _get(eng, "impl_cfg.use_thd", True) is not True:
-        out.append(Problem(f"{pre}.impl_cfg.use_thd", _get(eng, "impl_cfg.use_thd"),
+    if get(eng, "impl_cfg.use_thd", True) is not True:
+        out.append(Problem(f"{pre}.impl_cfg.use_thd", get(eng, "impl_cfg.use_thd"),
                            "the Megatron Lite engine only runs packed (THD) sequences", f"{pre}.impl_cfg.use_thd=true"))
-    opt = _get(eng, "impl_cfg.optimizer")
-    if opt not in ("fsdp2", "dist_opt"):
-        out.append(Problem("optimizer.name", opt, "Megatron Lite takes fsdp2 or dist_opt", "optimizer=fsdp2"))
-    rrm = _get(eng, "router_replay_mode", "disabled")
-    if rrm not in ("disabled", "R3"):
-        out.append(Problem(f"{pre}.router_replay_mode", rrm, "the Megatron Lite engine supports disabled or R3",
-                           f"{pre}.router_replay_mode=R3"))
-    if _get(eng, "resync_config") and _get(eng, "resync_format") is None:
-        out.append(Problem(f"{pre}.resync_config", _get(eng, "resync_config"), "resync_config needs resync_format",
+    opt = get(eng, "impl_cfg.optimizer")
+    optimizers = [v for v in iface.impl_cfg_optimizer_values if v is not None]
+    if opt not in optimizers:
+        out.append(Problem("optimizer.name", opt, f"Megatron Lite takes {' or '.join(optimizers)}",
+                           f"optimizer={optimizers[-1]}"))
+    rrm = get(eng, "router_replay_mode", "disabled")
+    modes = list(iface.router_replay_modes)
+    if rrm not in modes:
+        out.append(Problem(f"{pre}.router_replay_mode", rrm, f"the Megatron Lite engine supports {' or '.join(modes)}",
+                           f"{pre}.router_replay_mode={modes[-1]}"))
+    if get(eng, "resync_config") and get(eng, "resync_format") is None:
+        out.append(Problem(f"{pre}.resync_config", get(eng, "resync_config"), "resync_config needs resync_format",
                            f"set {pre}.resync_format (e.g. block_fp8)"))
-    grads, params = bool(_get(eng, "grad_offload")), bool(_get(eng, "param_offload"))
+    grads, params = bool(get(eng, "grad_offload")), bool(get(eng, "param_offload"))
     if grads != params:
         # the engine offloads gradients exactly when it offloads parameters; no Megatron Lite code reads grad_offload
         out.append(Problem(f"{pre}.grad_offload", grads, f"Megatron Lite ignores it: gradients are "
@@ -72,158 +58,6 @@ def trainer_problems(verl: dict, mesh: Mesh) -> list[Problem]:
     out = []
     for key, want, knob in (("trainer.nnodes", mesh.nnodes, "mesh.nnodes"),
                             ("trainer.n_gpus_per_node", mesh.gpus_per_node, "mesh.gpus_per_node")):
-        if _get(verl, key) != want:
-            out.append(Problem(key, _get(verl, key), f"must equal the mesh's {want}", f"set {knob} instead"))
+        if get(verl, key) != want:
+            out.append(Problem(key, get(verl, key), f"must equal the mesh's {want}", f"set {knob} instead"))
     return out
-
-
-def ppo_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
-    """verl's job-start assertions (validate_config, ActorConfig.validate), with Megatron Lite's real DP."""
-    out = []
-    tbs = _get(verl, "data.train_batch_size")
-    n = _get(verl, f"{ROLLOUT}.n")
-    mini = _get(verl, f"{ACTOR}.ppo_mini_batch_size")
-    micro = _get(verl, f"{ACTOR}.ppo_micro_batch_size_per_gpu")
-    dyn = bool(_get(verl, f"{ACTOR}.use_dynamic_bsz"))
-    for key, v in (("data.train_batch_size", tbs), (f"{ROLLOUT}.n", n), (f"{ACTOR}.ppo_mini_batch_size", mini)):
-        if not isinstance(v, int) or v < 1:
-            return [Problem(key, v, "must be a positive integer", f"set {key}")]
-    dp, world = mesh.dp, mesh.world
-    if mini > tbs:
-        out.append(Problem(f"{ACTOR}.ppo_mini_batch_size", mini, f"larger than data.train_batch_size={tbs}",
-                           f"{ACTOR}.ppo_mini_batch_size in {[d for d in _divs(tbs) if d <= tbs][-4:]}"))
-    elif tbs % mini:
-        out.append(Problem(f"{ACTOR}.ppo_mini_batch_size", mini,
-                           f"must divide data.train_batch_size={tbs} (verl does not check: the remainder "
-                           "prompts are dropped from every update)",
-                           f"{ACTOR}.ppo_mini_batch_size in {_divs(tbs)[-4:]}"))
-    if (tbs * n) % dp:
-        out.append(Problem("data.train_batch_size", tbs,
-                           f"train_batch_size·n = {tbs}·{n} = {tbs * n} samples do not split over dense DP={dp} "
-                           f"(world {world} / tp·cp·pp {mesh.dense})",
-                           f"data.train_batch_size a multiple of {dp // _gcd(dp, n)}"))
-    elif (mini * n) % dp:
-        out.append(Problem(f"{ACTOR}.ppo_mini_batch_size", mini,
-                           f"mini batch·n = {mini}·{n} samples do not split over dense DP={dp}",
-                           f"{ACTOR}.ppo_mini_batch_size a multiple of {dp // _gcd(dp, n)}"))
-    if not dyn:
-        if micro is None or micro < 1:
-            out.append(Problem(f"{ACTOR}.ppo_micro_batch_size_per_gpu", micro,
-                               "needed when use_dynamic_bsz=false", f"{ACTOR}.ppo_micro_batch_size_per_gpu=1"))
-        else:
-            # verl treats strategy mlite like FSDP here: every GPU is a data-parallel rank
-            if (tbs * n) % world:
-                out.append(Problem("data.train_batch_size", tbs,
-                                   f"with use_dynamic_bsz=false verl asserts train_batch_size·n = {tbs * n} divisible "
-                                   f"by all {world} GPUs (it counts strategy mlite as FSDP)",
-                                   f"data.train_batch_size a multiple of {world // _gcd(world, n)}, or "
-                                   f"{ACTOR}.use_dynamic_bsz=true"))
-            elif (tbs * n) % (dp * micro):
-                out.append(Problem(f"{ACTOR}.ppo_micro_batch_size_per_gpu", micro,
-                                   f"train_batch_size·n = {tbs * n} is not divisible by DP·micro = {dp}·{micro}",
-                                   f"{ACTOR}.ppo_micro_batch_size_per_gpu in "
-                                   f"{[m for m in _divs(tbs * n // dp) if m <= 8]}"))
-    else:
-        budget = _get(verl, f"{ACTOR}.ppo_max_token_len_per_gpu")
-        seq = (_get(verl, "data.max_prompt_length") or 0) + (_get(verl, "data.max_response_length") or 0)
-        if isinstance(budget, int) and seq and budget < seq:
-            out.append(Problem(f"{ACTOR}.ppo_max_token_len_per_gpu", budget,
-                               f"smaller than one full sequence (max_prompt_length+max_response_length = {seq})",
-                               f"{ACTOR}.ppo_max_token_len_per_gpu={seq} or more"))
-    return out
-
-
-def algorithm_problems(verl: dict, algo: str, dynamic_sampling: bool | None = None) -> list[Problem]:
-    out = []
-    est = _get(verl, "algorithm.adv_estimator")
-    n = _get(verl, f"{ROLLOUT}.n")
-    if est in ("grpo", "rloo", "grpo_passk") and isinstance(n, int) and n < 2:
-        out.append(Problem(f"{ROLLOUT}.n", n, f"{est} compares samples within a group: with n={n} every advantage is 0",
-                           f"{ROLLOUT}.n=8 (any n >= 2)"))
-    if _get(verl, f"{ROLLOUT}.name") not in ("vllm", "sglang", "trtllm"):
-        out.append(Problem(f"{ROLLOUT}.name", _get(verl, f"{ROLLOUT}.name"), "verl rolls out with vllm, sglang or trtllm",
-                           f"{ROLLOUT}.name=vllm"))
-    fg = _get(verl, "algorithm.filter_groups") or {}
-    if fg.get("enable") and not fg.get("metric"):
-        out.append(Problem("algorithm.filter_groups.metric", fg.get("metric"),
-                           "dynamic sampling needs a metric to filter groups on (verl does not check)",
-                           "algorithm.filter_groups.metric=acc"))
-    rk = _get(verl, "reward.reward_kwargs") or {}
-    ob = rk.get("overlong_buffer_cfg") or {}
-    manager = _get(verl, "reward.reward_manager.name")
-    if ob.get("enable"):
-        if manager != "dapo":
-            out.append(Problem("reward.reward_manager.name", manager,
-                               "only verl's DAPO reward manager reads overlong_buffer_cfg: the overlong penalty would "
-                               "be inert", "reward.reward_manager.name=dapo"))
-        resp = _get(verl, "data.max_response_length")
-        max_resp = rk.get("max_resp_len")
-        length = ob.get("len")
-        if max_resp is None:
-            out.append(Problem("reward.reward_kwargs.max_resp_len", None, "the DAPO reward manager asserts it is set",
-                               f"reward.reward_kwargs.max_resp_len={resp}"))
-        elif not isinstance(length, int) or length <= 0 or length > max_resp:
-            out.append(Problem("reward.reward_kwargs.overlong_buffer_cfg.len", length,
-                               f"must be positive and at most max_resp_len={max_resp}",
-                               f"reward.reward_kwargs.overlong_buffer_cfg.len={max_resp // 2 if max_resp else 1}"))
-    if dynamic_sampling is not None and algo != "dapo":
-        out.append(Problem("algo.dynamic_sampling", dynamic_sampling, f"only DAPO samples dynamically: it does nothing "
-                           f"for algo={algo}", "drop algo.dynamic_sampling, or algo=dapo", warning=True))
-    if algo == "dapo":
-        want = {f"{ACTOR}.loss_agg_mode": "token-mean", f"{ACTOR}.use_kl_loss": False,
-                "algorithm.use_kl_in_reward": False, "reward.reward_manager.name": "dapo"}
-        if dynamic_sampling is not False:
-            want["algorithm.filter_groups.enable"] = True
-        elif fg.get("enable"):
-            out.append(Problem("algorithm.filter_groups.enable", True, "algo.dynamic_sampling=false says DAPO runs "
-                               "without dynamic sampling", "drop it, or algo.dynamic_sampling=true"))
-        else:
-            out.append(Problem("algo.dynamic_sampling", False, "DAPO without dynamic sampling: groups whose samples "
-                               "all score alike stay in the batch (zero advantage); clip-higher, token-mean loss, no "
-                               "KL and overlong reward shaping stay on", "algo.dynamic_sampling=true on a verl that "
-                               "has algorithm.filter_groups (PyPI 0.9.1, verl main 1dda039b)", warning=True))
-        for key, v in want.items():
-            if _get(verl, key) != v:
-                alt = ", algo.dynamic_sampling=false to plan DAPO without it" if key.startswith("algorithm.filter") \
-                    else ""
-                out.append(Problem(key, _get(verl, key), "algo=dapo needs it for DAPO to be applied",
-                                   f"{key}={str(v).lower() if isinstance(v, bool) else v}{alt}, or algo=grpo"))
-        lo, hi = _get(verl, f"{ACTOR}.clip_ratio_low"), _get(verl, f"{ACTOR}.clip_ratio_high")
-        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and hi <= lo:
-            out.append(Problem(f"{ACTOR}.clip_ratio_high", hi, f"DAPO's clip-higher needs clip_ratio_high > "
-                               f"clip_ratio_low={lo}", f"{ACTOR}.clip_ratio_high=0.28"))
-    return out
-
-
-def sft_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
-    out = []
-    tbs = _get(verl, "data.train_batch_size")
-    micro = _get(verl, "data.micro_batch_size_per_gpu")
-    dyn = bool(_get(verl, "data.use_dynamic_bsz"))
-    dp = mesh.dp
-    if not isinstance(tbs, int) or tbs < 1:
-        return [Problem("data.train_batch_size", tbs, "must be a positive integer", "data.train_batch_size=32")]
-    if tbs % dp:
-        out.append(Problem("data.train_batch_size", tbs, f"must split over dense DP={dp} "
-                           f"(world {mesh.world} / tp·cp·pp {mesh.dense})", f"data.train_batch_size a multiple of {dp}"))
-    elif not dyn and isinstance(micro, int) and micro > 0 and (tbs // dp) % micro:
-        out.append(Problem("data.micro_batch_size_per_gpu", micro, f"must divide the per-rank batch {tbs}/{dp}",
-                           f"data.micro_batch_size_per_gpu in {_divs(tbs // dp)}"))
-    if _get(verl, "data.pad_mode") != "no_padding":
-        out.append(Problem("data.pad_mode", _get(verl, "data.pad_mode"), "Megatron Lite only takes packed sequences",
-                           "data.pad_mode=no_padding"))
-    budget, length = _get(verl, "data.max_token_len_per_gpu"), _get(verl, "data.max_length")
-    if dyn and isinstance(budget, int) and isinstance(length, int) and budget < length:
-        out.append(Problem("data.max_token_len_per_gpu", budget, f"smaller than data.max_length={length}",
-                           f"data.max_token_len_per_gpu={length}"))
-    return out
-
-
-def _divs(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _gcd(a: int, b: int) -> int:
-    import math
-
-    return math.gcd(a, b)

@@ -7,16 +7,21 @@ CP is a dense dimension of its own; DP and EDP are derived, never set.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping
 
-from vrun.problems import Problem
+from vrun.problems import PlanError, Problem
+from vrun.schema import Arch
 
-KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp")
+# the mesh's knobs, in the order overrides and hints spell them (nnodes and gpus_per_node size the world)
+KNOBS = ("tp", "pp", "ep", "cp", "etp", "vpp")
+SIZES = ("nnodes", "gpus_per_node") + KNOBS
 
 
 @dataclass(frozen=True)
 class Mesh:
+    """One parallel layout, built once per plan and carried everywhere; every size is a positive integer."""
     nnodes: int
     gpus_per_node: int
     tp: int = 1
@@ -26,9 +31,19 @@ class Mesh:
     etp: int = 1
     cp: int = 1
 
+    def __post_init__(self) -> None:
+        sizes = (self.nnodes, self.gpus_per_node, self.tp, self.pp, self.ep, self.cp, self.etp, self.vpp)
+        if set(map(type, sizes)) == _INT and min(sizes) >= 1:  # the search builds thousands: the quick test first
+            return
+        bad = [k for k in SIZES if not _positive(getattr(self, k))]
+        raise PlanError([Problem(f"mesh.{k}", getattr(self, k), "must be a positive integer",
+                                 f"set mesh.{k} to 1 or more") for k in bad])
+
     @classmethod
-    def of(cls, m: Mapping[str, Any]) -> "Mesh":
-        return cls(**{f.name: m[f.name] for f in fields(cls) if f.name in m})
+    def of(cls, m: Any) -> "Mesh":
+        """From the config's mesh node (or a mapping): its sizes; `search` and other fields are not the mesh's."""
+        get = m.get if isinstance(m, Mapping) else lambda k, d: getattr(m, k, d)
+        return cls(**{f.name: get(f.name, f.default) for f in fields(cls)})
 
     @property
     def world(self) -> int:
@@ -60,25 +75,50 @@ class Mesh:
         d.update(kw)
         return Mesh(**d)
 
+    def overrides(self, base: "Mesh | None" = None) -> str:
+        """The knobs as overrides (only those that differ from `base` when given)."""
+        return " ".join(f"mesh.{k}={getattr(self, k)}" for k in KNOBS
+                        if base is None or getattr(self, k) != getattr(base, k))
+
+
+_INT = {int}
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
 
 @dataclass(frozen=True)
-class Arch:
-    """The architecture numbers the rules need (a subset of the model group's `arch`)."""
-    layers: int
-    routed_experts: int
-    heads: int
-    kv_heads: Optional[int] = None
-    o_groups: Optional[int] = None
-    gdn_k_heads: Optional[int] = None
-    gdn_v_heads: Optional[int] = None
+class Rules:
+    """Megatron Lite's mesh rules for one model and engine setting: the checks, mesh=auto and the hints all
+    apply this one value, so no caller can leave an input (use_deepep) out."""
+    model: str
+    arch: Arch
+    tp_allowed: tuple = (1,)
+    etp_allowed: tuple = (1,)
+    use_deepep: bool = False
 
-    @classmethod
-    def of(cls, m: Mapping[str, Any]) -> "Arch":
-        return cls(**{f.name: m.get(f.name) for f in fields(cls)})
+    def problems(self, mesh: Mesh) -> list[Problem]:
+        return mesh_problems(mesh, self.arch, self.tp_allowed, self.etp_allowed, self.model, self.use_deepep)
+
+    def tp_values(self) -> list[int]:
+        """Allowed TP values that divide every head count (the TP rules of mesh_problems)."""
+        a = self.arch
+        heads = [n for n in (a.heads, a.kv_heads, a.gdn_k_heads, a.gdn_v_heads) if n]
+        return [t for t in sorted(set(self.tp_allowed)) if all(n % t == 0 for n in heads)]
+
+    def etp_values(self) -> list[int]:
+        """Allowed ETP values (1 only with use_deepep)."""
+        return [e for e in sorted(set(self.etp_allowed)) if not self.use_deepep or e == 1]
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    return list(_divisors(n))
+
+
+@functools.lru_cache(maxsize=None)
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def mesh_problems(mesh: Mesh, arch: Arch, tp_allowed: Iterable[int], etp_allowed: Iterable[int],
@@ -86,12 +126,6 @@ def mesh_problems(mesh: Mesh, arch: Arch, tp_allowed: Iterable[int], etp_allowed
     """Every Megatron Lite rule the mesh breaks, each with the numbers and values that would pass."""
     out: list[Problem] = []
     tp_allowed, etp_allowed = list(tp_allowed), list(etp_allowed)
-    for k in ("nnodes", "gpus_per_node") + KNOBS:
-        v = getattr(mesh, k)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            out.append(Problem(f"mesh.{k}", v, "must be a positive integer", f"set mesh.{k} to 1 or more"))
-    if out:
-        return out
     w = mesh.world
     if mesh.vpp != 1:
         out.append(Problem("mesh.vpp", mesh.vpp, "Megatron Lite's pipeline layout has no virtual stages "

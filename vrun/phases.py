@@ -7,50 +7,50 @@ import dataclasses
 from typing import Optional
 
 from vrun import mlite, rollout
-from vrun.checks import _get
-
-ROLLOUT = "actor_rollout_ref.rollout"
-
-
-def engine(cfg: dict, verl: dict) -> dict:
-    ppo = cfg["algo"]["entrypoint"] == "ppo"
-    return _get(verl, "actor_rollout_ref.actor.engine" if ppo else "engine", {}) or {}
+from vrun.dotted import get
+from vrun.entrypoints import ROLLOUT, Entrypoint
+from vrun.schema import RunConfig
 
 
-def mtp_enabled(cfg: dict, verl: dict) -> bool:
-    v = _get(engine(cfg, verl), "impl_cfg.mtp_enable")
+def engine(entrypoint: Entrypoint, verl: dict) -> dict:
+    return get(verl, entrypoint.engine, {}) or {}
+
+
+def mtp_enabled(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> bool:
+    v = get(engine(entrypoint, verl), "impl_cfg.mtp_enable")
     if v is None:  # ImplConfig's own default for the model
-        v = mlite.interface().impl_cfg_mtp_enable_default.get(cfg["model"]["mlite_name"], False)
+        v = mlite.interface().impl_cfg_mtp_enable_default.get(config.model.mlite_name, False)
     return bool(v)
 
 
-def vision_mounted(cfg: dict, verl: dict) -> bool:
-    return bool(_get(engine(cfg, verl), "impl_cfg.mount_vision_model", False))
+def vision_mounted(entrypoint: Entrypoint, verl: dict) -> bool:
+    return bool(get(engine(entrypoint, verl), "impl_cfg.mount_vision_model", False))
 
 
-def rollout_inputs(cfg: dict, verl: dict, gpu_mem_gib: float) -> Optional[dict]:
-    if cfg["algo"]["entrypoint"] != "ppo":
+def rollout_inputs(entrypoint: Entrypoint, verl: dict, gpu_mem_gib: float) -> Optional[dict]:
+    if not entrypoint.has_rollout:
         return None
-    r = _get(verl, ROLLOUT, {}) or {}
-    seq = int((_get(verl, "data.max_prompt_length") or 0) + (_get(verl, "data.max_response_length") or 0))
+    r = get(verl, ROLLOUT, {}) or {}
+    seq = int((get(verl, "data.max_prompt_length") or 0) + (get(verl, "data.max_response_length") or 0))
     return dict(gpu_mem_gib=gpu_mem_gib, utilization=float(r.get("gpu_memory_utilization") or 0.0),
-                seq_len=seq, step_sequences=int((_get(verl, "data.train_batch_size") or 0) * (r.get("n") or 1)),
+                seq_len=seq, step_sequences=int((get(verl, "data.train_batch_size") or 0) * (r.get("n") or 1)),
                 dtype=str(r.get("dtype") or "bfloat16"), quantization=r.get("quantization"),
-                kv_cache_dtype=_get(r, "engine_kwargs.vllm.kv_cache_dtype"))
+                kv_cache_dtype=get(r, "engine_kwargs.vllm.kv_cache_dtype"))
 
 
-def rollout_for(cfg: dict, verl: dict, mesh, rparams: tuple, gpu_mem_gib: float) -> Optional[rollout.RolloutEstimate]:
-    inputs = rollout_inputs(cfg, verl, gpu_mem_gib)
+def rollout_for(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rparams: tuple,
+                gpu_mem_gib: float) -> Optional[rollout.RolloutEstimate]:
+    inputs = rollout_inputs(entrypoint, verl, gpu_mem_gib)
     if inputs is None:
         return None
-    t = _get(verl, f"{ROLLOUT}.tensor_model_parallel_size")
-    d = _get(verl, f"{ROLLOUT}.data_parallel_size") or 1
+    t = get(verl, f"{ROLLOUT}.tensor_model_parallel_size")
+    d = get(verl, f"{ROLLOUT}.data_parallel_size") or 1
     if not isinstance(t, int) or t < 1 or not isinstance(d, int) or d < 1 or mesh.world % (t * d):
         return None
-    return rollout.estimate(cfg["model"]["arch"], rparams, world=mesh.world, rollout_tp=t, rollout_dp=d, **inputs)
+    return rollout.estimate(config.model.arch.facts(), rparams, world=mesh.world, rollout_tp=t, rollout_dp=d, **inputs)
 
 
-def assumptions(cfg: dict, verl: dict, inputs: dict, r: Optional[rollout.RolloutEstimate]) -> str:
+def assumptions(inputs: dict, r: Optional[rollout.RolloutEstimate]) -> str:
     off = [n for n, on in (("params+grads", inputs["param_offload"]), ("optimizer", inputs["optimizer_offload"]))
            if on]
     if not inputs["optimizer_offload"] and inputs["offload_fraction"]:
@@ -66,10 +66,10 @@ def assumptions(cfg: dict, verl: dict, inputs: dict, r: Optional[rollout.Rollout
     return "; ".join(parts)
 
 
-def attach(est, cfg: dict, verl: dict, mesh, rparams: tuple, inputs: dict):
+def attach(est, config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rparams: tuple, inputs: dict):
     """The training estimate with its rollout phase and its assumptions."""
-    r = rollout_for(cfg, verl, mesh, rparams, inputs["gpu_mem_gib"])
-    return dataclasses.replace(est, rollout_detail=r, assumptions=assumptions(cfg, verl, inputs, r))
+    r = rollout_for(config, entrypoint, verl, mesh, rparams, inputs["gpu_mem_gib"])
+    return dataclasses.replace(est, rollout_detail=r, assumptions=assumptions(inputs, r))
 
 
 def rollout_problems(r: Optional[rollout.RolloutEstimate], key: str = f"{ROLLOUT}.gpu_memory_utilization",

@@ -1,73 +1,69 @@
 """A plan: everything a run will do, computed and checked before anything starts.
 
-make_plan() is the one place that turns a resolved run config into the verl config, the command, the
-environment and the mesh; train mode executes exactly that plan. No torch, ray or verl imports here.
+make_plan() is the one place that turns the typed run config into the mesh, the verl config, the command and
+the environment; train mode executes exactly that plan. In order: the mesh (built and validated once), the
+entrypoint's record, verl's tree (composed, overridden and resolved once), the parameter counts, mesh=auto's
+search, the checks, the memory estimate. Reporting it (table, plan.json) is vrun.report. No torch, ray or
+verl imports here.
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-from vrun import checks, memory, mlite, phases, rundir, translate, verl_tree
-from vrun.mesh import Mesh
-from vrun.memory import GIB
+from vrun import checks, entrypoints, memory, mlite, phases, translate, verl_tree
+from vrun.dotted import get
+from vrun.entrypoints import Entrypoint
+from vrun.memory import GIB, Estimate
+from vrun.mesh import Mesh, Rules
 from vrun.problems import SECRETISH, PlanError, Problem
+from vrun.schema import RunConfig
 
+# unset when CUDA_VISIBLE_DEVICES is set (Ray refuses both); the SLURM node job decides it again on the node
 UNSET_WITH_CUDA = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
 class Plan:
-    cfg: dict
-    run_dir: str
-    verl: dict
-    request: translate.VerlRequest
+    config: RunConfig                        # the typed run config (with mesh=auto's choice in config.mesh)
+    entrypoint: Entrypoint                   # the entrypoint's record: PPO on Ray or SFT under torchrun
     mesh: Mesh
-    entrypoint: str
+    run_dir: str
+    verl: dict                               # verl's resolved tree, written as <run dir>/verl_config.yaml
+    request: translate.VerlRequest
     argv: list
     env: dict
     env_unset: list
-    pass_env: list
     model_path: Optional[str]
     model_path_source: str
     mlite: mlite.MliteSource
     warnings: list = field(default_factory=list)
-    memory: Optional[object] = None          # vrun.memory.Estimate
+    memory: Optional[Estimate] = None        # None when no estimate can be made (memory_note says why)
     memory_note: str = ""
     search: Optional[dict] = None            # mesh=auto: what was searched and the top alternatives
     checkpoint: Optional[dict] = None        # parameter counts read from the checkpoint
-    pipeline: list = field(default_factory=list)  # per stage: decoder layers [first, last], embedding/MTP/loss
     params: Optional[dict] = None            # {total, active, source, ...} and the per-stage split
+    pipeline: list = field(default_factory=list)  # per stage: decoder layers [first, last], embedding/MTP/loss
 
-    def to_json(self) -> dict:
-        return {
-            "format": rundir.FORMAT, "mode": self.cfg["mode"], "cluster": self.cfg["cluster"]["name"],
-            "entrypoint": self.entrypoint, "argv": self.argv, "env": self.env, "env_unset": self.env_unset,
-            "pass_env": self.pass_env, "mesh": self.mesh.summary(), "run_dir": self.run_dir,
-            "model": {"name": self.cfg["model"]["name"], "path": self.model_path, "path_from": self.model_path_source},
-            "algo": self.cfg["algo"]["name"], "optimizer": self.cfg["optimizer"]["name"],
-            "verl_config": f"{self.run_dir}/verl_config.yaml", "verl_config_name": self.request.config_name,
-            "verl_groups": list(self.request.groups), "verl_overrides": [o.cli() for o in self.request.overrides],
-            "mlite": {"source": self.mlite.kind, "location": self.mlite.location},
-            "batch": batch_summary(self),
-            "memory": self.memory.summary() if self.memory is not None else {"unavailable": self.memory_note},
-            "mesh_search": self.search,
-            "checkpoint": self.checkpoint,
-            "pipeline": self.pipeline,
-            "params": self.params,
-            "warnings": [w.line() for w in self.warnings],
-        }
+    @property
+    def pass_env(self) -> list:
+        return list(self.config.pass_env)
+
+    @property
+    def batch(self) -> dict:
+        return self.entrypoint.batch_summary(self.verl, self.mesh)
 
 
-def resolve_model_path(model: dict, environ: dict, single_model: bool) -> tuple[Optional[str], str, list[Problem]]:
-    if model.get("path"):
-        return model["path"], "model.path", []
-    env_name = model["path_env"]
+def resolve_model_path(model, environ: dict, single_model: bool) -> tuple[Optional[str], str, list[Problem]]:
+    """model: the config's model group (vrun.schema.Model)."""
+    if model.path:
+        return model.path, "model.path", []
+    env_name = model.path_env
     if environ.get(env_name):
         return environ[env_name], env_name, []
     if environ.get("MODEL_PATH"):
@@ -76,17 +72,17 @@ def resolve_model_path(model: dict, environ: dict, single_model: bool) -> tuple[
         return None, "MODEL_PATH", [Problem("MODEL_PATH", environ["MODEL_PATH"],
                                             "this sweep plans several models; MODEL_PATH would put every one on one "
                                             "checkpoint", f"set {env_name} (and each model's own variable)")]
-    if model.get("default_path"):
-        return model["default_path"], "default", []
-    return None, "unset", [Problem(env_name, None, f"no checkpoint path for {model['name']}",
+    if model.default_path:
+        return model.default_path, "default", []
+    return None, "unset", [Problem(env_name, None, f"no checkpoint path for {model.name}",
                                    f"export {env_name}=/path/to/checkpoint or model.path=...", warning=True)]
 
 
-def run_env(cfg: dict, environ: dict) -> tuple[dict, list, list[Problem]]:
+def run_env(config: RunConfig, environ: dict) -> tuple[dict, list, list[Problem]]:
     """Variables the run sets (in the environment Ray/torchrun start from, and in Ray's runtime env)."""
     env: dict[str, str] = {}
     problems = []
-    for src in (cfg.get("env") or {}, cfg["model"].get("env") or {}):
+    for src in (config.env, config.model.env):
         for k, v in src.items():
             if SECRETISH.search(k):
                 problems.append(Problem(f"env.{k}", "<hidden>", "a secret's value would be written into the plan "
@@ -100,73 +96,91 @@ def run_env(cfg: dict, environ: dict) -> tuple[dict, list, list[Problem]]:
     return env, unset, problems
 
 
-def make_plan(cfg: dict, run_dir: str, *, single_model: bool = True, environ: Optional[dict] = None,
+def rules_of(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> Rules:
+    """The mesh rules for the model and the engine as verl will run it (use_deepep from the resolved tree)."""
+    m = config.model
+    return Rules(model=m.name, arch=m.arch, tp_allowed=tuple(m.tp_allowed), etp_allowed=tuple(m.etp_allowed),
+                 use_deepep=bool(get(verl, f"{entrypoint.engine}.impl_cfg.use_deepep", False)))
+
+
+def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, environ: Optional[dict] = None,
               python: Optional[str] = None) -> Plan:
-    """cfg: the resolved run config as plain containers. Raises PlanError with every error found."""
+    """config: the typed run config (vrun.schema.typed). Raises PlanError with every error found."""
     environ = dict(os.environ if environ is None else environ)
     run_dir = str(Path(run_dir).absolute())
     problems: list[Problem] = []
-    path, path_from, p = resolve_model_path(cfg["model"], environ, single_model)
+    path, path_from, p = resolve_model_path(config.model, environ, single_model)
     problems += p
-    env, unset, p = run_env(cfg, environ)
+    env, unset, p = run_env(config, environ)
     problems += p
-    placeholder = path if path else f"<unset: {cfg['model']['path_env']}>"
-    req, resolved = _verl(cfg, run_dir, env, placeholder, problems)
-    params, params_note, ckpt, counts = model_params(cfg, path, problems, resolved)
-    params = with_built_mtp(params, cfg, resolved)
-    search = None
-    if cfg["mesh"].get("search"):
-        cfg, search = _search(cfg, resolved, params, params_note, problems, counts)
-        req, resolved = _verl(cfg, run_dir, env, placeholder, problems)
-    found = checks.check_all(cfg, resolved)
-    problems += found
-    hints = mesh_hints(cfg, resolved, found)
+    try:
+        mesh = Mesh.of(config.mesh)
+    except PlanError as e:
+        raise PlanError(problems + e.problems)
+    ep = entrypoints.of(config)
+    placeholder = path if path else f"<unset: {config.model.path_env}>"
+    req = translate.build(config, ep, mesh, run_dir, env, placeholder)
+    tree = verl_tree.base_tree(req.config_name, req.groups)
+    problems += req.problems + verl_tree.apply(tree, req.overrides)
     if [x for x in problems if not x.warning]:
+        raise PlanError(problems)
+    resolved = verl_tree.resolve(tree)
+    rules = rules_of(config, ep, resolved)
+    params, params_note, ckpt, counts = model_params(config, ep, path, problems, resolved)
+    params = with_built_mtp(params, config, ep, resolved)
+    search = None
+    if config.mesh.search:
+        mesh, rollout_choice, search = auto_mesh(config, ep, rules, mesh, resolved, params, params_note, counts,
+                                                 problems)
+        # only the mesh's keys (and the rollout TP·DP chosen beside it) change: set them in the tree already
+        # built and resolve it again
+        config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, **{
+            f.name: getattr(mesh, f.name) for f in dataclasses.fields(Mesh)}))
+        req = req.with_mesh(ep, mesh, rollout_choice)
+        verl_tree.apply(tree, translate.mesh_overrides(ep, mesh, rollout_choice))
+        resolved = verl_tree.resolve(tree)
+    found = checks.check_all(config, ep, resolved, mesh, rules)
+    problems += found
+    if [x for x in problems if not x.warning]:
+        hints = []
+        if any(x.key.startswith("mesh.") and not x.warning for x in found):
+            from vrun import search as searching
+
+            hints = searching.hints(rules, mesh, resolved, ep)
         raise PlanError(problems, hints=hints)
-    mesh = Mesh.of(cfg["mesh"])
-    python = python or sys.executable
-    entry, argv = command(cfg, run_dir, mesh, python)
+    argv = ep.command(config, run_dir, mesh, python or sys.executable)
     source = mlite.find_source()
     warnings = [x for x in problems if x.warning]
     if source.kind == "record":
         warnings.append(Problem("verl_mlite", None, "not importable: planned against the project's record of "
                                 f"its config (Megatron-LM {mlite.record()['megatron_lm_commit'][:8]})",
                                 "export MLITE_ROOT=/path/to/Megatron-LM for preflight and train", warning=True))
-    est = memory_estimate(cfg, resolved, mesh, params, counts) if params is not None else None
+    est = memory_estimate(config, ep, resolved, mesh, params, counts) if params is not None else None
     if est is not None:
         warnings += phases.rollout_problems(est.rollout_detail)
         counts = dict(counts or {}, per_stage=memory.stage_split(params, mesh))
     if est is not None and not est.fits:
         warnings.append(Problem("memory", f"{est.peak / GIB:.1f}GiB", f"the estimate exceeds the "
-                                f"{est.gpu_mem / GIB:g} GiB per GPU of {cfg['cluster']['gpu']} (cluster.gpu / "
+                                f"{est.gpu_mem / GIB:g} GiB per GPU of {config.cluster.gpu} (cluster.gpu / "
                                 "cluster.gpu_mem_gib) "
                                 f"(stage {est.stage}: {est.layers_on_stage} layers)",
                                 "a larger PP·EP mesh, more offload, a smaller token budget, or mesh=auto",
                                 warning=True))
-    return Plan(cfg=cfg, run_dir=run_dir, verl=resolved, request=req, mesh=mesh, entrypoint=entry, argv=argv,
-                env=env, env_unset=unset, pass_env=list(cfg.get("pass_env") or []), model_path=path,
-                model_path_source=path_from, mlite=source, warnings=warnings, memory=est,
-                memory_note=params_note, search=search, checkpoint=ckpt, params=counts,
-                pipeline=pipeline_stages(cfg, resolved, mesh, params))
+    return Plan(config=config, entrypoint=ep, mesh=mesh, run_dir=run_dir, verl=resolved, request=req, argv=argv,
+                env=env, env_unset=unset, model_path=path, model_path_source=path_from, mlite=source,
+                warnings=warnings, memory=est, memory_note=params_note, search=search, checkpoint=ckpt, params=counts,
+                pipeline=pipeline_stages(config, ep, resolved, mesh, params))
 
 
-def _verl(cfg: dict, run_dir: str, env: dict, model_path: str, problems: list) -> tuple:
-    """Compose verl's tree for this run config; raise on key problems."""
-    req = translate.build(cfg, run_dir, env, model_path)
-    tree = verl_tree.base_tree(req.config_name, req.groups)
-    found = req.problems + verl_tree.apply(tree, req.overrides)
-    if [x for x in problems + found if not x.warning]:
-        raise PlanError(problems + found)
-    return req, verl_tree.resolve(tree)
-
-
-def model_params(cfg: dict, path: Optional[str], problems: list, verl: Optional[dict] = None) -> tuple:
+def model_params(config: RunConfig, entrypoint: Entrypoint, path: Optional[str], problems: list,
+                 verl: dict) -> tuple:
     """Parameter counts: the checkpoint's when it is on disk, else the model group's facts (vrun/params.py).
     Returns (memory units, why none, checkpoint summary, {total, active, source, rollout, ...})."""
     from vrun import params as counting
 
-    verl = verl or {}
-    facts_count, _ = counting.count(cfg["model"]["arch"])
+    m = config.model
+    arch = m.arch.facts()
+    facts_count, _ = counting.count(arch)
     if path and Path(os.path.expanduser(path)).is_dir():
         from vrun import checkpoint
 
@@ -174,14 +188,14 @@ def model_params(cfg: dict, path: Optional[str], problems: list, verl: Optional[
             facts = checkpoint.read_checkpoint(os.path.expanduser(path))
         except (OSError, ValueError) as e:
             facts = None
-            problems.append(Problem(cfg["model"]["path_env"], path, f"checkpoint headers unreadable ({e})",
+            problems.append(Problem(m.path_env, path, f"checkpoint headers unreadable ({e})",
                                     "check the checkpoint files", warning=True))
         if facts is not None:
-            for line in checkpoint.cross_check(facts, cfg["model"]["arch"]):
-                problems.append(Problem("model.arch", cfg["model"]["name"], line, "the checkpoint is the truth: "
+            for line in checkpoint.cross_check(facts, arch):
+                problems.append(Problem("model.arch", m.name, line, "the checkpoint is the truth: "
                                         "fix conf/model or point at the right checkpoint", warning=True))
-            p = params_from_checkpoint(facts, cfg["model"]["arch"])
-            summary = checkpoint_summary(facts)
+            p = checkpoint.params_from_checkpoint(facts, arch)
+            summary = checkpoint.checkpoint_summary(facts)
             if not facts.complete:
                 problems.append(Problem("checkpoint", path, f"unknown tensor layouts: {facts.unknown[:3]}",
                                         "the counts exclude them", warning=True))
@@ -192,30 +206,31 @@ def model_params(cfg: dict, path: Optional[str], problems: list, verl: Optional[
                 counts["facts_total"] = facts_count.total
                 off = facts_count.total / max(t["total"], 1) - 1
                 if abs(off) > 0.05:
-                    problems.append(Problem("model.arch", cfg["model"]["name"], f"the facts count "
+                    problems.append(Problem("model.arch", m.name, f"the facts count "
                                             f"{facts_count.total / 1e9:.1f}B parameters, the checkpoint "
                                             f"{t['total'] / 1e9:.1f}B ({off:+.0%})", "the checkpoint is the "
                                             "truth: fix conf/model", warning=True))
             return p, "", summary, counts
     if facts_count is None:
-        _, note = counting.count(cfg["model"]["arch"])
+        _, note = counting.count(arch)
         return None, note, None, None
-    p = counting.to_memory_params(facts_count, mtp=phases.mtp_enabled(cfg, verl),
-                                  vision=phases.vision_mounted(cfg, verl))
+    p = counting.to_memory_params(facts_count, mtp=phases.mtp_enabled(config, entrypoint, verl),
+                                  vision=phases.vision_mounted(entrypoint, verl))
     routed = sum(x.routed for x in facts_count.layers)
     counts = {**facts_count.summary(), "mtp_built": p.mtp_layers > 0,
               "rollout": [facts_count.total - sum(x.total for x in facts_count.mtp) - routed, routed]}
     return p, "", None, counts
 
 
-def pipeline_stages(cfg: dict, verl: dict, mesh: Mesh, params) -> list[dict]:
+def pipeline_stages(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> list[dict]:
     """Megatron Lite's auto layout of this run: per pipeline stage, its decoder layers and what else it holds."""
     from vrun import memory
 
-    eng = checks._get(verl, translate.PREFIX[cfg["algo"]["entrypoint"]]["engine"]) or {}
-    layers = len(params.dense_per_layer) if params is not None else cfg["model"]["arch"]["layers"]
+    m = config.model
+    eng = get(verl, entrypoint.engine) or {}
+    layers = len(params.dense_per_layer) if params is not None else m.arch.layers
     mtp = params.mtp_layers if params is not None else mlite.mtp_layers_built(
-        cfg["model"]["mlite_name"], eng.get("impl_cfg") or {}, cfg["model"]["arch"].get("mtp_layers") or 0)
+        m.mlite_name, eng.get("impl_cfg") or {}, m.arch.mtp_layers or 0)
     out = []
     for units in memory.stage_layout(mesh.pp, layers, mtp):
         idx = [u[1] for u in units if u[0] == "layer"]
@@ -224,63 +239,49 @@ def pipeline_stages(cfg: dict, verl: dict, mesh: Mesh, params) -> list[dict]:
     return out
 
 
-def with_built_mtp(params, cfg: dict, verl: dict):
+def with_built_mtp(params, config: RunConfig, entrypoint: Entrypoint, verl: dict):
     """The parameter counts with the MTP layers the engine will build (the pipeline layout places those)."""
-    import dataclasses
-
     if params is None:
         return None
-    eng = checks._get(verl, translate.PREFIX[cfg["algo"]["entrypoint"]]["engine"]) or {}
-    built = mlite.mtp_layers_built(cfg["model"]["mlite_name"], eng.get("impl_cfg") or {},
-                                   params.mtp_layers or cfg["model"]["arch"].get("mtp_layers") or 0)
+    m = config.model
+    eng = get(verl, entrypoint.engine) or {}
+    built = mlite.mtp_layers_built(m.mlite_name, eng.get("impl_cfg") or {}, params.mtp_layers or m.arch.mtp_layers or 0)
     return dataclasses.replace(params, mtp_layers=built)
 
 
-def memory_inputs(cfg: dict, verl: dict) -> dict:
+def memory_inputs(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> dict:
     """What the estimate reads from the run and verl configs (everything but the mesh)."""
-    g = checks._get
-    ppo = cfg["algo"]["entrypoint"] == "ppo"
-    eng = g(verl, "actor_rollout_ref.actor.engine" if ppo else "engine", {})
-    optim = g(verl, "actor_rollout_ref.actor.optim" if ppo else "optim", {})
-    if ppo:
-        dyn = g(verl, "actor_rollout_ref.actor.use_dynamic_bsz")
-        seq = (g(verl, "data.max_prompt_length") or 0) + (g(verl, "data.max_response_length") or 0)
-        tokens = g(verl, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu") if dyn else \
-            (g(verl, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") or 1) * seq
-        rollout = g(verl, "actor_rollout_ref.rollout.gpu_memory_utilization") or 0.0
-    else:
-        dyn = g(verl, "data.use_dynamic_bsz")
-        tokens = g(verl, "data.max_token_len_per_gpu") if dyn else \
-            (g(verl, "data.micro_batch_size_per_gpu") or 1) * (g(verl, "data.max_length") or 0)
-        rollout = 0.0
-    recompute = g(eng, "impl_cfg.recompute")
-    arch = cfg["model"]["arch"]
+    eng = get(verl, entrypoint.engine, {})
+    optim = get(verl, entrypoint.optim, {})
+    recompute = get(eng, "impl_cfg.recompute")
+    arch = config.model.arch
     return dict(
-        optimizer=g(eng, "impl_cfg.optimizer"), hidden=arch["hidden"], vocab=arch.get("vocab") or 0,
-        top_k=arch.get("experts_per_token") or 0, tokens_per_gpu=int(tokens or 0),
+        optimizer=get(eng, "impl_cfg.optimizer"), hidden=arch.hidden, vocab=arch.vocab or 0,
+        top_k=arch.experts_per_token or 0,
         recompute=bool(recompute) and recompute not in ("none", ["none"]),
         # Megatron Lite offloads gradients exactly when it offloads parameters (grad_offload is read by nothing)
         param_offload=bool(eng.get("param_offload")), grad_offload=bool(eng.get("param_offload")),
         optimizer_offload=bool(eng.get("optimizer_offload")),
-        offload_fraction=float(g(optim, "override_optimizer_config.offload_fraction") or 0.0),
-        gpu_mem_gib=gpu_mem(cfg), rollout_fraction=float(rollout),
-        residual_streams=int(arch.get("hc_mult") or 1),
-        cross_entropy_fusion=bool(eng.get("cross_entropy_fusion") or g(eng, "impl_cfg.cross_entropy_fusion")))
+        offload_fraction=float(get(optim, "override_optimizer_config.offload_fraction") or 0.0),
+        gpu_mem_gib=gpu_mem(config), residual_streams=int(arch.hc_mult or 1),
+        cross_entropy_fusion=bool(eng.get("cross_entropy_fusion") or get(eng, "impl_cfg.cross_entropy_fusion")),
+        **entrypoint.token_inputs(verl))
 
 
-def gpu_mem(cfg: dict) -> float:
+def gpu_mem(config: RunConfig) -> float:
     from vrun import hardware
 
-    mem, problems = hardware.gpu_mem_gib(cfg["cluster"])
+    mem, problems = hardware.gpu_mem_gib({"gpu": config.cluster.gpu, "gpu_mem_gib": config.cluster.gpu_mem_gib})
     if problems:
         raise PlanError(problems)
     return mem
 
 
-def memory_estimate(cfg: dict, verl: dict, mesh: Mesh, params, counts: Optional[dict] = None) -> object:
-    inputs = memory_inputs(cfg, verl)
+def memory_estimate(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
+                    counts: Optional[dict] = None) -> Estimate:
+    inputs = memory_inputs(config, entrypoint, verl)
     est = memory.estimate(params, mesh, **inputs)
-    return phases.attach(est, cfg, verl, mesh, rollout_params(params, counts), inputs)
+    return phases.attach(est, config, entrypoint, verl, mesh, rollout_params(params, counts), inputs)
 
 
 def rollout_params(params, counts: Optional[dict]) -> tuple:
@@ -291,278 +292,56 @@ def rollout_params(params, counts: Optional[dict]) -> tuple:
     return (params.total - params.mtp_dense - params.mtp_expert - routed, routed)
 
 
-def _search(cfg: dict, verl: dict, params, note: str, problems: list, counts: Optional[dict] = None) -> tuple:
+def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mesh, verl: dict, params, note: str,
+              counts: Optional[dict], problems: list) -> tuple[Mesh, Optional[tuple], dict]:
     """mesh=auto: every valid training mesh ranked by the estimate, and the rollout TP chosen beside it (a second,
-    small choice: within a node, tiling the GPUs, within the model's rules, ranked by KV fit)."""
+    small choice: within a node, tiling the GPUs, within the model's rules, ranked by KV fit). Returns the mesh,
+    the rollout (TP, DP) to set (None: keep the configured one) and what the plan records about the search."""
     import time
 
     from vrun import rollout, search
-    from vrun.mesh import Arch
 
-    model = cfg["model"]
-    m0 = cfg["mesh"]
-    ppo = cfg["algo"]["entrypoint"] == "ppo"
+    model, arch = config.model, config.model.arch.facts()
+    rollout_on = entrypoint.has_rollout
     t = time.perf_counter()
-    arch, world = Arch.of(model["arch"]), m0["nnodes"] * m0["gpus_per_node"]
+    world, gpn = mesh.world, mesh.gpus_per_node
     rkey = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    pinned = checks._get(cfg, f"verl.{rkey}")
+    pinned = get(config.verl, rkey)
     tps = None
-    if ppo:
-        tps = rollout.choices(world, m0["gpus_per_node"], model["arch"])
+    if rollout_on:
+        tps = rollout.choices(world, gpn, arch)
         if pinned is not None:
             tps = [x for x in tps if x[0] == pinned]
-    deepep = bool(checks._get(cfg, "engine.impl_cfg.use_deepep", False))
-    args = (m0["nnodes"], m0["gpus_per_node"], arch, model["tp_allowed"], model["etp_allowed"], model["name"],
-            verl, cfg["algo"]["entrypoint"], deepep, tps)
-    valid = search.valid_meshes(*args)
-    inputs = memory_inputs(cfg, verl) if params is not None else None
+    valid = search.valid_meshes(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
+    inputs = memory_inputs(config, entrypoint, verl) if params is not None else None
     if params is not None:
         ranked = search.rank(valid, lambda m: memory.estimate(params, m, **inputs))
     else:
         ranked = search.rank(valid)
     ropts = []
-    if ppo and ranked and params is not None:
-        rin = phases.rollout_inputs(cfg, verl, inputs["gpu_mem_gib"])
-        configured = (checks._get(verl, rkey), checks._get(verl, "actor_rollout_ref.rollout.data_parallel_size"))
-        ropts = rollout.choose(model["arch"], rollout_params(params, counts), world=world,
-                               gpus_per_node=m0["gpus_per_node"], configured=configured, allowed=tps, **rin)
+    if rollout_on and ranked and params is not None:
+        rin = phases.rollout_inputs(entrypoint, verl, inputs["gpu_mem_gib"])
+        configured = (get(verl, rkey), get(verl, "actor_rollout_ref.rollout.data_parallel_size"))
+        ropts = rollout.choose(arch, rollout_params(params, counts), world=world, gpus_per_node=gpn,
+                               configured=configured, allowed=tps, **rin)
     seconds = time.perf_counter() - t
     if not ranked:
-        why = search.binding_constraint(*args)
-        raise PlanError(problems + [Problem("mesh", "auto", f"no mesh of {m0['nnodes']}×{m0['gpus_per_node']} GPUs "
-                                            f"passes the plan's checks for {model['name']}"
+        why = search.binding_constraint(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
+        raise PlanError(problems + [Problem("mesh", "auto", f"no mesh of {mesh.nnodes}×{gpn} GPUs "
+                                            f"passes the plan's checks for {model.name}"
                                             + (f"; binding: {why.key}={why.value}: {why.why}" if why else ""),
                                             why.fix if why else "change mesh.nnodes / mesh.gpus_per_node or the "
                                             "batch sizes")])
-    best = ranked[0].mesh
-    cfg = dict(cfg, mesh={**m0, **{k: getattr(best, k) for k in ("tp", "pp", "vpp", "ep", "etp", "cp")}})
     rtp, rdp = (ropts[0].tp, ropts[0].dp) if ropts else (tps[0] if tps else (None, None))
-    if ppo and pinned is None and rtp is not None:
-        recipe = dict(cfg.get("recipe") or {})
-        ppo_r = dict(recipe.get("ppo") or {})
-        aref = dict(ppo_r.get("actor_rollout_ref") or {})
-        aref["rollout"] = {**(aref.get("rollout") or {}), "tensor_model_parallel_size": rtp,
-                           "data_parallel_size": rdp}
-        cfg = dict(cfg, recipe={**recipe, "ppo": {**ppo_r, "actor_rollout_ref": aref}})
-    rsuffix = f" rollout TP{rtp}·DP{rdp}" if ppo and rtp is not None else ""
-    top = [{"overrides": " ".join(f"mesh.{k}={getattr(c.mesh, k)}" for k in ("tp", "pp", "ep", "cp", "etp"))
-            + rsuffix, "dp": c.mesh.dp, "edp": c.mesh.edp, "rollout_tp": rtp,
+    choice = (rtp, rdp) if rollout_on and pinned is None and rtp is not None else None
+    rsuffix = f" rollout TP{rtp}·DP{rdp}" if rollout_on and rtp is not None else ""
+    top = [{"overrides": c.mesh.overrides() + rsuffix, "dp": c.mesh.dp, "edp": c.mesh.edp, "rollout_tp": rtp,
             "peak_gib": round(c.estimate.peak / GIB, 1) if c.estimate is not None else None, "fits": c.fits}
            for c in ranked[:6]]
     rollout_rank = [{"tp": r.tp, "dp": r.dp, "replicas": r.replicas, "sequences_fit": r.fits,
                      "step_sequences_per_replica": r.step_share} for r in ropts[:4]]
-    return cfg, {"valid_meshes": len(valid), "search_ms": round(seconds * 1000, 1), "chosen": top[0],
-                 "alternatives": top[1:], "rollout_tp_choices": rollout_rank,
-                 "memory": "estimated" if params is not None else note,
-                 "objective": "fits in memory, then smaller TP, smaller CP, EP within a node, fewer PP stages; "
-                              "rollout TP: holds a sequence, holds the replica's share, the configured TP, smaller"}
-
-
-def mesh_hints(cfg: dict, verl: dict, found: list) -> list[str]:
-    """For mesh errors: valid meshes of the same GPU count that change one knob, then two."""
-    if not any(p.key.startswith("mesh.") and not p.warning for p in found):
-        return []
-    from vrun import search
-    from vrun.mesh import Arch
-
-    model, m = cfg["model"], Mesh.of(cfg["mesh"])
-    if any(not isinstance(getattr(m, k), int) or getattr(m, k) < 1 for k in ("nnodes", "gpus_per_node")):
-        return []
-    valid = search.valid_meshes(m.nnodes, m.gpus_per_node, Arch.of(model["arch"]), model["tp_allowed"],
-                                model["etp_allowed"], model["name"], verl, cfg["algo"]["entrypoint"])
-    one, two = search.neighbours(m, valid)
-    out = []
-    if one:
-        out.append("valid meshes, one change: " + " | ".join(search.as_overrides(v, m) for v in one))
-    if two:
-        out.append("valid meshes, two changes: " + " | ".join(search.as_overrides(v, m) for v in two))
-    if not valid:
-        out.append(f"no mesh of {m.world} GPUs passes for {model['name']}: change mesh.nnodes")
-    return out
-
-
-def params_from_checkpoint(facts, arch: dict):
-    """The estimate's units from the checkpoint's counts; a vision tower sits with the embedding on stage 0,
-    the final norm with the output layer."""
-    from vrun.memory import Params
-
-    layers = max(list(facts.per_layer_dense) + list(facts.per_layer_expert) + [-1]) + 1
-    n = facts.arch.get("layers") or layers
-    dense = tuple(facts.per_layer_dense.get(i, 0) for i in range(n))
-    expert = tuple(facts.per_layer_expert.get(i, 0) for i in range(n))
-    t = facts.totals
-    rest = t.get("dense", 0) - sum(dense) - facts.embedding - facts.output
-    mtp = t.get("mtp", 0)
-    m = (facts.arch.get("mtp_layers") or arch.get("mtp_layers") or 1) if mtp else 0
-    return Params(embedding=facts.embedding + t.get("vision", 0), output=facts.output + max(rest, 0),
-                  dense_per_layer=dense, expert_per_layer=expert, mtp_dense=mtp - facts.mtp_routed_expert,
-                  mtp_expert=facts.mtp_routed_expert, mtp_layers=m, source=f"checkpoint ({facts.shards} shard(s))")
-
-
-def checkpoint_summary(facts) -> dict:
-    d = facts.to_dict()
-    return {"path": d["path"], "model_type": d["model_type"], "totals": d["totals"], "complete": d["complete"],
-            "excluded_scale_tensors": d["excluded_scale_tensors"], "dtypes": d["dtypes"],
-            "per_layer_routed_expert": d["per_layer_expert"], "unknown": d["unknown"][:10],
-            "problems": d["problems"][:10]}
-
-
-def command(cfg: dict, run_dir: str, mesh: Mesh, python: str, node_rank: int = 0,
-            master_addr: str = "127.0.0.1") -> tuple[str, list]:
-    if cfg["algo"]["entrypoint"] == "ppo":
-        argv = [python, "-m", "vrun.entry", "ppo", "--config", f"{run_dir}/verl_config.yaml"]
-        if cfg["run"].get("task_runner"):
-            argv += ["--task-runner", cfg["run"]["task_runner"]]
-        for name in cfg.get("pass_env") or []:
-            argv += ["--pass-env", name]
-        return "verl.trainer.main_ppo:run_ppo", argv
-    torchrun = Path(python).parent / "torchrun"
-    argv = [str(torchrun) if torchrun.exists() else "torchrun", "--nnodes", str(mesh.nnodes),
-            "--nproc_per_node", str(mesh.gpus_per_node), "--node_rank", str(node_rank),
-            "--master_addr", master_addr, "--master_port", str(cfg["cluster"].get("master_port", 29500)),
-            "-m", *cfg["run"].get("sft_entry", ["verl_mlite.launch", "verl.trainer.sft_trainer"]),
-            "--config-path", run_dir, "--config-name", "verl_config",
-            f"hydra.run.dir={run_dir}/sft", "hydra.output_subdir=null"]
-    return "verl.trainer.sft_trainer (torchrun, verl_mlite.launch)", argv
-
-
-def batch_summary(plan: Plan) -> dict:
-    v, m = plan.verl, plan.mesh
-    g = checks._get
-    if plan.cfg["algo"]["entrypoint"] == "ppo":
-        tbs, n = g(v, "data.train_batch_size"), g(v, "actor_rollout_ref.rollout.n")
-        mini = g(v, "actor_rollout_ref.actor.ppo_mini_batch_size")
-        rtp = g(v, "actor_rollout_ref.rollout.tensor_model_parallel_size")
-        rdp = g(v, "actor_rollout_ref.rollout.data_parallel_size") or 1
-        return {"train_batch_size": tbs, "n": n, "samples_per_step": tbs * n, "mini_batch_size": mini,
-                "updates_per_step": tbs // mini, "samples_per_dp_rank": tbs * n // m.dp,
-                "dynamic_bsz": g(v, "actor_rollout_ref.actor.use_dynamic_bsz"),
-                "max_token_len_per_gpu": g(v, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
-                "prompt_length": g(v, "data.max_prompt_length"), "response_length": g(v, "data.max_response_length"),
-                "rollout": {"engine": g(v, "actor_rollout_ref.rollout.name"), "tp": rtp, "dp": rdp,
-                            "replicas": m.world // (rtp * rdp), "gpu_memory_utilization":
-                                g(v, "actor_rollout_ref.rollout.gpu_memory_utilization")}}
-    tbs = g(v, "data.train_batch_size")
-    return {"train_batch_size": tbs, "per_dp_rank": tbs // m.dp, "micro_batch_size_per_gpu":
-            g(v, "data.micro_batch_size_per_gpu"), "dynamic_bsz": g(v, "data.use_dynamic_bsz"),
-            "max_token_len_per_gpu": g(v, "data.max_token_len_per_gpu"), "max_length": g(v, "data.max_length")}
-
-
-def write(plan: Plan) -> None:
-    import yaml
-
-    d = Path(plan.run_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    (d / "verl_config.yaml").write_text(yaml.dump(plan.verl, Dumper=dumper, sort_keys=False,
-                                                  default_flow_style=False))
-    (d / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n")
-    rundir.index_add(plan.run_dir)
-
-
-def dapo_parts(verl: dict) -> str:
-    """Which of DAPO's four parts the verl config applies, in one line."""
-    g = checks._get
-    a = "actor_rollout_ref.actor"
-    ob = g(verl, "reward.reward_kwargs.overlong_buffer_cfg") or {}
-    shaping = ob.get("enable") and g(verl, "reward.reward_manager.name") == "dapo"
-    return "; ".join([
-        f"dynamic sampling {'on (' + str(g(verl, 'algorithm.filter_groups.metric')) + ')' if g(verl, 'algorithm.filter_groups.enable') else 'OFF'}",
-        f"clip-higher {g(verl, a + '.clip_ratio_low')}/{g(verl, a + '.clip_ratio_high')}",
-        f"loss {g(verl, a + '.loss_agg_mode')}",
-        "no KL" if not (g(verl, a + ".use_kl_loss") or g(verl, "algorithm.use_kl_in_reward")) else "KL ON",
-        f"overlong shaping {'last ' + str(ob.get('len')) + ' of ' + str(g(verl, 'reward.reward_kwargs.max_resp_len')) + ' tokens' if shaping else 'OFF'}",
-    ])
-
-
-def table(plan: Plan) -> str:
-    m, c = plan.mesh, plan.cfg
-    b = batch_summary(plan)
-    rows = [
-        f"run     {c['model']['name']} · {c['algo']['name']} · optimizer {c['optimizer']['name']} · cluster "
-        f"{c['cluster']['name']} · mode {c['mode']}",
-        f"GPUs    {m.world} = {m.nnodes} node(s) × {m.gpus_per_node}",
-        f"dense   TP{m.tp} · CP{m.cp} · PP{m.pp} · DP{m.dp} = {m.world}",
-        f"expert  ETP{m.etp} · EP{m.ep} · PP{m.pp} · EDP{m.edp} = {m.world}   (vpp {m.vpp})",
-    ]
-    if c["algo"]["entrypoint"] == "ppo":
-        r = b["rollout"]
-        rows += [
-            f"batch   {b['train_batch_size']} prompts × n {b['n']} = {b['samples_per_step']} samples/step; "
-            f"mini {b['mini_batch_size']} → {b['updates_per_step']} update(s)/step; "
-            f"{b['samples_per_dp_rank']} samples per DP rank",
-            f"tokens  prompt {b['prompt_length']} + response {b['response_length']}; dynamic bsz "
-            f"{b['dynamic_bsz']}, {b['max_token_len_per_gpu']} tokens/GPU",
-            f"rollout {r['engine']} TP{r['tp']}·DP{r['dp']} × {r['replicas']} replicas, gpu_memory_utilization "
-            f"{r['gpu_memory_utilization']}",
-        ]
-        if c["algo"]["name"] == "dapo":
-            rows.append(f"dapo    {dapo_parts(plan.verl)}")
-    else:
-        rows += [f"batch   {b['train_batch_size']} sequences/step, {b['per_dp_rank']} per DP rank; dynamic bsz "
-                 f"{b['dynamic_bsz']}, {b['max_token_len_per_gpu']} tokens/GPU, max_length {b['max_length']}"]
-    rows += memory_rows(plan)
-    rows += [
-        f"model   {plan.model_path or '(unset)'}  [{plan.model_path_source}]",
-        f"entry   {plan.entrypoint}",
-        f"verl    {plan.request.config_name} + {len(plan.request.overrides)} overrides; verl_mlite from "
-        f"{plan.mlite.kind}",
-        f"run dir {plan.run_dir}",
-    ]
-    rows += [w.line() for w in plan.warnings]
-    return "\n".join(rows)
-
-
-def one_line(idx: int, overrides, plan: Plan) -> str:
-    m = plan.mesh
-    return (f"point {idx} [{' '.join(overrides)}]: {m.world} GPUs TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} "
-            f"EP{m.ep} ETP{m.etp} EDP{m.edp} → {plan.run_dir}")
-
-
-def memory_rows(plan: Plan) -> list[str]:
-    rows = []
-    if plan.search:
-        s = plan.search
-        rows.append(f"auto    {s['valid_meshes']} valid meshes searched in {s['search_ms']} ms; chosen "
-                    f"{s['chosen']['overrides']} (peak {s['chosen']['peak_gib']} GiB)")
-        for alt in s["alternatives"]:
-            rows.append(f"        alternative {alt['overrides']}  DP{alt['dp']} EDP{alt['edp']}  peak "
-                        f"{alt['peak_gib']} GiB{'' if alt['fits'] else '  (does not fit)'}")
-    if plan.checkpoint:
-        t = plan.checkpoint["totals"]
-        b = lambda n: f"{n:,}"  # noqa: E731  (exact logical parameter counts)
-        rows.append(f"params  checkpoint: {b(t['total'])} = dense {b(t['dense'])} + routed experts "
-                    f"{b(t['routed_expert'])} + MTP {b(t['mtp'])} + vision {b(t['vision'])}"
-                    f"{'' if plan.checkpoint['complete'] else ' (incomplete: unknown layouts)'}")
-    e = plan.memory
-    if e is None:
-        rows.append(f"memory  no estimate: {plan.memory_note}")
-        return rows
-    g = lambda x: f"{x / GIB:.1f}"  # noqa: E731
-    rows.append(f"memory  per GPU, stage {e.stage} ({e.layers_on_stage} layers): weights {g(e.weights)} + grads "
-                f"{g(e.grads)} + optimizer {g(e.optimizer)} + activations {g(e.activations)} + logits "
-                f"{g(e.logits)} = {g(e.train_peak)} GiB training")
-    r = e.rollout_detail
-    if r is not None:
-        rows.append(f"        rollout phase: vLLM {g(r.budget)} GiB = weights {g(r.weights)} (TP{r.tp}·DP{r.dp}) + "
-                    f"reserve {g(r.reserve)} + KV cache {g(r.kv_cache)}; actor residents {g(e.rollout_residents)} "
-                    f"GiB beside it")
-        per_tok = f"{r.kv.per_token / 1024:.1f} KiB/token" + \
-            (f" + {r.kv.per_sequence / 2 ** 20:.1f} MiB/sequence" if r.kv.per_sequence else "")
-        rows.append(f"        KV      {per_tok} per GPU ({r.kv.formula}); {r.fits} of the step's {r.step_share} "
-                    f"sequences per replica fit at once ({r.seq_len} tokens each)")
-    verdict = "(fits)" if e.fits else "(DOES NOT FIT)"
-    if r is not None and not r.holds_one:
-        verdict += "; the rollout does NOT fit (see the warning)"
-    rows.append(f"        peak {g(e.peak)} of {g(e.gpu_mem)} GiB per GPU {verdict}"
-                f" = max(training {g(e.train_peak)}, rollout {g(e.rollout)} + residents {g(e.rollout_residents)})")
-    if plan.params:
-        pc = plan.params
-        active = f", active {pc['active'] / 1e9:.1f}B" if pc.get("active") else ""
-        mtp = f" ({(pc['total'] - pc['mtp']) / 1e9:.1f}B without the {pc['mtp'] / 1e9:.1f}B MTP)" \
-            if pc.get("mtp") else ""
-        rows.append(f"params  {pc['total'] / 1e9:.1f}B total{mtp}{active} [{pc['source']}]"
-                    + (f"; not sourced: {', '.join(pc['estimates'])}" if pc.get("estimates") else ""))
-    if e.assumptions:
-        rows.append(f"assume  {e.assumptions}")
-    return rows
+    return ranked[0].mesh, choice, {
+        "valid_meshes": len(valid), "search_ms": round(seconds * 1000, 1), "chosen": top[0], "alternatives": top[1:],
+        "rollout_tp_choices": rollout_rank, "memory": "estimated" if params is not None else note,
+        "objective": "fits in memory, then smaller TP, smaller CP, EP within a node, fewer PP stages; "
+                     "rollout TP: holds a sequence, holds the replica's share, the configured TP, smaller"}

@@ -12,9 +12,10 @@ import importlib.util
 import os
 from pathlib import Path
 
-from vrun import mlite, verl_tree
+from vrun import dotted, mlite, verl_tree
 from vrun.plan import Plan
 from vrun.problems import PlanError, Problem
+from vrun.schema import ClusterName
 
 # MegatronLiteEngineConfig's own fields (verl_mlite/engine/config.py at the recorded commit)
 RECORD_ENGINE_FIELDS = ("strategy", "custom_backend_module", "model_name", "impl", "tp", "etp", "ep", "pp", "vpp",
@@ -33,7 +34,7 @@ def require(plan: Plan) -> None:
 
 
 def collect(plan: Plan, gpus: int | None = None) -> list[Problem]:
-    own_runtime = plan.cfg["algo"]["entrypoint"] == "sft" or not plan.cfg["run"].get("task_runner")
+    own_runtime = plan.entrypoint.builds_mlite_workers(plan.config)
     out = model_path_problems(plan) + data_problems(plan)
     runtime = runtime_problems(plan)
     out += runtime if own_runtime else [Problem(p.key, p.value, p.why + " (a custom task runner is configured: "
@@ -46,10 +47,10 @@ def collect(plan: Plan, gpus: int | None = None) -> list[Problem]:
 
 
 def model_path_problems(plan: Plan) -> list[Problem]:
-    env = plan.cfg["model"]["path_env"]
+    env = plan.config.model.path_env
     path = plan.model_path
     if not path:
-        return [Problem(env, None, f"no checkpoint path for {plan.cfg['model']['name']}",
+        return [Problem(env, None, f"no checkpoint path for {plan.config.model.name}",
                         f"export {env}=/path/to/checkpoint or model.path=...")]
     p = Path(os.path.expanduser(path))
     if p.is_dir():
@@ -68,7 +69,7 @@ def model_path_problems(plan: Plan) -> list[Problem]:
 def data_problems(plan: Plan) -> list[Problem]:
     out = []
     for key in ("data.train_files", "data.val_files"):
-        v = verl_tree.lookup(plan.verl, key, None)
+        v = dotted.get(plan.verl, key)
         for f in ([v] if isinstance(v, str) else list(v or [])):
             if "://" in f:
                 continue
@@ -98,9 +99,7 @@ def runtime_problems(plan: Plan) -> list[Problem]:
                            "an unexpected keyword argument",
                            f"install verl from source at commit {mlite.record()['required_verl']} "
                            "(verl_mlite's REQUIRED_VERL.txt)"))
-    needed = list(plan.cfg["model"].get("requires") or [])
-    if plan.cfg["algo"]["entrypoint"] == "ppo":
-        needed.append(plan.verl["actor_rollout_ref"]["rollout"]["name"])
+    needed = list(plan.config.model.requires) + plan.entrypoint.runtime_modules(plan.verl)
     for mod in needed:
         if importlib.util.find_spec(mod) is None:
             out.append(Problem("python module", mod, "not importable here, and the run imports it",
@@ -110,7 +109,7 @@ def runtime_problems(plan: Plan) -> list[Problem]:
 
 def verl_compat(plan: Plan) -> set[str]:
     """Engine keys the resolved config sets that neither verl's EngineConfig nor verl_mlite's declare."""
-    eng = plan.verl["actor_rollout_ref"]["actor"]["engine"] if "actor_rollout_ref" in plan.verl else plan.verl["engine"]
+    eng = dotted.get(plan.verl, plan.entrypoint.engine, {})
     verl_fields = dataclass_fields(_verl_file("workers/config/engine.py"), "EngineConfig")
     if plan.mlite.kind == "verl_mlite":
         mlite_fields = dataclass_fields(Path(plan.mlite.location) / "engine" / "config.py", "MegatronLiteEngineConfig")
@@ -147,7 +146,7 @@ def memory_problems(plan: Plan) -> list[Problem]:
     e = plan.memory
     if e is None:
         return []
-    allow = bool(plan.cfg["run"].get("allow_memory_overrun"))
+    allow = plan.config.run.allow_memory_overrun
     out = []
     # the rollout cannot hold one prompt+response: vLLM would fail at wake-up (a warning in the plan)
     r = e.rollout_detail
@@ -160,18 +159,18 @@ def memory_problems(plan: Plan) -> list[Problem]:
                     f"{e.gpu_mem / gib:g} GiB per GPU (cluster.gpu / cluster.gpu_mem_gib): the job would likely "
                     "run out of memory",
                     "mesh=auto, a larger PP·EP mesh or more offload; or run.allow_memory_overrun=true",
-                    warning=bool(plan.cfg["run"].get("allow_memory_overrun")))]
+                    warning=allow)]
 
 
 def gpu_problems(plan: Plan, gpus: int | None = None) -> list[Problem]:
     m = plan.mesh
-    if plan.cfg["cluster"]["name"] != "local":
+    if plan.config.cluster.name != ClusterName.local:
         return []
     out = []
     if m.nnodes > 1:
         out.append(Problem("mesh.nnodes", m.nnodes, f"cluster=local is this one machine; the mesh needs {m.nnodes} "
                            f"nodes × {m.gpus_per_node} GPUs", "cluster=slurm (or a mesh of one node)"))
-    declared = plan.cfg["cluster"]["ray"].get("num_gpus")
+    declared = plan.config.cluster.ray.num_gpus
     have = gpus if gpus is not None else (declared if declared is not None else visible_gpus())
     if have < m.gpus_per_node:
         out.append(Problem("mesh.gpus_per_node", m.gpus_per_node, f"this machine has {have} visible GPU(s)",
@@ -201,16 +200,8 @@ def visible_gpus() -> int:
 
 def verl_validation(plan: Plan) -> list[Problem]:
     """verl's own job-start validation on the exact config (needs the real verl_mlite)."""
-    if plan.cfg["algo"]["entrypoint"] != "ppo":
-        return []
-    from omegaconf import OmegaConf
-
     try:
-        from verl.trainer.ppo.utils import need_critic, need_reference_policy
-        from verl.utils.config import validate_config
-
-        config = OmegaConf.create(plan.verl)
-        validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+        plan.entrypoint.validate(plan.verl)
     except Exception as e:  # noqa: BLE001 - verl raises AssertionError, ValueError, TypeError, ImportError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return [Problem("verl.validate_config", type(e).__name__, first, "fix the key it names")]

@@ -1,15 +1,49 @@
 """Typed schema of the run config (conf/run.yaml and its groups).
 
-Registered in Hydra's ConfigStore as the base of the primary config, so a misspelled key in any group file
-or override fails at composition with the key named. The `engine`, `optim`, `recipe` and `verl` nodes hold
-verl keys: they are open here and checked against verl's own tree at plan time (vrun.verl_tree).
+Registered in Hydra's ConfigStore as the base of the primary config, so a misspelled key or a value outside a
+closed choice (mode, optimizer, algo entrypoint, cluster) fails at composition with the key named. After
+composition `typed()` turns the config into these dataclasses once; everything after reads attributes.
+The `engine`, `optim`, `recipe` and `verl` nodes hold verl keys: they are open here and checked against
+verl's own tree at plan time (vrun.verl_tree).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional, Any, Dict, List, Optional
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any, Dict, List, Mapping, Optional
 
-from omegaconf import MISSING
+# omegaconf.MISSING's value, spelled here so that the schema imports without OmegaConf (the conf/ lint
+# reads vrun.mesh, which uses Arch)
+MISSING: Any = "???"
+
+
+class Choice(str, Enum):
+    """A closed choice: compares and prints as its value (interpolations, JSON and YAML see the plain string)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Mode(Choice):
+    plan = "plan"            # write and print the plan only
+    preflight = "preflight"  # plan + the checks that need the target environment
+    train = "train"          # plan, preflight, launch
+
+
+class OptimizerName(Choice):
+    # Megatron Lite's optimizers (engine.impl_cfg.optimizer)
+    fsdp2 = "fsdp2"
+    dist_opt = "dist_opt"
+
+
+class EntrypointName(Choice):
+    ppo = "ppo"  # verl.trainer.main_ppo on Ray (GRPO, DAPO)
+    sft = "sft"  # verl.trainer.sft_trainer under torchrun
+
+
+class ClusterName(Choice):
+    local = "local"  # this machine
+    slurm = "slurm"  # submitted through submitit, one task per node
 
 
 @dataclass
@@ -67,6 +101,15 @@ class Arch:
     estimates: List[str] = field(default_factory=list)
     source: str = ""
 
+    @classmethod
+    def of(cls, m: Mapping[str, Any]) -> "Arch":
+        """From a mapping that may hold only some of the fields (a model file read as YAML)."""
+        return cls(**{f.name: m[f.name] for f in fields(cls) if f.name in m})
+
+    def facts(self) -> dict:
+        """The fields as a mapping, for the arithmetic that reads them by name (vrun.params, memory, rollout)."""
+        return dict(vars(self))
+
 
 @dataclass
 class Model:
@@ -77,8 +120,9 @@ class Model:
     path: Optional[str] = None
     path_env: str = MISSING
     default_path: Optional[str] = None
-    tp_allowed: List[int] = field(default_factory=lambda: [1])
-    etp_allowed: List[int] = field(default_factory=lambda: [1])
+    # TP and ETP values Megatron Lite implements for the family (every model file says; make lint checks)
+    tp_allowed: List[int] = MISSING
+    etp_allowed: List[int] = MISSING
     arch: Arch = field(default_factory=Arch)
     # environment the model's runtime needs (vLLM switches and the like)
     env: Dict[str, str] = field(default_factory=dict)
@@ -103,14 +147,14 @@ class Mesh:
 @dataclass
 class Optimizer:
     # Megatron Lite optimizer (engine.impl_cfg.optimizer): fsdp2 or dist_opt
-    name: str = MISSING
+    name: OptimizerName = MISSING
 
 
 @dataclass
 class Algo:
     name: str = MISSING
     # which verl entrypoint runs it: ppo (verl.trainer.main_ppo on Ray) or sft (verl.trainer.sft_trainer, torchrun)
-    entrypoint: str = MISSING
+    entrypoint: EntrypointName = MISSING
     # DAPO's dynamic sampling (algorithm.filter_groups): false plans DAPO without it, e.g. on a verl that lacks it
     dynamic_sampling: Optional[bool] = None
 
@@ -136,7 +180,7 @@ class RayCfg:
 
 @dataclass
 class Cluster:
-    name: str = MISSING
+    name: ClusterName = MISSING
     ray: RayCfg = field(default_factory=RayCfg)
     partition: Optional[str] = None
     account: Optional[str] = None
@@ -182,7 +226,7 @@ class Run:
 @dataclass
 class RunConfig:
     # plan: write and print the plan only; preflight: plan + target-environment checks; train: launch
-    mode: str = "train"
+    mode: Mode = Mode.train
     model: Model = field(default_factory=Model)
     mesh: Mesh = field(default_factory=Mesh)
     optimizer: Optimizer = field(default_factory=Optimizer)
@@ -204,13 +248,26 @@ class RunConfig:
     verl: Dict[str, Any] = field(default_factory=dict)
 
 
-def register() -> None:
-    from hydra.core.config_store import ConfigStore
-
+def schema_node():
     from omegaconf import OmegaConf
 
     node = OmegaConf.structured(RunConfig)
     # the pass-through takes any key without a `+` (checked against verl's tree at plan time)
     for open_node in ("verl", "recipe", "engine", "optim", "env"):
         OmegaConf.set_struct(node[open_node], False)
-    ConfigStore.instance().store(name="run_schema", node=node)
+    return node
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="run_schema", node=schema_node())
+
+
+def typed(cfg: Any) -> RunConfig:
+    """The composed config (Hydra's node, or the same as plain containers) as the schema's objects, resolved."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if not (isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is RunConfig):
+        cfg = OmegaConf.merge(schema_node(), cfg)
+    return OmegaConf.to_object(cfg)

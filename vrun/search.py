@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from vrun import checks
-from vrun.mesh import Arch, Mesh, divisors, rollout_problems
+from vrun.mesh import KNOBS, Mesh, Rules, divisors
 
 
 @dataclass(frozen=True)
@@ -28,20 +27,17 @@ class Candidate:
         return (not self.fits, m.tp, m.cp, m.ep * m.etp > m.gpus_per_node, m.pp, peak, -m.ep, m.etp)
 
 
-def valid_meshes(nnodes: int, gpus_per_node: int, arch: Arch, tp_allowed: Iterable[int],
-                 etp_allowed: Iterable[int], model: str, verl: Optional[dict] = None, entrypoint: str = "ppo",
-                 use_deepep: bool = False, rollout_tps: Optional[list] = None) -> list[Mesh]:
-    """Every mesh of nnodes × gpus_per_node that passes the mesh, rollout and batch checks. rollout_tps: the
-    rollout TPs the search may choose from (the configured one is then not required)."""
+def valid_meshes(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[dict] = None,
+                 entrypoint=None, rollout_tps: Optional[list] = None) -> list[Mesh]:
+    """Every mesh of nnodes × gpus_per_node that passes the mesh rules and, given verl's tree and the
+    entrypoint's record (vrun.entrypoints), its mesh-dependent checks (rollout, batch). rollout_tps: the rollout
+    TPs mesh=auto may choose from (the configured one is then not required)."""
     world = nnodes * gpus_per_node
-    tps, etps = sorted(set(tp_allowed)), sorted(set(etp_allowed))
+    arch = rules.arch
     out = []
     other: dict = {}  # the rollout and batch checks depend on the mesh only through its dense DP
     # the enumeration builds in every rule of mesh_problems (tests/test_search.py checks each result with it)
-    heads = [n for n in (arch.heads, arch.kv_heads, arch.gdn_k_heads, arch.gdn_v_heads) if n]
-    tps = [t for t in tps if all(n % t == 0 for n in heads)]
-    if use_deepep:
-        etps = [e for e in etps if e == 1]
+    tps, etps = rules.tp_values(), rules.etp_values()
     for pp in (d for d in divisors(world) if d <= arch.layers):
         for tp in tps:
             if (world // pp) % tp:
@@ -50,27 +46,19 @@ def valid_meshes(nnodes: int, gpus_per_node: int, arch: Arch, tp_allowed: Iterab
                 for etp in etps:
                     if (world // pp) % etp:
                         continue
+                    dp = world // (pp * tp * cp)
+                    if other.get(dp):
+                        continue
                     for ep in divisors(world // (pp * etp)):
                         if arch.routed_experts % ep:
                             continue
                         m = Mesh(nnodes, gpus_per_node, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)
-                        if verl is not None:
-                            if m.dp not in other:
-                                other[m.dp] = bool(_other_problems(m, arch, model, verl, entrypoint, rollout_tps))
-                            if other[m.dp]:
-                                continue
+                        if verl is not None and dp not in other:
+                            other[dp] = bool(entrypoint.mesh_problems(verl, m, rules, rollout_tps))
+                            if other[dp]:
+                                break
                         out.append(m)
     return out
-
-
-def _other_problems(m: Mesh, arch: Arch, model: str, verl: dict, entrypoint: str,
-                    rollout_tps: Optional[list] = None) -> list:
-    if entrypoint == "ppo":
-        if rollout_tps is not None:
-            return ["no rollout TP"] if not rollout_tps else checks.ppo_batch_problems(verl, m)
-        rtp = checks._get(verl, "actor_rollout_ref.rollout.tensor_model_parallel_size")
-        return rollout_problems(m, rtp, arch, model) or checks.ppo_batch_problems(verl, m)
-    return checks.sft_batch_problems(verl, m)
 
 
 def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = None) -> list[Candidate]:
@@ -85,9 +73,6 @@ def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = 
 
     cands = [Candidate(m, est(m) if estimate else None) for m in meshes]
     return sorted(cands, key=Candidate.key)
-
-
-KNOBS = ("tp", "pp", "ep", "cp", "etp")
 
 
 def neighbours(mesh: Mesh, valid: Iterable[Mesh], limit: int = 4) -> tuple[list[Mesh], list[Mesh]]:
@@ -105,33 +90,47 @@ def neighbours(mesh: Mesh, valid: Iterable[Mesh], limit: int = 4) -> tuple[list[
 
 
 def as_overrides(mesh: Mesh, base: Mesh) -> str:
-    return " ".join(f"mesh.{k}={getattr(mesh, k)}" for k in KNOBS if getattr(mesh, k) != getattr(base, k))
+    return mesh.overrides(base)
 
 
-def binding_constraint(nnodes: int, gpus_per_node: int, arch: Arch, tp_allowed, etp_allowed, model: str,
-                       verl: Optional[dict], entrypoint: str, use_deepep: bool, rollout_tps: Optional[list]):
+def binding_constraint(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[dict], entrypoint,
+                       rollout_tps: Optional[list]):
     """Why no mesh passes: the first family of checks that leaves none — Megatron Lite's mesh rules, the rollout
     TP, then the batch checks (with the problem of the best mesh that passed the earlier ones)."""
     from vrun.problems import Problem
 
     world = nnodes * gpus_per_node
-    meshes = valid_meshes(nnodes, gpus_per_node, arch, tp_allowed, etp_allowed, model, None, entrypoint, use_deepep)
+    arch = rules.arch
+    meshes = valid_meshes(rules, nnodes, gpus_per_node)
     if not meshes:
         return Problem("mesh.nnodes", nnodes, f"no TP·CP·PP / ETP·EP·PP split of {nnodes}×{gpus_per_node}={world} "
-                       f"GPUs meets {model}'s rules (EP divides {arch.routed_experts} experts, TP in "
-                       f"{list(tp_allowed)})", "a GPU count with more factors of 2, e.g. mesh.nnodes="
+                       f"GPUs meets {rules.model}'s rules (EP divides {arch.routed_experts} experts, TP in "
+                       f"{list(rules.tp_allowed)})", "a GPU count with more factors of 2, e.g. mesh.nnodes="
                        f"{max(1, 1 << (max(nnodes, 1) - 1).bit_length())}")
-    if entrypoint == "ppo" and rollout_tps is not None and not rollout_tps:
+    if entrypoint.has_rollout and rollout_tps is not None and not rollout_tps:
         key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
         rule = f" and divide {arch.o_groups} o_groups" if arch.o_groups else ""
         return Problem(key, None, f"no rollout TP fits within a node of {gpus_per_node} GPUs, tiles {world} GPUs"
                        f"{rule}", "mesh.gpus_per_node a power of two")
     ranked = rank(meshes)
-    found = _other_problems(ranked[0].mesh, arch, model, verl, entrypoint, rollout_tps) if verl else []
-    found = [p for p in found if isinstance(p, Problem)]
+    found = entrypoint.mesh_problems(verl, ranked[0].mesh, rules, rollout_tps) if verl else []
     if found:
         p = found[0]
         example = " ".join(f"{k}={getattr(ranked[0].mesh, k)}" for k in KNOBS)
         return Problem(p.key, p.value, f"every mesh of {world} GPUs fails the batch checks; with {example}: {p.why}",
                        p.fix)
     return None
+
+
+def hints(rules: Rules, mesh: Mesh, verl: dict, entrypoint) -> list[str]:
+    """For mesh errors: valid meshes of the same GPU count that change one knob, then two."""
+    valid = valid_meshes(rules, mesh.nnodes, mesh.gpus_per_node, verl, entrypoint)
+    one, two = neighbours(mesh, valid)
+    out = []
+    if one:
+        out.append("valid meshes, one change: " + " | ".join(as_overrides(v, mesh) for v in one))
+    if two:
+        out.append("valid meshes, two changes: " + " | ".join(as_overrides(v, mesh) for v in two))
+    if not valid:
+        out.append(f"no mesh of {mesh.world} GPUs passes for {rules.model}: change mesh.nnodes")
+    return out

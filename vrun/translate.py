@@ -2,29 +2,24 @@
 
 Order of the values (later wins): the shared `engine` and `optim` blocks, the entrypoint's `recipe`, the
 keys the project owns (mesh, model path, names, run directory, optimizer, env), then the `verl.`
-pass-through. Owned keys cannot be set through the pass-through: each has one knob.
+pass-through. Owned keys cannot be set through the pass-through: each has one knob. Which value goes where
+comes from the entrypoint's record (vrun.entrypoints).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator, Optional
 
-from vrun import mlite, verl_tree
-from vrun.mesh import Mesh
+from vrun import dotted, mlite, verl_tree
+from vrun.entrypoints import ROLLOUT, Entrypoint
+from vrun.mesh import KNOBS, Mesh
 from vrun.problems import Problem
+from vrun.schema import RunConfig
 from vrun.verl_tree import Override
 
-# where the engine / optimizer / model / trainer live in each entrypoint's tree
-PREFIX = {
-    "ppo": {"engine": "actor_rollout_ref.actor.engine", "optim": "actor_rollout_ref.actor.optim",
-            "model": "actor_rollout_ref.model", "config": "ppo_trainer"},
-    "sft": {"engine": "engine", "optim": "optim", "model": "model", "config": "sft_trainer_engine"},
-}
-
-# keys owned by a project knob → the knob to use instead
+# keys owned by a project knob → the knob to use instead ({engine} and {model}: the entrypoint's blocks)
 OWNED = {
-    "{engine}.tp": "mesh.tp", "{engine}.pp": "mesh.pp", "{engine}.vpp": "mesh.vpp", "{engine}.ep": "mesh.ep",
-    "{engine}.etp": "mesh.etp", "{engine}.cp": "mesh.cp", "{engine}.model_name": "model.mlite_name",
+    **{f"{{engine}}.{k}": f"mesh.{k}" for k in KNOBS}, "{engine}.model_name": "model.mlite_name",
     "{engine}.impl_cfg.optimizer": "optimizer=fsdp2|dist_opt", "{model}.path": "model.path",
     "trainer.nnodes": "mesh.nnodes", "trainer.n_gpus_per_node": "mesh.gpus_per_node",
     "trainer.project_name": "run.project_name", "trainer.experiment_name": "run.experiment_name",
@@ -37,11 +32,16 @@ OPEN_MAPS = ("reward.reward_kwargs", "ray_kwargs.ray_init")
 
 @dataclass
 class VerlRequest:
-    entrypoint: str
     config_name: str
     groups: tuple
     overrides: list = field(default_factory=list)
     problems: list = field(default_factory=list)
+
+    def with_mesh(self, entrypoint: Entrypoint, mesh: Mesh, rollout: Optional[tuple] = None) -> "VerlRequest":
+        """The same request with mesh=auto's choice: the mesh's values and the rollout (TP, DP) chosen beside it."""
+        new = dict(mesh_values(entrypoint, mesh, rollout))
+        kept = [replace(o, value=new.pop(o.key)) if o.key in new else o for o in self.overrides]
+        return replace(self, overrides=kept + [Override(k, v, "set") for k, v in new.items()])
 
 
 def flatten(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -52,17 +52,25 @@ def flatten(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, d
 
 
-def needs_reference(values: dict) -> bool:
-    return bool(values.get("actor_rollout_ref.actor.use_kl_loss")) or \
-        bool(values.get("algorithm.use_kl_in_reward"))
+def mesh_values(entrypoint: Entrypoint, mesh: Mesh, rollout: Optional[tuple] = None) -> list[tuple[str, Any]]:
+    """The verl keys the mesh sets (and, given a rollout (TP, DP), the rollout's)."""
+    out = [(f"{entrypoint.engine}.{k}", getattr(mesh, k)) for k in KNOBS] + \
+        [("trainer.nnodes", mesh.nnodes), ("trainer.n_gpus_per_node", mesh.gpus_per_node)]
+    if rollout is not None:
+        out += [(f"{ROLLOUT}.tensor_model_parallel_size", rollout[0]), (f"{ROLLOUT}.data_parallel_size", rollout[1])]
+    return out
 
 
-def build(cfg: dict, run_dir: str, env: dict, model_path: str) -> VerlRequest:
-    """cfg: the resolved run config as plain containers. env: the run's variables to set."""
-    ep = cfg["algo"]["entrypoint"]
-    pre = PREFIX[ep]
+def mesh_overrides(entrypoint: Entrypoint, mesh: Mesh, rollout: Optional[tuple] = None) -> list[Override]:
+    """The mesh's keys as overrides (each exists in verl's tree)."""
+    return [Override(k, v, "set") for k, v in mesh_values(entrypoint, mesh, rollout)]
+
+
+def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, env: dict,
+          model_path: str) -> VerlRequest:
+    """env: the run's variables to set."""
+    ep = entrypoint
     source = mlite.find_source()
-    mesh = Mesh.of(cfg["mesh"])
 
     values: dict[str, Any] = {}
     origin: dict[str, str] = {}
@@ -73,65 +81,48 @@ def build(cfg: dict, run_dir: str, env: dict, model_path: str) -> VerlRequest:
             values[k] = v
             origin[k] = where
 
-    put(flatten(cfg.get("engine") or {}, pre["engine"]), "engine")
-    put(flatten(cfg.get("optim") or {}, pre["optim"]), "optim")
-    put(flatten((cfg.get("recipe") or {}).get(ep) or {}), f"recipe.{ep}")
+    put(flatten(config.engine, ep.engine), "engine")
+    put(flatten(config.optim, ep.optim), "optim")
+    put(flatten(config.recipe.get(ep.name.value) or {}), f"recipe.{ep.name.value}")
 
-    owned = {k.format(**pre): knob for k, knob in OWNED.items()}
-    passthrough = list(flatten(cfg.get("verl") or {}))
+    owned = {k.format(engine=ep.engine, model=ep.model): knob for k, knob in OWNED.items()}
+    passthrough = list(flatten(config.verl))
     problems = [Problem(f"verl.{k}", v, f"{k} is set by the project", f"use {owned[k]}")
                 for k, v in passthrough if k in owned]
-    eng = pre["engine"]
-    derived = [(f"{eng}.{k}", getattr(mesh, k)) for k in ("tp", "pp", "vpp", "ep", "cp", "etp")]
-    derived += [(f"{eng}.model_name", cfg["model"]["mlite_name"]),
-                (f"{eng}.impl_cfg.optimizer", cfg["optimizer"]["name"]),
-                (f"{pre['model']}.path", model_path),
-                ("trainer.nnodes", mesh.nnodes), ("trainer.n_gpus_per_node", mesh.gpus_per_node),
-                ("trainer.project_name", cfg["run"]["project_name"]),
-                ("trainer.experiment_name", cfg["run"]["experiment_name"]),
+    derived = mesh_values(ep, mesh)
+    derived += [(f"{ep.engine}.model_name", config.model.mlite_name),
+                (f"{ep.engine}.impl_cfg.optimizer", config.optimizer.name.value),
+                (f"{ep.model}.path", model_path),
+                ("trainer.project_name", config.run.project_name),
+                ("trainer.experiment_name", config.run.experiment_name),
                 ("trainer.default_local_dir", f"{run_dir}/checkpoints")]
-    if ep == "ppo":
-        if cfg["run"].get("dump_rollouts"):
-            derived.append(("trainer.rollout_data_dir", f"{run_dir}/rollouts"))
-        derived += [(f"ray_kwargs.ray_init.runtime_env.env_vars.{k}", str(v)) for k, v in env.items()]
-        ray = cfg["cluster"]["ray"]
-        # a fresh local instance ("local") or a deliberate join, never an accidental one
-        derived.append(("ray_kwargs.ray_init.address", ray["address"]))
-        for k in ("num_cpus", "num_gpus"):
-            if ray.get(k) is not None:
-                derived.append((f"ray_kwargs.ray_init.{k}", ray[k]))
+    derived += ep.derived(config, run_dir, env)
     put(derived, "project")
     put([(k, v) for k, v in passthrough if k not in owned], "verl")
 
-    groups = [f"hydra.searchpath=[{source.searchpath}]"]
-    if ep == "ppo":
-        groups.append("actor@actor_rollout_ref.actor=mlite_actor")
-        if needs_reference(values):
-            groups.append("ref@actor_rollout_ref.ref=mlite_ref")
-    else:
-        groups += ["engine=mlite", "optim=megatron"]
-    req = VerlRequest(ep, pre["config"], tuple(groups), problems=problems)
-
-    base = verl_tree.base_tree(req.config_name, req.groups)
-    if cfg["algo"].get("dynamic_sampling") is False:
+    req = VerlRequest(ep.config_name, tuple(ep.groups(source.searchpath, values)), problems=problems)
+    base = verl_tree.base_view(req.config_name, req.groups)
+    allowed_impl = set(mlite.impl_cfg_fields(config.model.mlite_name))
+    recipe = f"recipe.{ep.name.value}"
+    if config.algo.dynamic_sampling is False:
         # DAPO without dynamic sampling: the group file's filter_groups block goes; where verl has the section, it
         # is switched off explicitly (the pass-through may still set it, and the checks then say so)
         values = {k: v for k, v in values.items()
-                  if not (origin[k] == f"recipe.{ep}" and k.startswith("algorithm.filter_groups."))}
-        if verl_tree.lookup(base, "algorithm.filter_groups") is not verl_tree.MISSING \
+                  if not (origin[k] == recipe and k.startswith("algorithm.filter_groups."))}
+        if dotted.get(base, "algorithm.filter_groups", dotted.MISSING) is not dotted.MISSING \
                 and "algorithm.filter_groups.enable" not in values:
             values["algorithm.filter_groups.enable"] = False
             origin["algorithm.filter_groups.enable"] = "project"
     # what the algorithm's own group file sets in a section this verl lacks: one line, not one per key
-    from_algo = {k: v for k, v in values.items() if origin[k] == f"recipe.{ep}"}
-    missing = _missing_capabilities(base, from_algo, cfg["algo"]["name"])
+    from_algo = {k: v for k, v in values.items() if origin[k] == recipe}
+    missing = _missing_capabilities(base, from_algo, config.algo.name)
     req.problems += [p for _, p in missing]
     values = {k: v for k, v in values.items()
               if not (k in from_algo and any(k.startswith(section + ".") for section, _ in missing))}
-    allowed_impl = set(mlite.impl_cfg_fields(cfg["model"]["mlite_name"]))
     rec = mlite.record()
+    pre = {"engine": ep.engine, "optim": ep.optim}
     for key, value in values.items():
-        mode, problem = _mode(base, key, value, pre, allowed_impl, rec, cfg["model"]["name"], origin[key])
+        mode, problem = _mode(base, key, value, pre, allowed_impl, rec, config.model.name, origin[key])
         if problem:
             req.problems.append(problem)
         else:
@@ -158,7 +149,7 @@ def _missing_capabilities(base: dict, values: dict, algo: str) -> list[tuple[str
     """(section, problem) for each capability section the values set and the installed verl's tree lacks."""
     out = []
     for section, loses in CAPABILITIES.items():
-        if any(k.startswith(section + ".") for k in values) and verl_tree.lookup(base, section) is verl_tree.MISSING:
+        if any(k.startswith(section + ".") for k in values) and dotted.get(base, section, dotted.MISSING) is dotted.MISSING:
             out.append((section, Problem("algo", algo, f"the installed verl {installed_verl()} has no {section} in "
                                          f"its config: {algo}'s {loses} would be read by nothing",
                                          "install verl main 1dda039b or later (it has both this and the engine fields "
@@ -190,7 +181,7 @@ def _mode(base, key, value, pre, allowed_impl, rec, model, origin):
         if name not in rec["override_optimizer_config_keys"]:
             return None, Problem(shown, value, "the Megatron Lite engine does not read this optimizer override "
                                  "(it would be ignored)", f"one of {rec['override_optimizer_config_keys']}")
-    if verl_tree.lookup(base, key) is not verl_tree.MISSING:
+    if dotted.get(base, key, dotted.MISSING) is not dotted.MISSING:
         return "set", None
     if key.startswith(impl) or key.startswith(oo):
         return "add", None
@@ -207,7 +198,7 @@ def _mode(base, key, value, pre, allowed_impl, rec, model, origin):
 def _under_empty_map(base: dict, key: str) -> bool:
     parts = key.split(".")
     for i in range(len(parts) - 1, 0, -1):
-        node = verl_tree.lookup(base, ".".join(parts[:i]))
-        if node is not verl_tree.MISSING:
+        node = dotted.get(base, ".".join(parts[:i]), dotted.MISSING)
+        if node is not dotted.MISSING:
             return node == {}
     return False

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from vrun.dotted import MISSING
 from vrun.problems import Problem
 
 
@@ -53,7 +54,12 @@ def _base(config_name: str, groups: tuple[str, ...], config_dir: str) -> dict:
 
 def base_tree(config_name: str, groups: Iterable[str]) -> dict:
     """A private copy of verl's composed tree (interpolations unresolved)."""
-    return _copy(_base(config_name, tuple(groups), str(verl_config_dir())))
+    return _copy(base_view(config_name, groups))
+
+
+def base_view(config_name: str, groups: Iterable[str]) -> dict:
+    """verl's composed tree, shared and cached: read it, never change it (base_tree gives a copy to change)."""
+    return _base(config_name, tuple(groups), str(verl_config_dir()))
 
 
 def _copy(x: Any) -> Any:
@@ -63,19 +69,6 @@ def _copy(x: Any) -> Any:
     if isinstance(x, list):
         return [_copy(v) for v in x]
     return x
-
-
-MISSING = object()
-
-
-def lookup(tree: dict, key: str, default: Any = MISSING) -> Any:
-    node: Any = tree
-    for part in key.split("."):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        else:
-            return default
-    return node
 
 
 def apply(tree: dict, overrides: Iterable[Override], open_maps: Iterable[str] = ()) -> list[Problem]:
@@ -142,11 +135,16 @@ class _Unsupported(Exception):
 def resolve(tree: dict) -> dict:
     """Resolve every interpolation; the fast resolver handles verl's grammar, OmegaConf the rest."""
     try:
-        return _Resolver(tree).run()
+        return resolve_fast(tree)
     except _Unsupported:
         from omegaconf import OmegaConf
 
         return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)
+
+
+def resolve_fast(tree: dict) -> dict:
+    """Resolve with the small resolver only (raises when the tree uses grammar beyond verl's)."""
+    return _Resolver(tree).run()
 
 
 class _Resolver:

@@ -18,6 +18,8 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from vrun.schema import Mode
+
 
 @dataclass
 class PlanningSweeperConf:
@@ -44,7 +46,7 @@ class PlanningSweeper(Sweeper):
     def sweep(self, arguments: List[str]) -> Any:
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-        from vrun import app, errors, plan as planning
+        from vrun import cli_errors, report, task
 
         parsed = OverridesParser.create().parse_overrides(arguments)
         points: Sequence[Sequence[str]] = BasicSweeper.split_arguments(parsed, None)[0]
@@ -66,34 +68,34 @@ class PlanningSweeper(Sweeper):
                     del cfg["hydra"]
                 composed.append((idx, overrides, cfg, run_dir, launcher_params))
             except Exception as e:  # noqa: BLE001 - reported per point below
-                failures.append((idx, overrides, errors.describe(e)))
+                failures.append((idx, overrides, cli_errors.describe(e)))
         models = {c.model.name for _, _, c, _, _ in composed}
         plans = []
         for idx, overrides, cfg, run_dir, _ in composed:
             try:
-                plans.append((idx, overrides, app.plan_config(cfg, run_dir, single_model=len(models) == 1)))
+                plans.append((idx, overrides, task.plan_config(cfg, run_dir, single_model=len(models) == 1)))
             except Exception as e:  # noqa: BLE001
-                failures.append((idx, overrides, errors.describe(e)))
+                failures.append((idx, overrides, cli_errors.describe(e)))
         if failures:
             lines = [f"sweep: {len(failures)} of {len(points)} point(s) do not plan; nothing was run"]
             for idx, overrides, why in sorted(failures):
                 for line in why.splitlines():
                     lines.append(f"point {idx} [{' '.join(overrides)}]: {line}")
-            errors.emit(lines)
-        modes = {p.cfg["mode"] for _, _, p in plans}
+            cli_errors.emit(lines)
+        modes = {p.config.mode for _, _, p in plans}
         if "SlurmLauncher" in str(self.config.hydra.launcher.get("_target_", "")):
             return self._slurm(plans, composed)
-        if modes == {"plan"}:
-            from hooks.callbacks import write_manifest
+        if modes == {Mode.plan}:
+            from vrun.manifest import write_manifest
 
             for (idx, overrides, p), (_, _, cfg, _, _) in zip(plans, composed):
-                planning.write(p)
+                report.write(p)
                 write_manifest(cfg, p.run_dir, list(overrides))
-                print(planning.one_line(idx, overrides, p), flush=True)
+                print(report.one_line(idx, overrides, p), flush=True)
             print(f"sweep: {len(plans)} point(s) planned and checked under {self.config.hydra.sweep.dir}", flush=True)
             return []
         for idx, overrides, p in plans:
-            app.PLANNED[p.run_dir] = p
+            task.leave_planned(p)
         print(f"sweep: {len(plans)} point(s) planned and checked; launching", flush=True)
         returns = []
         batch = self.max_batch_size or len(points)
@@ -129,34 +131,29 @@ class PlanningSweeper(Sweeper):
 
     def _slurm(self, plans, composed) -> Any:
         """SLURM: every point's job shown (and written) before anything is submitted; then submit."""
-        import json
-
-        from hooks.callbacks import write_manifest
-        from vrun import errors, plan as planning, slurm
+        from vrun import cli_errors, report, slurm
+        from vrun.manifest import write_manifest
 
         items, total = [], 0.0
         for (idx, overrides, p), (_, _, cfg, _, launcher) in zip(plans, composed):
-            spec = slurm.spec_from(launcher, p.cfg["cluster"])
+            spec = slurm.spec_from(launcher, p.config.cluster)
             folder = str(launcher.get("submitit_folder") or f"{self.config.hydra.sweep.dir}/.submitit/%j")
-            planning.write(p)
+            report.write(p, extra={"slurm": {"parameters": spec.executor_parameters(), "gpu_hours": spec.gpu_hours,
+                                             "submitit_folder": folder, "sbatch": "sbatch.sh"}})
             write_manifest(cfg, p.run_dir, list(overrides))
-            data = json.loads((Path(p.run_dir) / "plan.json").read_text())
-            data["slurm"] = {"parameters": spec.executor_parameters(), "gpu_hours": spec.gpu_hours,
-                             "submitit_folder": folder, "sbatch": "sbatch.sh"}
-            (Path(p.run_dir) / "plan.json").write_text(json.dumps(data, indent=2) + "\n")
             (Path(p.run_dir) / "sbatch.sh").write_text(slurm.sbatch_script(spec, folder))
-            print(planning.one_line(idx, overrides, p) + f"\n    slurm: {slurm.describe(spec)}", flush=True)
-            items.append((p, spec, p.cfg["mode"], folder))
+            print(report.one_line(idx, overrides, p) + f"\n    slurm: {slurm.describe(spec)}", flush=True)
+            items.append((p, spec, p.config.mode, folder))
             total += spec.gpu_hours
         print(f"sweep: {len(items)} job(s), {total:.1f} GPU-hours", flush=True)
-        if {p.cfg["mode"] for _, _, p in plans} == {"plan"}:
+        if {p.config.mode for _, _, p in plans} == {Mode.plan}:
             print(f"plan only: nothing submitted (sbatch scripts in each run dir)", flush=True)
             return []
         try:
-            slurm.confirm(total, plans[0][2].cfg["cluster"])
-            jobs = slurm.submit(items, detach=bool(plans[0][2].cfg["cluster"].get("detach")))
+            slurm.confirm(total, plans[0][2].config.cluster)
+            jobs = slurm.submit(items, detach=plans[0][2].config.cluster.detach)
         except Exception as e:  # noqa: BLE001 - one line per failure, non-zero exit
-            errors.emit([errors.describe(e)])
+            cli_errors.emit([cli_errors.describe(e)])
         return jobs
 
     def _is_group(self, override) -> bool:

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import ray
 
+from vrun import dotted
+from vrun.entrypoints import PPO
+
 WATCH_PREFIXES = ("CUDA_", "VLLM_", "NCCL_", "RAY_AUTH_MODE", "PYTHONPATH", "ROCR_", "HIP_", "HF_HOME")
 
 
@@ -18,7 +21,7 @@ def node_report(config: dict) -> dict:
     import importlib.util
 
     paths = {}
-    model = config["actor_rollout_ref"]["model"]["path"] if "actor_rollout_ref" in config else config["model"]["path"]
+    model = dotted.get(config, f"{PPO.model}.path")
     paths["model"] = {"path": model, "readable": os.access(os.path.expanduser(model), os.R_OK)}
     for key in ("train_files", "val_files"):
         v = config["data"].get(key)

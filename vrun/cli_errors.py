@@ -61,7 +61,10 @@ def describe(ex: BaseException) -> str:
         return (f"error: {key}={value}: no such key in the run config; fix: {_near_keys(key)}")
     if cause is not None and getattr(cause, "full_key", None):
         first = str(cause).splitlines()[0]
-        return f"error: {cause.full_key}={_value_of(cause.full_key)}: {first}; fix: give a value of the right type"
+        choices = re.search(r"expected one of \[([^\]]*)\]", first)  # a closed choice (an enum in vrun.schema)
+        fix = " or ".join(f"{cause.full_key}={c.strip()}" for c in choices.group(1).split(",")) if choices else \
+            "give a value of the right type"
+        return f"error: {cause.full_key}={_value_of(cause.full_key)}: {first}; fix: {fix}"
     first = " ".join(line.strip() for line in msg.splitlines() if line.strip())
     return f"error: {first}; fix: see README (Modes, Config groups)"
 

@@ -1,4 +1,5 @@
-"""Hydra callbacks: the run manifest (what ran, from which code, with which packages)."""
+"""The run manifest (what ran, from which code, with which packages): a Hydra callback for runs
+(conf/run.yaml hydra.callbacks), written by the sweeper for the points it plans itself."""
 from __future__ import annotations
 
 import functools

@@ -1,0 +1,20 @@
+"""One record per verl entrypoint: PPO on Ray (GRPO, DAPO) and SFT under torchrun.
+
+Each says where its keys live in verl's tree, which verl config and groups it composes, its batch checks,
+what the memory estimate reads from its tree, its batch summary and its command. The plan looks the record up
+once (`of(config)`); no other module branches on the entrypoint's name.
+"""
+from __future__ import annotations
+
+from vrun.entrypoints.base import Entrypoint
+from vrun.entrypoints.ppo import ACTOR, PPO, ROLLOUT
+from vrun.entrypoints.sft import SFT, torchrun_argv
+from vrun.schema import EntrypointName, RunConfig
+
+__all__ = ["ACTOR", "ENTRYPOINTS", "Entrypoint", "PPO", "ROLLOUT", "SFT", "of", "torchrun_argv"]
+
+ENTRYPOINTS: dict[EntrypointName, Entrypoint] = {EntrypointName.ppo: PPO(), EntrypointName.sft: SFT()}
+
+
+def of(config: RunConfig) -> Entrypoint:
+    return ENTRYPOINTS[config.algo.entrypoint]

@@ -1,0 +1,73 @@
+"""What every entrypoint's record says (vrun.entrypoints.ppo and .sft fill it in)."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from vrun.mesh import Mesh, Rules
+from vrun.problems import Problem
+from vrun.schema import EntrypointName, RunConfig
+
+
+class Entrypoint:
+    name: EntrypointName
+    # verl's config tree (under <verl>/trainer/config)
+    config_name: str
+    # where the engine, optimizer and model blocks live in that tree
+    engine: str
+    optim: str
+    model: str
+    # what the command runs (plan.json "entrypoint")
+    launches: str
+    # on SLURM: a Ray cluster over the nodes (the driver on node 0), or the command itself on every node
+    uses_ray: bool
+    # a vLLM rollout phase beside training (its memory, its TP chosen by mesh=auto)
+    has_rollout: bool
+
+    def groups(self, searchpath: str, values: dict) -> list[str]:
+        """verl group choices: Megatron Lite's config groups from `searchpath`."""
+        raise NotImplementedError
+
+    def derived(self, config: RunConfig, run_dir: str, env: dict) -> list[tuple[str, Any]]:
+        """verl keys the project sets for this entrypoint beyond the shared ones."""
+        return []
+
+    def mesh_problems(self, verl: dict, mesh: Mesh, rules: Rules, rollout_tps: Optional[list] = None) -> list[Problem]:
+        """The checks besides the mesh rules that depend on the mesh (what mesh=auto filters on). rollout_tps: the
+        rollout (TP, DP) choices mesh=auto may pick from instead of the configured rollout TP."""
+        raise NotImplementedError
+
+    def recipe_problems(self, verl: dict, algo) -> list[Problem]:
+        """The checks that do not depend on the mesh (algo: the config's algo group, vrun.schema.Algo)."""
+        return []
+
+    def token_inputs(self, verl: dict) -> dict:
+        """tokens_per_gpu and rollout_fraction for the memory estimate."""
+        raise NotImplementedError
+
+    def runtime_modules(self, verl: dict) -> list[str]:
+        """Python modules the run imports besides verl, verl_mlite and the model's own."""
+        return []
+
+    def builds_mlite_workers(self, config: RunConfig) -> bool:
+        """Whether verl's own code builds Megatron Lite workers (a custom task runner may not)."""
+        return True
+
+    def validate(self, verl: dict) -> None:
+        """verl's own job-start validation of the tree, where verl has one (raises what verl raises)."""
+
+    def batch_summary(self, verl: dict, mesh: Mesh) -> dict:
+        raise NotImplementedError
+
+    def batch_rows(self, b: dict) -> list[str]:
+        """The plan table's batch lines."""
+        raise NotImplementedError
+
+    def recipe_rows(self, verl: dict, algo) -> list[str]:
+        """The plan table's lines on what the algorithm applies (algo: vrun.schema.Algo)."""
+        return []
+
+    def command(self, config: RunConfig, run_dir: str, mesh: Mesh, python: str) -> list[str]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"Entrypoint({self.name.value})"

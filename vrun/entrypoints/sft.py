@@ -1,0 +1,85 @@
+"""SFT under torchrun: verl.trainer.sft_trainer's tree, its checks, its command (also each SLURM node's)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from vrun.dotted import get
+from vrun.entrypoints.base import Entrypoint
+from vrun.mesh import Mesh, Rules, divisors
+from vrun.problems import Problem
+from vrun.schema import EntrypointName, RunConfig
+
+
+class SFT(Entrypoint):
+    name = EntrypointName.sft
+    config_name = "sft_trainer_engine"
+    engine = "engine"
+    optim = "optim"
+    model = "model"
+    launches = "verl.trainer.sft_trainer (torchrun, verl_mlite.launch)"
+    uses_ray = False
+    has_rollout = False
+
+    def groups(self, searchpath: str, values: dict) -> list[str]:
+        return [f"hydra.searchpath=[{searchpath}]", "engine=mlite", "optim=megatron"]
+
+    def mesh_problems(self, verl: dict, mesh: Mesh, rules: Rules, rollout_tps: Optional[list] = None) -> list[Problem]:
+        return sft_batch_problems(verl, mesh)
+
+    def token_inputs(self, verl: dict) -> dict:
+        tokens = get(verl, "data.max_token_len_per_gpu") if get(verl, "data.use_dynamic_bsz") else \
+            (get(verl, "data.micro_batch_size_per_gpu") or 1) * (get(verl, "data.max_length") or 0)
+        return {"tokens_per_gpu": int(tokens or 0), "rollout_fraction": 0.0}
+
+    def batch_summary(self, verl: dict, mesh: Mesh) -> dict:
+        v = verl
+        tbs = get(v, "data.train_batch_size")
+        return {"train_batch_size": tbs, "per_dp_rank": tbs // mesh.dp, "micro_batch_size_per_gpu":
+                get(v, "data.micro_batch_size_per_gpu"), "dynamic_bsz": get(v, "data.use_dynamic_bsz"),
+                "max_token_len_per_gpu": get(v, "data.max_token_len_per_gpu"), "max_length": get(v, "data.max_length")}
+
+    def batch_rows(self, b: dict) -> list[str]:
+        return [f"batch   {b['train_batch_size']} sequences/step, {b['per_dp_rank']} per DP rank; dynamic bsz "
+                f"{b['dynamic_bsz']}, {b['max_token_len_per_gpu']} tokens/GPU, max_length {b['max_length']}"]
+
+    def command(self, config: RunConfig, run_dir: str, mesh: Mesh, python: str) -> list[str]:
+        return torchrun_argv(python, config.run.sft_entry, run_dir, nnodes=mesh.nnodes,
+                             nproc_per_node=mesh.gpus_per_node, node_rank=0, master_addr="127.0.0.1",
+                             master_port=config.cluster.master_port)
+
+
+def torchrun_argv(python: str, module: list, run_dir: str, *, nnodes: int, nproc_per_node: int, node_rank: int,
+                  master_addr: str, master_port: int) -> list[str]:
+    """torchrun over `module` (python -m ...) on verl's SFT config in the run dir; SLURM nodes call it with
+    their own rank and the head's address."""
+    torchrun = Path(python).parent / "torchrun"
+    return [str(torchrun) if torchrun.exists() else "torchrun", "--nnodes", str(nnodes),
+            "--nproc_per_node", str(nproc_per_node), "--node_rank", str(node_rank),
+            "--master_addr", master_addr, "--master_port", str(master_port),
+            "-m", *module, "--config-path", run_dir, "--config-name", "verl_config",
+            f"hydra.run.dir={run_dir}/sft", "hydra.output_subdir=null"]
+
+
+def sft_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
+    out = []
+    tbs = get(verl, "data.train_batch_size")
+    micro = get(verl, "data.micro_batch_size_per_gpu")
+    dyn = bool(get(verl, "data.use_dynamic_bsz"))
+    dp = mesh.dp
+    if not isinstance(tbs, int) or tbs < 1:
+        return [Problem("data.train_batch_size", tbs, "must be a positive integer", "data.train_batch_size=32")]
+    if tbs % dp:
+        out.append(Problem("data.train_batch_size", tbs, f"must split over dense DP={dp} "
+                           f"(world {mesh.world} / tp·cp·pp {mesh.dense})", f"data.train_batch_size a multiple of {dp}"))
+    elif not dyn and isinstance(micro, int) and micro > 0 and (tbs // dp) % micro:
+        out.append(Problem("data.micro_batch_size_per_gpu", micro, f"must divide the per-rank batch {tbs}/{dp}",
+                           f"data.micro_batch_size_per_gpu in {divisors(tbs // dp)}"))
+    if get(verl, "data.pad_mode") != "no_padding":
+        out.append(Problem("data.pad_mode", get(verl, "data.pad_mode"), "Megatron Lite only takes packed sequences",
+                           "data.pad_mode=no_padding"))
+    budget, length = get(verl, "data.max_token_len_per_gpu"), get(verl, "data.max_length")
+    if dyn and isinstance(budget, int) and isinstance(length, int) and budget < length:
+        out.append(Problem("data.max_token_len_per_gpu", budget, f"smaller than data.max_length={length}",
+                           f"data.max_token_len_per_gpu={length}"))
+    return out

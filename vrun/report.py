@@ -1,0 +1,123 @@
+"""A plan, reported: the table printed before anything runs, plan.json and verl_config.yaml in the run dir,
+and the one line per point a sweep prints. Reads the plan only."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from vrun import rundir
+from vrun.memory import GIB
+from vrun.plan import Plan
+
+
+def plan_json(plan: Plan) -> dict:
+    c = plan.config
+    return {
+        "format": rundir.FORMAT, "mode": str(c.mode), "cluster": str(c.cluster.name),
+        "entrypoint": plan.entrypoint.launches, "argv": plan.argv, "env": plan.env, "env_unset": plan.env_unset,
+        "pass_env": plan.pass_env, "mesh": plan.mesh.summary(), "run_dir": plan.run_dir,
+        "model": {"name": c.model.name, "path": plan.model_path, "path_from": plan.model_path_source},
+        "algo": c.algo.name, "optimizer": c.optimizer.name.value,
+        "verl_config": f"{plan.run_dir}/verl_config.yaml", "verl_config_name": plan.request.config_name,
+        "verl_groups": list(plan.request.groups), "verl_overrides": [o.cli() for o in plan.request.overrides],
+        "mlite": {"source": plan.mlite.kind, "location": plan.mlite.location},
+        "batch": plan.batch,
+        "memory": plan.memory.summary() if plan.memory is not None else {"unavailable": plan.memory_note},
+        "mesh_search": plan.search,
+        "checkpoint": plan.checkpoint,
+        "pipeline": plan.pipeline,
+        "params": plan.params,
+        "warnings": [w.line() for w in plan.warnings],
+    }
+
+
+def write(plan: Plan, extra: Optional[dict] = None) -> None:
+    """<run dir>/verl_config.yaml and plan.json (with `extra` sections, e.g. the SLURM submission)."""
+    import yaml
+
+    d = Path(plan.run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    (d / "verl_config.yaml").write_text(yaml.dump(plan.verl, Dumper=dumper, sort_keys=False,
+                                                  default_flow_style=False))
+    (d / "plan.json").write_text(json.dumps({**plan_json(plan), **(extra or {})}, indent=2) + "\n")
+    rundir.index_add(plan.run_dir)
+
+
+def table(plan: Plan) -> str:
+    m, c = plan.mesh, plan.config
+    rows = [
+        f"run     {c.model.name} · {c.algo.name} · optimizer {c.optimizer.name} · cluster "
+        f"{c.cluster.name} · mode {c.mode}",
+        f"GPUs    {m.world} = {m.nnodes} node(s) × {m.gpus_per_node}",
+        f"dense   TP{m.tp} · CP{m.cp} · PP{m.pp} · DP{m.dp} = {m.world}",
+        f"expert  ETP{m.etp} · EP{m.ep} · PP{m.pp} · EDP{m.edp} = {m.world}   (vpp {m.vpp})",
+    ]
+    rows += plan.entrypoint.batch_rows(plan.batch)
+    rows += plan.entrypoint.recipe_rows(plan.verl, c.algo)
+    rows += memory_rows(plan)
+    rows += [
+        f"model   {plan.model_path or '(unset)'}  [{plan.model_path_source}]",
+        f"entry   {plan.entrypoint.launches}",
+        f"verl    {plan.request.config_name} + {len(plan.request.overrides)} overrides; verl_mlite from "
+        f"{plan.mlite.kind}",
+        f"run dir {plan.run_dir}",
+    ]
+    rows += [w.line() for w in plan.warnings]
+    return "\n".join(rows)
+
+
+def one_line(idx: int, overrides, plan: Plan) -> str:
+    m = plan.mesh
+    return (f"point {idx} [{' '.join(overrides)}]: {m.world} GPUs TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} "
+            f"EP{m.ep} ETP{m.etp} EDP{m.edp} → {plan.run_dir}")
+
+
+def memory_rows(plan: Plan) -> list[str]:
+    rows = []
+    if plan.search:
+        s = plan.search
+        rows.append(f"auto    {s['valid_meshes']} valid meshes searched in {s['search_ms']} ms; chosen "
+                    f"{s['chosen']['overrides']} (peak {s['chosen']['peak_gib']} GiB)")
+        for alt in s["alternatives"]:
+            rows.append(f"        alternative {alt['overrides']}  DP{alt['dp']} EDP{alt['edp']}  peak "
+                        f"{alt['peak_gib']} GiB{'' if alt['fits'] else '  (does not fit)'}")
+    if plan.checkpoint:
+        t = plan.checkpoint["totals"]
+        b = lambda n: f"{n:,}"  # noqa: E731  (exact logical parameter counts)
+        rows.append(f"params  checkpoint: {b(t['total'])} = dense {b(t['dense'])} + routed experts "
+                    f"{b(t['routed_expert'])} + MTP {b(t['mtp'])} + vision {b(t['vision'])}"
+                    f"{'' if plan.checkpoint['complete'] else ' (incomplete: unknown layouts)'}")
+    e = plan.memory
+    if e is None:
+        rows.append(f"memory  no estimate: {plan.memory_note}")
+        return rows
+    g = lambda x: f"{x / GIB:.1f}"  # noqa: E731
+    rows.append(f"memory  per GPU, stage {e.stage} ({e.layers_on_stage} layers): weights {g(e.weights)} + grads "
+                f"{g(e.grads)} + optimizer {g(e.optimizer)} + activations {g(e.activations)} + logits "
+                f"{g(e.logits)} = {g(e.train_peak)} GiB training")
+    r = e.rollout_detail
+    if r is not None:
+        rows.append(f"        rollout phase: vLLM {g(r.budget)} GiB = weights {g(r.weights)} (TP{r.tp}·DP{r.dp}) + "
+                    f"reserve {g(r.reserve)} + KV cache {g(r.kv_cache)}; actor residents {g(e.rollout_residents)} "
+                    f"GiB beside it")
+        per_tok = f"{r.kv.per_token / 1024:.1f} KiB/token" + \
+            (f" + {r.kv.per_sequence / 2 ** 20:.1f} MiB/sequence" if r.kv.per_sequence else "")
+        rows.append(f"        KV      {per_tok} per GPU ({r.kv.formula}); {r.fits} of the step's {r.step_share} "
+                    f"sequences per replica fit at once ({r.seq_len} tokens each)")
+    verdict = "(fits)" if e.fits else "(DOES NOT FIT)"
+    if r is not None and not r.holds_one:
+        verdict += "; the rollout does NOT fit (see the warning)"
+    rows.append(f"        peak {g(e.peak)} of {g(e.gpu_mem)} GiB per GPU {verdict}"
+                f" = max(training {g(e.train_peak)}, rollout {g(e.rollout)} + residents {g(e.rollout_residents)})")
+    if plan.params:
+        pc = plan.params
+        active = f", active {pc['active'] / 1e9:.1f}B" if pc.get("active") else ""
+        mtp = f" ({(pc['total'] - pc['mtp']) / 1e9:.1f}B without the {pc['mtp'] / 1e9:.1f}B MTP)" \
+            if pc.get("mtp") else ""
+        rows.append(f"params  {pc['total'] / 1e9:.1f}B total{mtp}{active} [{pc['source']}]"
+                    + (f"; not sourced: {', '.join(pc['estimates'])}" if pc.get("estimates") else ""))
+    if e.assumptions:
+        rows.append(f"assume  {e.assumptions}")
+    return rows

@@ -1,0 +1,74 @@
+"""The task Hydra runs for each job: plan (or take the plan the sweeper made), report it, then by mode
+preflight and hand off to the cluster's launcher (vrun.local on this machine; SLURM submits from the sweeper)."""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig
+
+from vrun import cli_errors, report, rundir
+from vrun.plan import Plan, make_plan
+from vrun.problems import PlanError
+from vrun.schema import Mode, typed
+
+# the sweeper plans every point before any runs and leaves each plan here for its job, which takes it
+PLANNED = ".plan.pickle"
+
+
+def run(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    run_dir = hc.runtime.output_dir
+    if "submitit" in str(hc.launcher.get("_target_", "")) and str(hc.mode) == "RunMode.RUN":
+        cli_errors.emit(["error: hydra/launcher=" + str(hc.runtime.choices.get("hydra/launcher")) + ": Hydra "
+                         "applies a launcher only in multirun, so this run would train on this machine; fix: add "
+                         "cluster=slurm (it submits without -m)"])
+    try:
+        p = take_planned(run_dir) or plan_config(cfg, run_dir)
+        report.write(p)
+        print(report.table(p), flush=True)
+        if p.config.mode == Mode.plan:
+            return
+        from vrun import preflight
+
+        rundir.record(p.run_dir, "started", attempt=0, pid=os.getpid())
+        try:
+            preflight.require(p)
+        except PlanError as e:
+            rundir.record(p.run_dir, "failed", attempt=0, node=0, error=str(e).splitlines()[0])
+            raise
+        if p.config.mode == Mode.preflight:
+            rundir.record(p.run_dir, "exited", attempt=0, node=0, rc=0)
+            print("preflight: all checks passed", flush=True)
+            return
+        from vrun import local
+
+        sys.exit(local.train(p))
+    except PlanError as e:
+        cli_errors.emit([pr.line() for pr in e.problems] + e.hints)
+
+
+def plan_config(cfg: DictConfig, run_dir: str, single_model: bool = True) -> Plan:
+    return make_plan(typed(cfg), run_dir, single_model=single_model)
+
+
+def leave_planned(plan: Plan) -> None:
+    """Put a plan in its run dir for the job that runs it."""
+    d = Path(plan.run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / PLANNED).write_bytes(pickle.dumps(plan))
+
+
+def take_planned(run_dir: str) -> Optional[Plan]:
+    """The plan the sweeper left in this run dir, removed as it is taken (a later run plans afresh)."""
+    f = Path(run_dir) / PLANNED
+    if not f.is_file():
+        return None
+    plan = pickle.loads(f.read_bytes())
+    f.unlink()
+    return plan
