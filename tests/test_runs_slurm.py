@@ -30,6 +30,20 @@ def own_index(tmp_path, monkeypatch):
     monkeypatch.setenv("VRUN_STATE_DIR", str(tmp_path / "state"))
 
 
+@pytest.fixture(autouse=True)
+def cancel_leftovers(shared):
+    """A test that fails half-way leaves no job behind for the next one (only this test's jobs)."""
+    yield
+    ids = set()
+    for f in shared.rglob("progress.jsonl"):
+        ids |= {str(json.loads(line).get("job_id")) for line in f.read_text().splitlines() if '"job_id"' in line}
+    if ids - {"None", ""}:
+        slurm("scancel", *sorted(ids - {"None", ""}))
+        wait_for("the test's jobs to leave the queue",
+                 lambda: not slurm("squeue", "-h", "-j", ",".join(sorted(ids - {"None", ""}))).stdout.strip(),
+                 timeout=120)
+
+
 def vrun(*args, timeout=300, stdin=subprocess.DEVNULL):
     """`python -m vrun` where SLURM's clients reach the cluster (through the harness's wrapper)."""
     return subprocess.run(WRAP + [PY, "-m", "vrun", *args], cwd=ROOT, capture_output=True, text=True,
@@ -62,7 +76,7 @@ def one_error_line(proc, *needles):
 
 def ray_of_job(job_id: str) -> list:
     """Processes of this job's Ray cluster still alive (its ports come from the job id)."""
-    from vrun.slurm import ports
+    from vrun.slurm_node import ports
 
     pt = ports(job_id)
     out = subprocess.run(["pgrep", "-af", f"(port|PORT)[=_ -]+({pt['gcs']}|{pt['node_manager']})\\b|HoldTaskRunner"],
