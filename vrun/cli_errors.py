@@ -11,8 +11,11 @@ EXIT_USAGE = 2
 
 
 def emit(lines: list[str], code: int = EXIT_USAGE) -> None:
+    """Print the lines (never a secret's value: vrun.guard.scrub) and exit."""
+    from vrun.guard import scrub
+
     for line in lines:
-        print(line, file=sys.stderr)
+        print(scrub(line), file=sys.stderr)
     sys.exit(code)
 
 
@@ -66,7 +69,18 @@ def describe(ex: BaseException) -> str:
             "give a value of the right type"
         return f"error: {cause.full_key}={_value_of(cause.full_key)}: {first}; fix: {fix}"
     first = " ".join(line.strip() for line in msg.splitlines() if line.strip())
-    return f"error: {first}; fix: see README (Modes, Config groups)"
+    m = re.search(r"Ambiguous value for argument '([^=']+)=", msg)
+    if m:
+        return (f"error: {m.group(1)}: a comma in a value is a list or a sweep to Hydra; fix: quote it "
+                f"({m.group(1)}='a,b'), write a list ({m.group(1)}=[a,b]) or sweep with -m")
+    if "no viable alternative" in msg or "mismatched input" in msg or "extraneous input" in msg:
+        return (f"error: {first.split(' See https')[0]}: the override does not parse; fix: quote the value "
+                "(key='...') or balance its brackets (Hydra's override grammar)")
+    m = re.search(r"Interpolation key '([^']+)' not found(?:.*?full_key: (\S+))?", first)
+    if m:
+        return (f"error: {m.group(2) or '?'}: interpolates ${{{m.group(1)}}}, which does not exist; fix: "
+                "interpolate an existing key of the run config (e.g. ${model.name})")
+    return f"error: {first}; fix: run with mode=plan and the same overrides; README 'Config groups' lists them"
 
 
 def _value_of(key: str) -> str:

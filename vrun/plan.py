@@ -26,6 +26,8 @@ from vrun.schema import RunConfig
 # unset when CUDA_VISIBLE_DEVICES is set (Ray refuses both); the SLURM node job decides it again on the node
 UNSET_WITH_CUDA = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# a larger world is a typo; refusing it up front keeps every answer (and the mesh suggestions) about a second
+MAX_WORLD = 1_000_000
 
 
 @dataclass
@@ -117,6 +119,10 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
         mesh = Mesh.of(config.mesh)
     except PlanError as e:
         raise PlanError(problems + e.problems)
+    if mesh.world > MAX_WORLD:
+        raise PlanError(problems + [Problem("mesh.nnodes", mesh.nnodes, f"{mesh.nnodes}×{mesh.gpus_per_node} = "
+                                            f"{mesh.world:,} GPUs is beyond any cluster (at most {MAX_WORLD:,})",
+                                            "mesh.nnodes=<the nodes you have>")])
     ep = entrypoints.of(config)
     placeholder = path if path else f"<unset: {config.model.path_env}>"
     req = translate.build(config, ep, mesh, run_dir, env, placeholder)

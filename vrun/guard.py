@@ -1,0 +1,277 @@
+"""Input the plan refuses before anything is written: secrets by any path, control characters, names that
+become paths or reach the batch script, run dirs that escape or that verl's own Hydra would misparse.
+
+Runs on the composed run config (Hydra's node, before the typed config is built) for a single run in the
+manifest callback's on_run_start (before Hydra creates the run dir) and for every sweep point in the
+sweeper (before anything is written). Secrets are kept out of every line printed: emit() scrubs them.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional
+
+from vrun.problems import SECRETISH, Problem
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# names that become path components, job names or verl trainer names
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+NAME_KEYS = ("model.name", "algo.name", "data.name", "run.project_name", "run.experiment_name")
+# the group whose option a name is: the name is that option (group identities are not free text)
+GROUP_OF = {"model.name": "model", "algo.name": "algo", "data.name": "data"}
+# values that reach sbatch options: a word each (constraint expressions keep their operators)
+SBATCH_KEYS = {"cluster.partition": r"[A-Za-z0-9._,-]+", "cluster.account": r"[A-Za-z0-9._-]+",
+               "cluster.qos": r"[A-Za-z0-9._-]+", "cluster.constraint": r"[A-Za-z0-9._,&|!*:\[\]()-]+"}
+# the default names passed to workers (conf/run.yaml pass_env) are secrets even before the config is read
+DEFAULT_PASS_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+TRIVIAL = {"", "0", "1", "true", "false", "True", "False", "none", "None", "null"}
+ENV_REF = re.compile(r"oc\.env\s*:\s*([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def secret_names(environ: Optional[dict] = None, pass_env: Iterable[str] = ()) -> set[str]:
+    environ = os.environ if environ is None else environ
+    return {k for k in environ if SECRETISH.search(k)} | set(DEFAULT_PASS_ENV) | {str(n) for n in pass_env}
+
+
+def secret_values(environ: Optional[dict] = None, pass_env: Iterable[str] = ()) -> dict[str, str]:
+    """value → the variable it comes from, for every secret variable set to something non-trivial."""
+    environ = os.environ if environ is None else environ
+    out = {}
+    for name in secret_names(environ, pass_env):
+        v = environ.get(name)
+        if v and v.strip() not in TRIVIAL and len(v) >= 4:
+            out[v] = name
+    return out
+
+
+def scrub(text: str, environ: Optional[dict] = None) -> str:
+    """The text with every secret variable's value replaced by <hidden> (longest first)."""
+    for v in sorted(secret_values(environ), key=len, reverse=True):
+        text = text.replace(v, "<hidden>")
+    return text
+
+
+def _leaves(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(d, dict):
+        if not d and prefix:
+            yield prefix, d
+        for k, v in d.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(d, list):
+        if not d and prefix:
+            yield prefix, d
+        for i, v in enumerate(d):
+            yield from _leaves(v, f"{prefix}[{i}]")
+    else:
+        yield prefix, d
+
+
+def _containers(cfg: Any) -> tuple[dict, Optional[dict]]:
+    """(raw, resolved) plain containers of the run config without the hydra node; resolved is None when an
+    interpolation fails (composition reports that one, scrubbed)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(cfg)
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    raw.pop("hydra", None)
+    try:
+        c = cfg.copy()
+        from omegaconf import open_dict
+
+        with open_dict(c):
+            c.pop("hydra", None)
+        resolved = OmegaConf.to_container(c, resolve=True)
+    except Exception as e:  # noqa: BLE001 - reported as one line by config_problems
+        resolved = e
+    return raw, resolved
+
+
+def config_problems(cfg: Any, environ: Optional[dict] = None, choices: Optional[dict] = None) -> list[Problem]:
+    """Secrets, control characters, names and sbatch values in the composed run config."""
+    environ = dict(os.environ if environ is None else environ)
+    raw, resolved = _containers(cfg)
+    pass_env = [str(x) for x in (raw.get("pass_env") or []) if isinstance(x, (str, int))]
+    names = secret_names(environ, pass_env)
+    values = secret_values(environ, pass_env)
+    problems: list[Problem] = []
+    seen: set[str] = set()
+
+    def add(p: Problem) -> None:
+        if p.key not in seen:
+            seen.add(p.key)
+            problems.append(p)
+
+    for key, v in _leaves(raw):
+        last = re.split(r"[.\[]", key)[-1]
+        if CONTROL.search(key):
+            add(Problem(CONTROL.sub("?", key), None, "a key with a control character", "remove it"))
+            continue
+        if key.startswith("pass_env"):
+            if not (isinstance(v, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)):
+                add(Problem(key, "<hidden>" if isinstance(v, str) and v in values else v,
+                            "pass_env holds names of variables, not values",
+                            "pass_env=[WANDB_API_KEY,HF_TOKEN] (names; export the values)"))
+            continue
+        if isinstance(v, str):
+            m = ENV_REF.search(v)
+            if m and (m.group(1) in names):
+                add(Problem(key, "<hidden>", f"interpolates the secret variable {m.group(1)}: its value would be "
+                            "written into the plan and the verl config",
+                            f"remove it; add {m.group(1)} to pass_env (it reaches the workers by name)"))
+                continue
+            if v in values:
+                add(Problem(key, "<hidden>", f"equals the value of the secret variable {values[v]}: it would be "
+                            "written into the plan and the verl config",
+                            f"remove it; add {values[v]} to pass_env (it reaches the workers by name)"))
+                continue
+            if CONTROL.search(v):
+                add(Problem(key, "<control characters>", "a value with a control character (a newline would add "
+                            "a line to sbatch.sh or a command line)", f"give {key} on one line, without control "
+                            "characters"))
+                continue
+        if SECRETISH.search(last) and v not in (None, "", {}, []) and not key.startswith("cluster.ray."):
+            add(Problem(key, "<hidden>", "a secret's value would be written into the plan and the verl config",
+                        f"export {last} and add it to pass_env=[...,{last}] (it reaches the workers by name)"))
+    if isinstance(resolved, Exception):
+        from vrun import cli_errors
+
+        line = cli_errors.describe(resolved).removeprefix("error: ")
+        key, _, rest = line.partition(": ")
+        if not problems:
+            problems.append(Problem(key, "<unresolved>", rest.split("; fix: ")[0], rest.partition("; fix: ")[2] or
+                                    "fix the interpolation"))
+    else:
+        for key, v in _leaves(resolved):
+            if key in seen or key.startswith("pass_env"):
+                continue
+            if isinstance(v, str) and v in values:
+                add(Problem(key, "<hidden>", f"its value comes from the secret variable {values[v]}: it would be "
+                            "written into the plan and the verl config",
+                            f"remove it; add {values[v]} to pass_env (it reaches the workers by name)"))
+            elif isinstance(v, str) and CONTROL.search(v):
+                add(Problem(key, "<control characters>", "a value with a control character (a newline would add "
+                            "a line to sbatch.sh or a command line)", f"give {key} without control characters"))
+        problems += name_problems(resolved, choices, seen)
+    return problems
+
+
+def name_problems(resolved: dict, choices: Optional[dict] = None, seen: Optional[set] = None) -> list[Problem]:
+    from vrun.dotted import get
+
+    seen = set() if seen is None else seen
+    out = []
+    for key in NAME_KEYS:
+        v = get(resolved, key, None)
+        if key in seen or v is None:
+            continue
+        if not group_of(key) and any(p.key in GROUP_OF for p in out):
+            continue  # the run names default to the group names: one line for the name at fault
+        group = group_of(key)
+        choice = (choices or {}).get(group) if group else None
+        if group and choice is not None and str(v) != str(choice):
+            out.append(Problem(key, _short(v), f"the {group} group's identity (it names the run dir and the job) "
+                               f"is set by {group}=<option>, here {group}={choice}",
+                               f"drop {key}=...; choose another {group} with {group}=<option>"))
+        elif not (isinstance(v, str) and SAFE_NAME.match(v)):
+            out.append(Problem(key, _short(v), "a name that becomes part of a path and a job name must be "
+                               "letters, digits and . _ + - (starting with a letter or digit, at most 128)",
+                               f"{key}=<letters, digits, . _ + ->"))
+    for key, allowed in SBATCH_KEYS.items():
+        v = get(resolved, key, None)
+        if key in seen or v is None:
+            continue
+        if not re.fullmatch(allowed, str(v)):
+            out.append(Problem(key, _short(v), "reaches sbatch.sh as an option value: one word of the "
+                               "characters sbatch takes there", f"{key}=<name>"))
+    for key in ("cluster.setup", "cluster.node_setup"):
+        for i, line in enumerate(get(resolved, key, None) or []):
+            if not isinstance(line, str):
+                out.append(Problem(f"{key}[{i}]", _short(line), "a line of shell", f"{key}=['<command>']"))
+    for k, v in (get(resolved, "cluster.additional_parameters", None) or {}).items():
+        if not re.fullmatch(r"[a-z][a-z0-9_-]*", str(k)) or CONTROL.search(str(v)) or "\n" in str(v):
+            out.append(Problem(f"cluster.additional_parameters.{k}", _short(v), "becomes an #SBATCH line: a "
+                               "lower-case option name and a one-line value", "cluster.additional_parameters.<option>="
+                               "<value>"))
+    return out
+
+
+def _short(v: Any) -> str:
+    s = str(v)
+    s = CONTROL.sub("?", s)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def run_dir_problems(run_dir: str, key: str, inside: Optional[str] = None) -> list[Problem]:
+    """A run dir verl can be given: no comma (verl's Hydra argv would read a sweep), no control character, and
+    within `inside` (the sweep dir) when given."""
+    out = []
+    if CONTROL.search(run_dir):
+        return [Problem(key, _short(run_dir), "a directory name with a control character",
+                        f"{key}=<a path without control characters>")]
+    if "," in run_dir:
+        out.append(Problem(key, run_dir, "a comma in the run dir reaches verl's Hydra command line (the config path) "
+                           "and parses as a sweep", f"{key}=<a path without commas>"))
+    if inside is not None:
+        base = Path(os.path.normpath(os.path.abspath(inside)))
+        target = Path(os.path.normpath(os.path.abspath(run_dir)))
+        if target != base and base not in target.parents:
+            out.append(Problem(key, run_dir, f"the run dir escapes the sweep dir {base}",
+                               "names in hydra.sweep.subdir must not contain '/' or '..'"))
+    return out
+
+
+def new_ancestors(path: str) -> list[Path]:
+    """The directories mkdir -p would create for `path`, deepest first (what a refused run removes)."""
+    p = Path(os.path.abspath(path))
+    out = []
+    while not p.exists() and p != p.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def remove_if_empty(dirs: list[Path]) -> None:
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+
+
+# the directories a single run's Hydra is about to create (removed again when the plan is refused)
+CREATED: list[Path] = []
+
+
+def check_single_run(config: Any) -> None:
+    """on_run_start of a single run: refuse (one line each, exit 2) before Hydra creates the run dir."""
+    from omegaconf import OmegaConf
+
+    from vrun import cli_errors
+
+    hc = config.hydra
+    choices = OmegaConf.to_container(hc.runtime.choices, resolve=False) if "runtime" in hc else {}
+    problems = config_problems(config, choices=choices)
+    launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+    if "submitit" in launcher:
+        problems.append(Problem("hydra/launcher", choices.get("hydra/launcher"), "Hydra applies a launcher only "
+                                "in multirun, so this run would train on this machine",
+                                "add cluster=slurm (it submits without -m)"))
+    run_dir = None
+    if not problems:
+        try:
+            run_dir = str(OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=True))
+        except Exception as e:  # noqa: BLE001
+            problems.append(Problem("hydra.run.dir", None, cli_errors.describe(e).removeprefix("error: "),
+                                    "hydra.run.dir=<a directory>"))
+    if run_dir is not None:
+        problems += run_dir_problems(run_dir, "hydra.run.dir")
+    errors = [p for p in problems if not p.warning]
+    if errors:
+        cli_errors.emit([p.line() for p in errors])
+    CREATED[:] = new_ancestors(run_dir) if run_dir else []
+
+
+def group_of(key: str) -> Optional[str]:
+    return GROUP_OF.get(key)
