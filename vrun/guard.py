@@ -275,3 +275,82 @@ def check_single_run(config: Any) -> None:
 
 def group_of(key: str) -> Optional[str]:
     return GROUP_OF.get(key)
+
+
+# verl keys with a range verl (or its first step) enforces, by the entrypoint's tree: key → (kind, fix)
+POSITIVE_INT = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
+                "actor_rollout_ref.rollout.n", "actor_rollout_ref.actor.ppo_mini_batch_size",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size", "data.micro_batch_size_per_gpu",
+                "data.max_length", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_epochs")
+NON_NEGATIVE_INT = ("trainer.total_epochs", "trainer.save_freq", "trainer.test_freq")
+FRACTION = ("actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.actor.clip_ratio",
+            "actor_rollout_ref.actor.optim.override_optimizer_config.offload_fraction",
+            "optim.override_optimizer_config.offload_fraction")
+RAY_ADDRESS = re.compile(r"^(local|auto|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$")
+
+
+def range_problems(verl: dict) -> list[Problem]:
+    """Values of the resolved verl tree out of the range verl accepts (booleans are not integers)."""
+    from vrun.dotted import MISSING, get
+
+    out = []
+    for key in POSITIVE_INT + NON_NEGATIVE_INT:
+        v = get(verl, key, MISSING)
+        if v is MISSING or v is None:
+            continue
+        low = 1 if key in POSITIVE_INT else (-1 if key.endswith("_freq") else 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            what = "a positive integer" if low == 1 else ("an integer ≥ -1 (-1: never)" if low == -1
+                                                          else "a non-negative integer")
+            out.append(Problem(f"verl.{key}", v, f"must be {what}", f"verl.{key}=<{what}>"))
+    for key in FRACTION:
+        v = get(verl, key, MISSING)
+        if v is MISSING or v is None:
+            continue
+        zero_ok = key.endswith("offload_fraction")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not ((0 <= v) if zero_ok else (0 < v)) or v > 1:
+            out.append(Problem(f"verl.{key}", v, f"must be a fraction in {'[0' if zero_ok else '(0'}, 1]",
+                               f"verl.{key}=0.5"))
+    return out
+
+
+def run_problems(config) -> list[Problem]:
+    """The run config's own ranges and conflicts (config: vrun.schema.RunConfig)."""
+    c = config.cluster
+    out = []
+    slurm = str(c.name) == "slurm"
+    if not isinstance(c.ray.address, str) or not RAY_ADDRESS.match(c.ray.address):
+        out.append(Problem("cluster.ray.address", _short(c.ray.address), "Ray joins 'local' (a fresh instance), "
+                           "'auto' (the running one) or host:port", "cluster.ray.address=local|auto|<host>:<port>"))
+    elif slurm and c.ray.address == "local":
+        out.append(Problem("cluster.ray.address", "local", "cluster=slurm brings up one Ray cluster over the job's "
+                           "nodes; 'local' would start a separate one-node instance on the head",
+                           "cluster.ray.address=auto (the default for cluster=slurm)"))
+    for key, v, low in (("cluster.time_min", c.time_min, 1), ("cluster.ray.join_timeout_s", c.ray.join_timeout_s, 1),
+                        ("cluster.max_requeues", c.max_requeues, 0), ("cluster.master_port", c.master_port, 1),
+                        ("cluster.cpus_per_task", c.cpus_per_task, 1), ("cluster.mem_gb", c.mem_gb, 1),
+                        ("cluster.ray.num_cpus", c.ray.num_cpus, 0), ("cluster.ray.num_gpus", c.ray.num_gpus, 0)):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            why = "0 means no time limit to sbatch (and no GPU-hours to confirm)" if key == "cluster.time_min" \
+                else f"must be an integer ≥ {low}"
+            out.append(Problem(key, v, why, f"{key}=<integer ≥ {low}>"))
+    if not 0 < c.master_port < 65536:
+        out.append(Problem("cluster.master_port", c.master_port, "not a TCP port", "cluster.master_port=29500"))
+    if c.confirm_gpu_hours is not None and not c.confirm_gpu_hours > 0:
+        out.append(Problem("cluster.confirm_gpu_hours", c.confirm_gpu_hours, "must be positive",
+                           "cluster.confirm_gpu_hours=1000"))
+    ep = str(config.algo.entrypoint)
+    for block, v in (config.recipe or {}).items():
+        if block not in ("ppo", "sft"):
+            out.append(Problem(f"recipe.{block}", "...", "no such recipe block: recipe.ppo holds main_ppo keys, "
+                               "recipe.sft sft_trainer keys", "recipe.ppo.<key> or recipe.sft.<key>"))
+        elif block != ep and v and block == "sft":
+            out.append(Problem("recipe.sft", "...", f"algo={config.algo.name} runs {ep}: recipe.sft is read by "
+                               "nothing", "drop it, or algo=sft", warning=True))
+    if config.run.dump_rollouts and ep == "sft":
+        out.append(Problem("run.dump_rollouts", True, "SFT has no rollouts: read by nothing",
+                           "drop it, or algo=grpo|dapo", warning=True))
+    return out

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from vrun import checks, entrypoints, memory, mlite, phases, translate, verl_tree
+from vrun import checks, entrypoints, guard, memory, mlite, phases, translate, verl_tree
 from vrun.dotted import get
 from vrun.entrypoints import Entrypoint
 from vrun.memory import GIB, Estimate
@@ -114,7 +114,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     path, path_from, p = resolve_model_path(config.model, environ, single_model)
     problems += p
     env, unset, p = run_env(config, environ)
-    problems += p
+    problems += p + guard.run_problems(config)
     try:
         mesh = Mesh.of(config.mesh)
     except PlanError as e:
@@ -131,6 +131,9 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     if [x for x in problems if not x.warning]:
         raise PlanError(problems)
     resolved = verl_tree.resolve(tree)
+    problems += guard.range_problems(resolved)
+    if [x for x in problems if not x.warning]:
+        raise PlanError(problems)
     rules = rules_of(config, ep, resolved)
     params, params_note, ckpt, counts = model_params(config, ep, path, problems, resolved)
     params = with_built_mtp(params, config, ep, resolved)

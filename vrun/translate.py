@@ -89,6 +89,15 @@ def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, e
     passthrough = list(flatten(config.verl))
     problems = [Problem(f"verl.{k}", v, f"{k} is set by the project", f"use {owned[k]}")
                 for k, v in passthrough if k in owned]
+    # the same keys through the other doors (engine., optim., recipe.<entrypoint>.): refused alike, not overwritten
+    doors = [(f"engine.{k[len(ep.engine) + 1:]}", k, v) for k, v in flatten(config.engine, ep.engine)] + \
+        [(f"optim.{k[len(ep.optim) + 1:]}", k, v) for k, v in flatten(config.optim, ep.optim)] + \
+        [(f"recipe.{ep.name.value}.{k}", k, v) for k, v in flatten(config.recipe.get(ep.name.value) or {})]
+    problems += [Problem(door, v, f"{k} is set by the project", f"use {owned[k]}") for door, k, v in doors
+                 if k in owned]
+    for k in [k for _, k, _ in doors if k in owned]:
+        values.pop(k, None)
+        origin.pop(k, None)
     derived = mesh_values(ep, mesh)
     derived += [(f"{ep.engine}.model_name", config.model.mlite_name),
                 (f"{ep.engine}.impl_cfg.optimizer", config.optimizer.name.value),
