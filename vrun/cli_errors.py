@@ -69,9 +69,9 @@ def describe(ex: BaseException) -> str:
             "give a value of the right type"
         return f"error: {cause.full_key}={_value_of(cause.full_key)}: {first}; fix: {fix}"
     first = " ".join(line.strip() for line in msg.splitlines() if line.strip())
-    m = re.search(r"Ambiguous value for argument '([^=']+)=", msg)
+    m = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", msg)
     if m:
-        return (f"error: {m.group(1)}: a comma in a value is a list or a sweep to Hydra; fix: quote it "
+        return (f"error: {m.group(1)}={m.group(2)}: a comma in a value is a list or a sweep to Hydra; fix: quote it "
                 f"({m.group(1)}='a,b'), write a list ({m.group(1)}=[a,b]) or sweep with -m")
     if "no viable alternative" in msg or "mismatched input" in msg or "extraneous input" in msg:
         return (f"error: {first.split(' See https')[0]}: the override does not parse; fix: quote the value "

@@ -62,7 +62,40 @@ class Plan:
 
 
 def resolve_model_path(model, environ: dict, single_model: bool) -> tuple[Optional[str], str, list[Problem]]:
-    """model: the config's model group (vrun.schema.Model)."""
+    """model: the config's model group (vrun.schema.Model). The path as verl can take it (normalise_path)."""
+    path, source, problems = _model_path(model, environ, single_model)
+    if path is None:
+        return path, source, problems
+    key = "model.path" if source == "model.path" else (source if source != "default" else "model.default_path")
+    path, p = normalise_path(path, key, environ)
+    return path, source, problems + p
+
+
+def normalise_path(path: str, key: str, environ: dict) -> tuple[Optional[str], list[Problem]]:
+    """verl asserts on a trailing '/' (copy_to_local), does not expand '~', and the job runs in the run dir (a
+    relative path would point there): normalised, and said so; a path that does not exist is a warning."""
+    out = []
+    given = path
+    if path.startswith("~"):
+        home = environ.get("HOME") or os.path.expanduser("~")
+        path = home + path[1:] if path == "~" or path.startswith("~/") else path
+    if not os.path.isabs(path):
+        path = os.path.abspath(path)
+    if len(path) > 1 and path.endswith("/"):
+        path = path.rstrip("/") or "/"
+    if len(path) > 4096 or any(len(part) > 255 for part in path.split("/")):
+        return None, [Problem(key, given[:80] + ("..." if len(given) > 80 else ""), "longer than a path can be",
+                              f"{key}=/path/to/checkpoint")]
+    if path != given:
+        out.append(Problem(key, given, f"taken as {path} (verl needs an absolute path without a trailing '/'; "
+                           "the job runs in the run dir)", f"{key}={path}", warning=True))
+    if not os.path.exists(path):
+        out.append(Problem(key, path, "does not exist on this machine (preflight checks it where the job runs)",
+                           f"{key}=<an existing checkpoint directory>", warning=True))
+    return path, out
+
+
+def _model_path(model, environ: dict, single_model: bool) -> tuple[Optional[str], str, list[Problem]]:
     if model.path:
         return model.path, "model.path", []
     env_name = model.path_env
@@ -114,7 +147,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     path, path_from, p = resolve_model_path(config.model, environ, single_model)
     problems += p
     env, unset, p = run_env(config, environ)
-    problems += p + guard.run_problems(config)
+    problems += p + guard.run_problems(config) + guard.model_problems(config.model)
     try:
         mesh = Mesh.of(config.mesh)
     except PlanError as e:

@@ -1,0 +1,119 @@
+"""Bad input, by family, through the real CLI: refused at plan time with one line naming the key (or planned
+with a warning naming it), nothing written outside the run dir, nothing left by a refused run, no secret in any
+byte printed or written. One row per case; R is the run dir, S the secret's value (exported as WANDB_API_KEY).
+"""
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import runner
+
+S = "s3cr3t-wandb-value-4711"
+OK, REFUSED = 0, 2
+
+# (id, args, exit, key the first error/warning line must name, extra text that line must hold)
+CASES = [
+    # --- secrets by any path
+    ("secret-in-runtime-env", ["+verl.ray_kwargs.ray_init.runtime_env.env_vars.WANDB_API_KEY=" + S], REFUSED,
+     "verl.ray_kwargs.ray_init.runtime_env.env_vars.WANDB_API_KEY", "pass_env"),
+    ("secret-key-in-env", ["+env.HF_TOKEN=abcdef123"], REFUSED, "env.HF_TOKEN", "pass_env"),
+    ("secret-interpolated", ["+verl.trainer.foo=${oc.env:WANDB_API_KEY}"], REFUSED, "verl.trainer.foo",
+     "WANDB_API_KEY"),
+    ("secret-value-under-other-key", ["verl.trainer.project_name=" + S], REFUSED, "verl.trainer.project_name",
+     "WANDB_API_KEY"),
+    ("secret-in-env-value", ["+env.MY_VAR=" + S], REFUSED, "env.MY_VAR", "WANDB_API_KEY"),
+    ("secret-in-parse-error", ["verl.trainer.foo=[" + S], REFUSED, None, "does not parse"),
+    ("secret-in-pass-env", ["pass_env=[" + S + "]"], REFUSED, "pass_env[0]", "names"),
+    # --- injection into sbatch.sh, command lines, file names
+    ("newline-experiment-name", ["run.experiment_name='a\nb'"], REFUSED, "run.experiment_name", "control"),
+    ("newline-partition", ["cluster=slurm", "cluster.partition='p\n#SBATCH --nodes=999'"], REFUSED,
+     "cluster.partition", "control"),
+    ("space-partition", ["cluster=slurm", "cluster.partition='p --nodes=999'"], REFUSED, "cluster.partition",
+     "sbatch"),
+    ("shell-experiment-name", ["run.experiment_name='x;rm -rf ~'"], REFUSED, "run.experiment_name", "letters"),
+    ("sbatch-parameter-name", ["cluster=slurm", "+cluster.additional_parameters.X='a\nb'"], REFUSED,
+     "cluster.additional_parameters.X", None),
+    # --- escaping the run dir
+    ("model-name-dotdot", ["model.name=x/../../esc"], REFUSED, "model.name", "model=<option>"),
+    ("algo-name-dotdot", ["algo.name=../../esc"], REFUSED, "algo.name", "algo=<option>"),
+    ("sweep-model-name-dotdot", ["-m", "model.name=x/../../esc"], REFUSED, "model.name", None),
+    ("comma-run-dir", ["hydra.run.dir='R,x'"], REFUSED, "hydra.run.dir", "comma"),
+    # --- owned keys through any door
+    ("owned-engine-tp", ["engine.tp=2"], REFUSED, "engine.tp", "mesh.tp"),
+    ("owned-impl-optimizer", ["engine.impl_cfg.optimizer=dist_opt"], REFUSED, "engine.impl_cfg.optimizer",
+     "optimizer="),
+    ("owned-recipe-nnodes", ["recipe.ppo.trainer.nnodes=4"], REFUSED, "recipe.ppo.trainer.nnodes", "mesh.nnodes"),
+    ("owned-verl-nnodes", ["verl.trainer.nnodes=4"], REFUSED, "verl.trainer.nnodes", "mesh.nnodes"),
+    # --- ranges and values verl rejects
+    ("fraction-gpu-mem", ["verl.actor_rollout_ref.rollout.gpu_memory_utilization=1.5"], REFUSED,
+     "verl.actor_rollout_ref.rollout.gpu_memory_utilization", "(0, 1]"),
+    ("bool-as-int", ["verl.data.train_batch_size=true"], REFUSED, "verl.data.train_batch_size", "positive"),
+    ("negative-epochs", ["verl.trainer.total_epochs=-1"], REFUSED, "verl.trainer.total_epochs", None),
+    ("zero-response", ["verl.data.max_response_length=0"], REFUSED, "verl.data.max_response_length", None),
+    ("ray-address-form", ["cluster.ray.address=nowhere"], REFUSED, "cluster.ray.address", "host:port"),
+    ("gpu-mem-zero", ["cluster.gpu_mem_gib=0"], REFUSED, "cluster.gpu_mem_gib", None),
+    ("slurm-time-zero", ["cluster=slurm", "cluster.time_min=0"], REFUSED, "cluster.time_min", "no time limit"),
+    ("mesh-bool", ["mesh.tp=true"], REFUSED, "mesh.tp", None),
+    ("huge-world", ["mesh.nnodes=100000000", "mesh.cp=3"], REFUSED, "mesh.nnodes", "1,000,000"),
+    # --- conflicts
+    ("slurm-local-ray", ["cluster=slurm", "cluster.ray.address=local"], REFUSED, "cluster.ray.address", "auto"),
+    ("misspelt-recipe", ["+recipe.ppp.x=1"], REFUSED, "recipe.ppp", "recipe.ppo"),
+    ("sft-recipe-under-grpo", ["+recipe.sft.x=1"], OK, "recipe.sft", "algo=sft"),
+    ("dump-rollouts-sft", ["model=deepseek_v4_flash", "algo=sft", "run.dump_rollouts=true"], OK,
+     "run.dump_rollouts", None),
+    # --- Hydra's own syntax
+    ("launcher-without-cluster", ["-m", "hydra/launcher=submitit_slurm"], REFUSED, "hydra/launcher",
+     "cluster=slurm"),
+    ("launcher-single-run", ["hydra/launcher=submitit_slurm"], REFUSED, "hydra/launcher", "cluster=slurm"),
+    ("bad-interpolation", ["run.experiment_name=${foo.bar}"], REFUSED, "run.experiment_name", "foo.bar"),
+    ("unquoted-comma", ["hydra.run.dir=R,x"], REFUSED, "hydra.run.dir", "quote"),
+]
+
+
+def _env(tmp_path):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("MLITE", "RAY_")) and not k.endswith("MODEL_PATH")}
+    e.update(HOME=str(tmp_path / "home"), WANDB_API_KEY=S)
+    return e
+
+
+def _files(root: Path) -> dict:
+    return {str(p.relative_to(root)): p for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(tmp_path, case):
+    """Refused (or warned) naming the key; no traceback or Python warning; no secret anywhere; nothing outside."""
+    _, args, code, key, text = case
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (tmp_path / "home").mkdir()
+    run_dir = tmp_path / "out" / "run"
+    multirun = "-m" in args or "cluster=slurm" in args
+    args = [a.replace("R", str(run_dir)) if a.startswith("hydra.run.dir") else a for a in args]
+    dir_arg = [] if any(a.startswith("hydra.run.dir") for a in args) else \
+        [f"hydra.sweep.dir={run_dir}" if multirun else f"hydra.run.dir={run_dir}"]
+    proc = runner(*args, "mode=plan", *dir_arg, cwd=cwd, env=_env(tmp_path), timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == code, out[-2000:]
+    assert "Traceback" not in out and "Warning:" not in out and "warnings.warn" not in out, out[-2000:]
+    assert S not in out
+    kind = "error: " if code else "warning: "
+    lines = [line for line in out.splitlines() if kind in line]
+    assert lines, out[-2000:]
+    first = lines[0][lines[0].index(kind):]
+    if not code:  # the warning about this key, among the plan's others
+        first = next((x for x in lines if x.startswith(f"{kind}{key}=")), first)
+    if key is not None:
+        assert first.startswith(f"{kind}{key}="), first
+    if text is not None:
+        assert text in first, first
+    assert ": " in first and "fix: " in first, first
+    if code:
+        assert all("\n" not in x for x in lines)
+        assert not (tmp_path / "out").exists(), sorted(_files(tmp_path / "out"))
+    assert list(cwd.iterdir()) == []
+    for name, p in _files(tmp_path).items():
+        assert name.startswith(("cwd", "home", "out")), name
+        if p.is_file():
+            assert S.encode() not in p.read_bytes(), name
