@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import runner
+from conftest import needs_dapo, runner
 
 S = "s3cr3t-wandb-value-4711"
 OK, REFUSED = 0, 2
@@ -56,6 +56,22 @@ CASES = [
     ("slurm-time-zero", ["cluster=slurm", "cluster.time_min=0"], REFUSED, "cluster.time_min", "no time limit"),
     ("mesh-bool", ["mesh.tp=true"], REFUSED, "mesh.tp", None),
     ("huge-world", ["mesh.nnodes=100000000", "mesh.cp=3"], REFUSED, "mesh.nnodes", "1,000,000"),
+    ("logger-backend", ["verl.trainer.logger=[console,wandbb]"], REFUSED, "verl.trainer.logger", "wandb"),
+    ("adv-estimator", ["verl.algorithm.adv_estimator=grpoo"], REFUSED, "verl.algorithm.adv_estimator", "grpo"),
+    ("loss-agg-mode", ["verl.actor_rollout_ref.actor.loss_agg_mode=mean"], REFUSED,
+     "verl.actor_rollout_ref.actor.loss_agg_mode", "token-mean"),
+    ("rollout-name", ["verl.actor_rollout_ref.rollout.name=hf"], REFUSED, "verl.actor_rollout_ref.rollout.name",
+     "vllm"),
+    ("actor-strategy", ["verl.actor_rollout_ref.actor.strategy=fsdp"], REFUSED,
+     "verl.actor_rollout_ref.actor.strategy", "mlite"),
+    # --- one value, one source
+    ("dapo-short-response", ["algo=dapo", "verl.data.max_response_length=2048"], REFUSED,
+     "reward.reward_kwargs.overlong_buffer_cfg.len", "max_resp_len=2048"),
+    ("rollout-length-elsewhere", ["verl.actor_rollout_ref.rollout.response_length=100"], REFUSED,
+     "verl.actor_rollout_ref.rollout.response_length", "data.max_response_length"),
+    # --- paths verl chokes on
+    ("model-path-trailing-slash", ["model.path=/nonexistent/ckpt/"], OK, "model.path", "/nonexistent/ckpt "),
+    ("model-path-relative", ["model.path=ckpt"], OK, "model.path", "absolute"),
     # --- conflicts
     ("slurm-local-ray", ["cluster=slurm", "cluster.ray.address=local"], REFUSED, "cluster.ray.address", "auto"),
     ("misspelt-recipe", ["+recipe.ppp.x=1"], REFUSED, "recipe.ppp", "recipe.ppo"),
@@ -85,6 +101,8 @@ def _files(root: Path) -> dict:
 def test_bad_input(tmp_path, case):
     """Refused (or warned) naming the key; no traceback or Python warning; no secret anywhere; nothing outside."""
     _, args, code, key, text = case
+    if "algo=dapo" in args:
+        needs_dapo()
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     (tmp_path / "home").mkdir()

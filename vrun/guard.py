@@ -316,6 +316,22 @@ def range_problems(verl: dict) -> list[Problem]:
     return out
 
 
+def length_problems(verl: dict) -> list[Problem]:
+    """PPO: the rollout's lengths and the DAPO reward's max_resp_len equal the data's (one source)."""
+    from vrun.dotted import MISSING, get
+
+    out = []
+    for src, dest in (("data.max_prompt_length", "actor_rollout_ref.rollout.prompt_length"),
+                      ("data.max_response_length", "actor_rollout_ref.rollout.response_length"),
+                      ("data.max_response_length", "reward.reward_kwargs.max_resp_len")):
+        a, b = get(verl, src, MISSING), get(verl, dest, MISSING)
+        if a is MISSING or b is MISSING or a is None or b is None or a == b:
+            continue
+        out.append(Problem(f"verl.{dest}", b, f"differs from {src}={a}: the plan's checks and the table would "
+                           "describe lengths verl does not use", f"set verl.{src} only (it sets {dest})"))
+    return out
+
+
 def run_problems(config) -> list[Problem]:
     """The run config's own ranges and conflicts (config: vrun.schema.RunConfig)."""
     c = config.cluster

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from vrun import checks, entrypoints, guard, memory, mlite, phases, translate, verl_tree
+from vrun import checks, entrypoints, guard, verl_values, memory, mlite, phases, translate, verl_tree
 from vrun.dotted import get
 from vrun.entrypoints import Entrypoint
 from vrun.memory import GIB, Estimate
@@ -164,7 +164,8 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     if [x for x in problems if not x.warning]:
         raise PlanError(problems)
     resolved = verl_tree.resolve(tree)
-    problems += guard.range_problems(resolved)
+    problems += guard.range_problems(resolved) + (guard.length_problems(resolved) if ep.has_rollout else []) + \
+        verl_values.problems(resolved, ep.has_rollout)
     if [x for x in problems if not x.warning]:
         raise PlanError(problems)
     rules = rules_of(config, ep, resolved)

@@ -26,6 +26,10 @@ OWNED = {
     "trainer.default_local_dir": "hydra.run.dir (checkpoints go to <run dir>/checkpoints)",
 }
 
+# lengths that follow the data's: data key → the keys set from it (conf/data, conf/algo/dapo.yaml interpolate them)
+LINKED = {"data.max_prompt_length": [f"{ROLLOUT}.prompt_length"],
+          "data.max_response_length": [f"{ROLLOUT}.response_length", "reward.reward_kwargs.max_resp_len"]}
+
 # maps whose keys are free-form for verl (a `+` may add to them)
 OPEN_MAPS = ("reward.reward_kwargs", "ray_kwargs.ray_init")
 
@@ -108,6 +112,12 @@ def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, e
     derived += ep.derived(config, run_dir, env)
     put(derived, "project")
     put([(k, v) for k, v in passthrough if k not in owned], "verl")
+    # lengths have one source: whichever door sets the data lengths, the rollout's and the DAPO reward's follow
+    for src, dests in LINKED.items():
+        if src in values and origin.get(src) == "verl":
+            for d in dests:
+                if d in values and origin.get(d) != "verl":
+                    values[d] = values[src]
 
     req = VerlRequest(ep.config_name, tuple(ep.groups(source.searchpath, values)), problems=problems)
     base = verl_tree.base_view(req.config_name, req.groups)
