@@ -194,3 +194,37 @@ def test_memory_estimate_moves_gradients_with_parameters():
         p = plan(["model=kimi_k2_6", "mode=plan", f"engine.param_offload={params}", f"engine.grad_offload={grads}"])
         inputs = memory_inputs(p.config, p.entrypoint, p.verl)
         assert inputs["param_offload"] is params and inputs["grad_offload"] is params
+
+
+def test_dapo_without_dynamic_sampling_plans_on_every_verl(tmp_path):
+    """algo.dynamic_sampling=false: DAPO's other three parts stay, filter_groups is off (or absent where verl has
+    none), one warning says what is missing, and the plan table lists DAPO's parts."""
+    from conftest import plan, runner
+
+    p = plan(["model=glm5_1", "algo=dapo", "algo.dynamic_sampling=false", "mode=plan"])
+    assert (p.verl["algorithm"].get("filter_groups") or {}).get("enable") in (None, False)
+    a = p.verl["actor_rollout_ref"]["actor"]
+    assert (a["clip_ratio_high"], a["loss_agg_mode"], a["use_kl_loss"]) == (0.28, "token-mean", False)
+    assert p.verl["reward"]["reward_manager"]["name"] == "dapo"
+    assert p.verl["reward"]["reward_kwargs"]["overlong_buffer_cfg"]["enable"] is True
+    (w,) = [w.line() for w in p.warnings if w.key == "algo.dynamic_sampling"]
+    assert "DAPO without dynamic sampling" in w
+    out = runner("model=glm5_1", "algo=dapo", "algo.dynamic_sampling=false", "mode=plan",
+                 f"hydra.run.dir={tmp_path}/r").stdout
+    assert "dapo    dynamic sampling OFF; clip-higher 0.2/0.28; loss token-mean; no KL; overlong shaping last" in out
+
+
+def test_dynamic_sampling_off_but_filter_groups_on_is_an_error():
+    """Saying DAPO runs without dynamic sampling and switching it on through verl. contradicts."""
+    needs_dapo()
+    lines = problems_of(["model=glm5_1", "algo=dapo", "algo.dynamic_sampling=false", "mode=plan",
+                         "verl.algorithm.filter_groups.enable=true"])
+    assert any(x.startswith("error: algorithm.filter_groups.enable=True: algo.dynamic_sampling=false") for x in lines)
+
+
+def test_dynamic_sampling_outside_dapo_is_a_warning():
+    """algo.dynamic_sampling under GRPO does nothing, and the plan says so."""
+    from conftest import plan
+
+    p = plan(["model=glm5_1", "algo=grpo", "algo.dynamic_sampling=false", "mode=plan"])
+    assert any(w.key == "algo.dynamic_sampling" and "does nothing for algo=grpo" in w.why for w in p.warnings)

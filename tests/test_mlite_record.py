@@ -131,3 +131,28 @@ def test_compat_check_reads_installed_verl():
     p = plan(["model=glm5_1", "mode=plan"])
     missing = preflight.verl_compat(p)
     assert missing == (set() if verl_has("grad_offload") else {"grad_offload"})
+
+
+@needs_real
+def test_interface_read_from_the_real_source_equals_the_record():
+    """What the plan checks against (ImplConfig fields and MTP defaults per model, engine extra fields, optimizer
+    override keys, router replay modes, optimizer names) read from the real package equals the record."""
+    import dataclasses
+
+    real = mlite.interface_from_source(str(MLITE_ROOT / "experimental/lite/examples/verl/verl_mlite"))
+    rec = mlite.interface_from_record()
+    for f in dataclasses.fields(real):
+        if f.name == "source":
+            continue
+        a, b = getattr(real, f.name), getattr(rec, f.name)
+        if isinstance(a, dict):
+            a = {k: sorted(v) if isinstance(v, tuple) else v for k, v in a.items()}
+            b = {k: sorted(v) if isinstance(v, tuple) else v for k, v in b.items()}
+        else:
+            a, b = sorted(a, key=str), sorted(b, key=str)
+        assert a == b, f.name
+
+
+def test_interface_comes_from_where_verl_mlite_comes_from(tmp_path):
+    """One place decides: the real package's source when it is in reach, else the record."""
+    assert mlite.interface().source == mlite.find_source().kind

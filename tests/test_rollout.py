@@ -2,7 +2,7 @@
 replica mesh=auto chooses, and the GPU table."""
 import pytest
 
-from conftest import MODELS, compose, plan, problems_of, runner
+from conftest import MODELS, compose, needs_dapo, plan, problems_of, runner
 from vrun import hardware, rollout
 from vrun.entrypoints.ppo import ppo_batch_problems
 from vrun.mesh import mesh_problems, rollout_problems
@@ -92,6 +92,8 @@ def test_unknown_gpu_exits_with_one_line(tmp_path):
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "sft"])
 def test_every_model_and_algo_has_an_estimate(model, algo):
     """Training phase for all; the rollout phase (weights, KV, sequences) for RL; assumptions always."""
+    if algo == "dapo":
+        needs_dapo()
     e = plan([f"model={model}", f"algo={algo}", "mode=plan"]).memory
     assert e is not None and e.train_peak > 0 and e.assumptions
     assert (e.rollout_detail is not None) == (algo != "sft")
@@ -134,6 +136,8 @@ def test_warns_when_the_kv_cache_holds_less_than_a_replicas_share():
 def test_auto_plans_the_rollout_too(ov):
     """The issue's two cases: a mesh and a rollout replica are found (the launcher's TP 8 does not fit 4 GPUs
     per node); every listed alternative, with its rollout TP·DP, plans without an error."""
+    if "algo=dapo" in ov:
+        needs_dapo()
     p = plan(ov + ["mesh=auto", "mode=plan"])
     r = p.verl["actor_rollout_ref"]["rollout"]
     assert r["tensor_model_parallel_size"] <= 4 and p.memory.rollout_detail is not None

@@ -1,4 +1,5 @@
-"""The installed verl as the judge of every GRPO and SFT plan: for each model × optimizer on its default mesh,
+"""The installed verl as the judge of every plan: for each model × algo × optimizer on its default mesh (DAPO
+without dynamic sampling on a verl that lacks it),
 verl's own CLI loads the saved verl_config.yaml and prints it back unchanged, `validate_config` passes as
 `main_ppo.main` calls it, and every dataclass verl's workers build from it builds — the actor with verl_mlite's
 real MegatronLiteEngineConfig, the rollout, the algorithm; SFT's engine, optimizer, checkpoint, profiler.
@@ -22,6 +23,9 @@ from conftest import MODELS, PATH_ENV, PY, ROOT, needs_real_mlite, real_mlite_ro
 pytestmark = needs_real_mlite
 
 OPTIMIZERS = ["fsdp2", "dist_opt"]
+# DAPO with dynamic sampling where the installed verl has it, else DAPO without it (the plan warns)
+ALGOS = {"grpo": lambda: [], "sft": lambda: [],
+         "dapo": lambda: [] if verl_has("filter_groups") else ["algo.dynamic_sampling=false"]}
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +36,12 @@ def verdicts(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("judge")
     env = {**without_mlite(), "MLITE_ROOT": str(real_mlite_root())}
     env.update({name: str(tmp / "ckpt") for name in PATH_ENV.values()})
-    for algo in ("grpo", "sft"):
-        proc = runner("-m", f"model={','.join(MODELS)}", f"optimizer={','.join(OPTIMIZERS)}", f"algo={algo}",
+    for algo, extra in ALGOS.items():
+        proc = runner("-m", f"model={','.join(MODELS)}", f"optimizer={','.join(OPTIMIZERS)}", f"algo={algo}", *extra(),
                       "mode=plan", f"hydra.sweep.dir={tmp}/{algo}", env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr
     dirs = sorted(str(p.parent) for p in tmp.glob("*/*/plan.json"))
-    assert len(dirs) == 2 * len(MODELS) * len(OPTIMIZERS)
+    assert len(dirs) == len(ALGOS) * len(MODELS) * len(OPTIMIZERS)
     # a planted disagreement: a key verl_mlite's engine config does not have → its dataclass must refuse it
     planted = tmp / "planted"
     shutil.copytree(dirs[0], planted)
@@ -45,8 +49,14 @@ def verdicts(tmp_path_factory) -> dict:
     engine = cfg["actor_rollout_ref"]["actor"]["engine"] if "actor_rollout_ref" in cfg else cfg["engine"]
     engine["grad_offlaod"] = True
     (planted / "verl_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    # and one verl's CLI cannot load: a defaults list naming a config verl does not have
+    unloadable = tmp / "unloadable"
+    shutil.copytree(dirs[0], unloadable)
+    text = (unloadable / "verl_config.yaml").read_text()
+    (unloadable / "verl_config.yaml").write_text("defaults:\n- no_such_verl_config\n- _self_\n" + text)
     run_env = json.loads((Path(dirs[0]) / "plan.json").read_text())["env"]
-    proc = subprocess.run([PY, str(ROOT / "tests" / "support" / "verl_judge.py"), *dirs, str(planted)],
+    proc = subprocess.run([PY, str(ROOT / "tests" / "support" / "verl_judge.py"), *dirs, str(planted),
+                           str(unloadable)],
                           env={**env, "PYTHONPATH": run_env["PYTHONPATH"]}, cwd=tmp, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0 and "=== verdicts" in proc.stdout, proc.stderr[-3000:]
@@ -58,11 +68,11 @@ def verdicts(tmp_path_factory) -> dict:
     return out
 
 
-def test_every_grpo_and_sft_plan_passes_verl(verdicts):
-    """Each of the 20 plans: the CLI reads it back unchanged and every dataclass builds."""
+def test_every_plan_passes_verl(verdicts):
+    """Each of the 30 plans (model × algo × optimizer): the CLI reads it back unchanged and every dataclass builds."""
     bad = {}
     for name, v in verdicts.items():
-        if name == "planted":
+        if name in ("planted", "unloadable"):
             continue
         wrong = ([f"crash: {v['crash']}"] if "crash" in v else []) + ([f"cli: {v['cli']}"] if v.get("cli") else []) \
             + [f"{k}: {r}" for k, r in v.get("built", {}).items() if not r.startswith("ok:")]
@@ -72,7 +82,7 @@ def test_every_grpo_and_sft_plan_passes_verl(verdicts):
     built = {k for v in verdicts.values() for k in v.get("built", {})}
     assert {"validate_config", "actor", "actor.engine", "rollout", "algorithm", "engine", "optim"} <= built
     engines = {v["built"].get("actor.engine") or v["built"].get("engine") for v in verdicts.values()
-               if "built" in v and Path(v["run_dir"]).name != "planted"}
+               if "built" in v and Path(v["run_dir"]).name not in ("planted", "unloadable")}
     assert engines == {"ok:MegatronLiteEngineConfig"}
 
 
@@ -81,3 +91,8 @@ def test_the_judge_refuses_a_planted_disagreement(verdicts):
     v = verdicts["planted"]
     engine = v["built"].get("actor.engine") or v["built"].get("engine")
     assert engine.startswith("error:") and "MegatronLiteEngineConfig" in engine and "grad_offlaod" in engine
+
+
+def test_the_judge_refuses_a_config_the_cli_cannot_load(verdicts):
+    """The CLI read-back fails, saying so, on a saved config verl's own CLI cannot compose."""
+    assert verdicts["unloadable"]["cli"].startswith("exit 1") and "no_such_verl_config" in verdicts["unloadable"]["cli"]

@@ -19,24 +19,24 @@ def check_all(config, entrypoint, verl: dict, mesh: Mesh, rules: Rules) -> list[
     out += engine_problems(eng)
     out += trainer_problems(verl, mesh)
     out += entrypoint.mesh_problems(verl, mesh, rules)
-    out += entrypoint.recipe_problems(verl, config.algo.name)
+    out += entrypoint.recipe_problems(verl, config.algo)
     return out
 
 
 def engine_problems(eng: dict) -> list[Problem]:
-    rec = mlite.record()
+    iface = mlite.interface()
     out = []
     pre = "engine"
     if get(eng, "impl_cfg.use_thd", True) is not True:
         out.append(Problem(f"{pre}.impl_cfg.use_thd", get(eng, "impl_cfg.use_thd"),
                            "the Megatron Lite engine only runs packed (THD) sequences", f"{pre}.impl_cfg.use_thd=true"))
     opt = get(eng, "impl_cfg.optimizer")
-    optimizers = [v for v in rec["impl_cfg_optimizer_values"] if v is not None]
+    optimizers = [v for v in iface.impl_cfg_optimizer_values if v is not None]
     if opt not in optimizers:
         out.append(Problem("optimizer.name", opt, f"Megatron Lite takes {' or '.join(optimizers)}",
                            f"optimizer={optimizers[-1]}"))
     rrm = get(eng, "router_replay_mode", "disabled")
-    modes = rec["router_replay_modes"]
+    modes = list(iface.router_replay_modes)
     if rrm not in modes:
         out.append(Problem(f"{pre}.router_replay_mode", rrm, f"the Megatron Lite engine supports {' or '.join(modes)}",
                            f"{pre}.router_replay_mode={modes[-1]}"))

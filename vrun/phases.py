@@ -18,8 +18,8 @@ def engine(entrypoint: Entrypoint, verl: dict) -> dict:
 
 def mtp_enabled(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> bool:
     v = get(engine(entrypoint, verl), "impl_cfg.mtp_enable")
-    if v is None:  # ImplConfig's own default for the model (the record, checked against the real source)
-        v = mlite.record()["impl_cfg_mtp_enable_default"].get(config.model.mlite_name, False)
+    if v is None:  # ImplConfig's own default for the model
+        v = mlite.interface().impl_cfg_mtp_enable_default.get(config.model.mlite_name, False)
     return bool(v)
 
 
@@ -47,7 +47,7 @@ def rollout_for(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rpa
     d = get(verl, f"{ROLLOUT}.data_parallel_size") or 1
     if not isinstance(t, int) or t < 1 or not isinstance(d, int) or d < 1 or mesh.world % (t * d):
         return None
-    return rollout.estimate(dataclasses.asdict(config.model.arch), rparams, world=mesh.world, rollout_tp=t, rollout_dp=d, **inputs)
+    return rollout.estimate(config.model.arch.facts(), rparams, world=mesh.world, rollout_tp=t, rollout_dp=d, **inputs)
 
 
 def assumptions(inputs: dict, r: Optional[rollout.RolloutEstimate]) -> str:

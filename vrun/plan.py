@@ -222,7 +222,7 @@ def model_params(config: RunConfig, entrypoint: Entrypoint, path: Optional[str],
     from vrun import params as counting
 
     m = config.model
-    arch = dataclasses.asdict(m.arch)
+    arch = m.arch.facts()
     facts_count, _ = counting.count(arch)
     if path and Path(os.path.expanduser(path)).is_dir():
         from vrun import checkpoint
@@ -314,7 +314,7 @@ def memory_inputs(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> dict
 def gpu_mem(config: RunConfig) -> float:
     from vrun import hardware
 
-    mem, problems = hardware.gpu_mem_gib(dataclasses.asdict(config.cluster))
+    mem, problems = hardware.gpu_mem_gib({"gpu": config.cluster.gpu, "gpu_mem_gib": config.cluster.gpu_mem_gib})
     if problems:
         raise PlanError(problems)
     return mem
@@ -344,7 +344,7 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
 
     from vrun import rollout, search
 
-    model, arch = config.model, dataclasses.asdict(config.model.arch)
+    model, arch = config.model, config.model.arch.facts()
     rollout_on = entrypoint.has_rollout
     t = time.perf_counter()
     world, gpn = mesh.world, mesh.gpus_per_node

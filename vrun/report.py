@@ -52,6 +52,7 @@ def table(plan: Plan) -> str:
         f"expert  ETP{m.etp} · EP{m.ep} · PP{m.pp} · EDP{m.edp} = {m.world}   (vpp {m.vpp})",
     ]
     rows += plan.entrypoint.batch_rows(plan.batch)
+    rows += plan.entrypoint.recipe_rows(plan.verl, c.algo)
     rows += memory_rows(plan)
     rows += [
         f"model   {plan.model_path or '(unset)'}  [{plan.model_path_source}]",

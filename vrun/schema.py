@@ -106,6 +106,10 @@ class Arch:
         """From a mapping that may hold only some of the fields (a model file read as YAML)."""
         return cls(**{f.name: m[f.name] for f in fields(cls) if f.name in m})
 
+    def facts(self) -> dict:
+        """The fields as a mapping, for the arithmetic that reads them by name (vrun.params, memory, rollout)."""
+        return dict(vars(self))
+
 
 @dataclass
 class Model:
@@ -151,6 +155,8 @@ class Algo:
     name: str = MISSING
     # which verl entrypoint runs it: ppo (verl.trainer.main_ppo on Ray) or sft (verl.trainer.sft_trainer, torchrun)
     entrypoint: EntrypointName = MISSING
+    # DAPO's dynamic sampling (algorithm.filter_groups): false plans DAPO without it, e.g. on a verl that lacks it
+    dynamic_sampling: Optional[bool] = None
 
 
 @dataclass

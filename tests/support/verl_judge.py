@@ -26,13 +26,13 @@ def cli_reads_back(module, run_dir: str) -> str:
     argv = sys.argv
     sys.argv = [module.__file__, "--config-path", run_dir, "--config-name", "verl_config", "--cfg", "job",
                 "hydra.output_subdir=null", f"hydra.run.dir={run_dir}/cli"]
-    out = io.StringIO()
+    out, err = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             module.main()
     except SystemExit as e:
         if e.code not in (0, None):
-            return f"exit {e.code}: {out.getvalue()[-500:]}"
+            return f"exit {e.code}: {(err.getvalue() + out.getvalue())[-500:]}"
     finally:
         sys.argv = argv
         GlobalHydra.instance().clear()

@@ -36,8 +36,8 @@ class Entrypoint:
         rollout (TP, DP) choices mesh=auto may pick from instead of the configured rollout TP."""
         raise NotImplementedError
 
-    def recipe_problems(self, verl: dict, algo: str) -> list[Problem]:
-        """The checks that do not depend on the mesh."""
+    def recipe_problems(self, verl: dict, algo) -> list[Problem]:
+        """The checks that do not depend on the mesh (algo: the config's algo group, vrun.schema.Algo)."""
         return []
 
     def token_inputs(self, verl: dict) -> dict:
@@ -61,6 +61,10 @@ class Entrypoint:
     def batch_rows(self, b: dict) -> list[str]:
         """The plan table's batch lines."""
         raise NotImplementedError
+
+    def recipe_rows(self, verl: dict, algo) -> list[str]:
+        """The plan table's lines on what the algorithm applies (algo: vrun.schema.Algo)."""
+        return []
 
     def command(self, config: RunConfig, run_dir: str, mesh: Mesh, python: str) -> list[str]:
         raise NotImplementedError

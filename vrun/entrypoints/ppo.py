@@ -52,8 +52,8 @@ class PPO(Entrypoint):
         rtp = get(verl, f"{ROLLOUT}.tensor_model_parallel_size")
         return rollout_problems(mesh, rtp, rules.arch, rules.model) + ppo_batch_problems(verl, mesh)
 
-    def recipe_problems(self, verl: dict, algo: str) -> list[Problem]:
-        return algorithm_problems(verl, algo)
+    def recipe_problems(self, verl: dict, algo) -> list[Problem]:
+        return algorithm_problems(verl, algo.name, algo.dynamic_sampling)
 
     def token_inputs(self, verl: dict) -> dict:
         seq = (get(verl, "data.max_prompt_length") or 0) + (get(verl, "data.max_response_length") or 0)
@@ -101,6 +101,9 @@ class PPO(Entrypoint):
             f"rollout {r['engine']} TP{r['tp']}·DP{r['dp']} × {r['replicas']} replicas, gpu_memory_utilization "
             f"{r['gpu_memory_utilization']}",
         ]
+
+    def recipe_rows(self, verl: dict, algo) -> list[str]:
+        return [f"dapo    {dapo_parts(verl)}"] if algo.name == "dapo" else []
 
     def command(self, config: RunConfig, run_dir: str, mesh: Mesh, python: str) -> list[str]:
         argv = [python, "-m", "vrun.entry", "ppo", "--config", f"{run_dir}/verl_config.yaml"]
@@ -172,7 +175,22 @@ def ppo_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
     return out
 
 
-def algorithm_problems(verl: dict, algo: str) -> list[Problem]:
+def dapo_parts(verl: dict) -> str:
+    """Which of DAPO's four parts the verl config applies, in one line."""
+    g = get
+    a = ACTOR
+    ob = g(verl, "reward.reward_kwargs.overlong_buffer_cfg") or {}
+    shaping = ob.get("enable") and g(verl, "reward.reward_manager.name") == "dapo"
+    return "; ".join([
+        f"dynamic sampling {'on (' + str(g(verl, 'algorithm.filter_groups.metric')) + ')' if g(verl, 'algorithm.filter_groups.enable') else 'OFF'}",
+        f"clip-higher {g(verl, a + '.clip_ratio_low')}/{g(verl, a + '.clip_ratio_high')}",
+        f"loss {g(verl, a + '.loss_agg_mode')}",
+        "no KL" if not (g(verl, a + ".use_kl_loss") or g(verl, "algorithm.use_kl_in_reward")) else "KL ON",
+        f"overlong shaping {'last ' + str(ob.get('len')) + ' of ' + str(g(verl, 'reward.reward_kwargs.max_resp_len')) + ' tokens' if shaping else 'OFF'}",
+    ])
+
+
+def algorithm_problems(verl: dict, algo: str, dynamic_sampling: Optional[bool] = None) -> list[Problem]:
     out = []
     est = get(verl, "algorithm.adv_estimator")
     n = get(verl, f"{ROLLOUT}.n")
@@ -205,14 +223,28 @@ def algorithm_problems(verl: dict, algo: str) -> list[Problem]:
             out.append(Problem("reward.reward_kwargs.overlong_buffer_cfg.len", length,
                                f"must be positive and at most max_resp_len={max_resp}",
                                f"reward.reward_kwargs.overlong_buffer_cfg.len={max_resp // 2 if max_resp else 1}"))
+    if dynamic_sampling is not None and algo != "dapo":
+        out.append(Problem("algo.dynamic_sampling", dynamic_sampling, f"only DAPO samples dynamically: it does nothing "
+                           f"for algo={algo}", "drop algo.dynamic_sampling, or algo=dapo", warning=True))
     if algo == "dapo":
-        want = {"algorithm.filter_groups.enable": True, f"{ACTOR}.loss_agg_mode": "token-mean",
-                f"{ACTOR}.use_kl_loss": False, "algorithm.use_kl_in_reward": False,
-                "reward.reward_manager.name": "dapo"}
+        want = {f"{ACTOR}.loss_agg_mode": "token-mean", f"{ACTOR}.use_kl_loss": False,
+                "algorithm.use_kl_in_reward": False, "reward.reward_manager.name": "dapo"}
+        if dynamic_sampling is not False:
+            want["algorithm.filter_groups.enable"] = True
+        elif fg.get("enable"):
+            out.append(Problem("algorithm.filter_groups.enable", True, "algo.dynamic_sampling=false says DAPO runs "
+                               "without dynamic sampling", "drop it, or algo.dynamic_sampling=true"))
+        else:
+            out.append(Problem("algo.dynamic_sampling", False, "DAPO without dynamic sampling: groups whose samples "
+                               "all score alike stay in the batch (zero advantage); clip-higher, token-mean loss, no "
+                               "KL and overlong reward shaping stay on", "algo.dynamic_sampling=true on a verl that "
+                               "has algorithm.filter_groups (PyPI 0.9.1, verl main 1dda039b)", warning=True))
         for key, v in want.items():
             if get(verl, key) != v:
+                alt = ", algo.dynamic_sampling=false to plan DAPO without it" if key.startswith("algorithm.filter") \
+                    else ""
                 out.append(Problem(key, get(verl, key), "algo=dapo needs it for DAPO to be applied",
-                                   f"{key}={str(v).lower() if isinstance(v, bool) else v}, or algo=grpo"))
+                                   f"{key}={str(v).lower() if isinstance(v, bool) else v}{alt}, or algo=grpo"))
         lo, hi = get(verl, f"{ACTOR}.clip_ratio_low"), get(verl, f"{ACTOR}.clip_ratio_high")
         if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and hi <= lo:
             out.append(Problem(f"{ACTOR}.clip_ratio_high", hi, f"DAPO's clip-higher needs clip_ratio_high > "

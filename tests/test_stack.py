@@ -1,0 +1,72 @@
+"""A plan is bound to the stack it was composed against: verl (version and config tree) and verl_mlite's config
+interface. A second real verl, where one is installed beside this one (VRUN_TEST_OTHER_PYTHON: a Python with
+another verl; the CI's a6ef5009 and 1dda039b legs point it at the PyPI leg's venv), shows the refusal across two
+real stacks; without one those tests skip, saying why."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, needs_real_mlite, real_mlite_root, without_mlite
+from vrun import stack
+
+OTHER = os.environ.get("VRUN_TEST_OTHER_PYTHON")
+needs_other_verl = pytest.mark.skipif(not OTHER or not Path(OTHER).exists(),
+                                      reason="no second Python with another verl (set VRUN_TEST_OTHER_PYTHON)")
+
+
+def stack_in(python: str, env: dict) -> dict:
+    out = subprocess.run([python, "-c", "import json; from vrun import stack; print(json.dumps(stack.current()))"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_the_same_environment_matches_itself():
+    """Recorded here, checked here: nothing to say."""
+    assert stack.mismatch(stack.current()) == []
+
+
+def test_an_old_plan_without_a_stack_is_one_line():
+    (p,) = stack.mismatch(None)
+    assert p.line().startswith("error: plan.json=stack: the plan records no stack") and "mode=plan" in p.line()
+
+
+@needs_real_mlite
+def test_record_and_real_package_share_one_interface():
+    """The record stands in for verl_mlite at the recorded commit: the same config fingerprint, so a plan
+    composed against the record is not refused where the real package is installed."""
+    import sys
+
+    rec = stack_in(sys.executable, without_mlite())
+    real = stack_in(sys.executable, {**without_mlite(), "MLITE_ROOT": str(real_mlite_root())})
+    assert rec["verl_mlite"]["source"] == "record" and real["verl_mlite"]["source"] == "verl_mlite"
+    assert rec["verl_mlite"]["config"] == real["verl_mlite"]["config"]
+    assert stack.mismatch(rec, real) == []
+
+
+@needs_other_verl
+def test_another_verl_is_refused_naming_both():
+    """A plan's stack from one real verl, checked against another real verl: one line naming both versions."""
+    import sys
+
+    here = stack_in(sys.executable, without_mlite())
+    there = stack_in(OTHER, without_mlite())
+    assert here["verl"] != there["verl"]
+    (p,) = stack.mismatch(there, here)
+    line = p.line()
+    assert line.startswith(f"error: verl={here['verl']['version']}: the plan was composed against verl "
+                           f"{there['verl']['version']}") and "plan again in this environment" in line
+
+
+def test_a_changed_mlite_interface_is_refused():
+    """verl_mlite's config groups changing under a plan is refused too (its fingerprint is in the stack)."""
+    here = stack.current()
+    planted = json.loads(json.dumps(here))
+    planted["verl_mlite"]["config"] = "0" * 16
+    (p,) = stack.mismatch(planted, here)
+    assert p.key == "verl_mlite" and "the plan was composed against verl_mlite" in p.why
