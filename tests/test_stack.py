@@ -70,3 +70,34 @@ def test_a_changed_mlite_interface_is_refused():
     planted["verl_mlite"]["config"] = "0" * 16
     (p,) = stack.mismatch(planted, here)
     assert p.key == "verl_mlite" and "the plan was composed against verl_mlite" in p.why
+
+
+def test_plan_and_manifest_record_the_stack(tmp_path):
+    """plan.json and manifest.json name the verl (version, config tree) and verl_mlite the plan was composed on."""
+    from conftest import runner
+
+    proc = runner("model=glm5_1", "mode=plan", f"hydra.run.dir={tmp_path}/r")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads((tmp_path / "r" / "plan.json").read_text())
+    manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert plan["stack"] == manifest["stack"] == stack.current()
+    assert plan["stack"]["verl"]["version"] and len(plan["stack"]["verl"]["tree"]) == 16
+
+
+@needs_other_verl
+def test_a_node_with_another_verl_refuses_before_anything_starts(tmp_path):
+    """The node entry's check, run by a Python with the other verl on a plan made here: one line naming both
+    verls, raised before Ray or torchrun would start."""
+    from conftest import runner
+
+    proc = runner("model=glm5_1", "mode=plan", f"hydra.run.dir={tmp_path}/r", env=without_mlite())
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads((tmp_path / "r" / "plan.json").read_text())
+    code = ("import json, sys; from vrun.slurm_node import check_stack; "
+            f"check_stack(json.load(open({str(tmp_path / 'r' / 'plan.json')!r})), 'node 0 (n0)')")
+    out = subprocess.run([OTHER, "-c", code], cwd=ROOT, env=without_mlite(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: node 0 (n0): error: verl=") and \
+        f"the plan was composed against verl {plan['stack']['verl']['version']}" in last

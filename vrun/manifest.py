@@ -66,6 +66,15 @@ def versions() -> dict:
     return out
 
 
+def _stack() -> dict:
+    from vrun import stack
+
+    try:
+        return stack.current()
+    except ModuleNotFoundError as e:  # no verl: the plan itself says so
+        return {"unavailable": str(e)}
+
+
 def manifest(config: DictConfig, output_dir: str, overrides: list[str]) -> dict:
     from omegaconf import open_dict
 
@@ -82,6 +91,7 @@ def manifest(config: DictConfig, output_dir: str, overrides: list[str]) -> dict:
         "run_dir": output_dir,
         "git": git_state(),
         "packages": versions(),
+        "stack": _stack(),
         "config": redact(run_cfg),
     }
 

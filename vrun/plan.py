@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from vrun import checks, entrypoints, guard, verl_values, memory, mlite, phases, translate, verl_tree
+from vrun import checks, entrypoints, guard, memory, mlite, phases, stack, translate, verl_tree, verl_values
 from vrun.dotted import get
 from vrun.entrypoints import Entrypoint
 from vrun.memory import GIB, Estimate
@@ -51,6 +51,7 @@ class Plan:
     checkpoint: Optional[dict] = None        # parameter counts read from the checkpoint
     params: Optional[dict] = None            # {total, active, source, ...} and the per-stage split
     pipeline: list = field(default_factory=list)  # per stage: decoder layers [first, last], embedding/MTP/loss
+    stack: dict = field(default_factory=dict)     # the verl and verl_mlite it was composed against (vrun.stack)
 
     @property
     def pass_env(self) -> list:
@@ -212,7 +213,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     return Plan(config=config, entrypoint=ep, mesh=mesh, run_dir=run_dir, verl=resolved, request=req, argv=argv,
                 env=env, env_unset=unset, model_path=path, model_path_source=path_from, mlite=source,
                 warnings=warnings, memory=est, memory_note=params_note, search=search, checkpoint=ckpt, params=counts,
-                pipeline=pipeline_stages(config, ep, resolved, mesh, params))
+                pipeline=pipeline_stages(config, ep, resolved, mesh, params), stack=stack.current())
 
 
 def model_params(config: RunConfig, entrypoint: Entrypoint, path: Optional[str], problems: list,

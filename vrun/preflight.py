@@ -12,7 +12,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from vrun import dotted, mlite, verl_tree
+from vrun import dotted, mlite, stack, verl_tree
 from vrun.plan import Plan
 from vrun.problems import PlanError, Problem
 from vrun.schema import ClusterName
@@ -41,6 +41,7 @@ def collect(plan: Plan, gpus: int | None = None) -> list[Problem]:
                                                 "it must not need this)", p.fix, warning=True) for p in runtime]
     out += gpu_problems(plan, gpus)
     out += memory_problems(plan)
+    out += stack.mismatch(plan.stack)
     if own_runtime and not [p for p in runtime if not p.warning]:
         out += verl_validation(plan)
     return out

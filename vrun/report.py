@@ -20,6 +20,7 @@ def plan_json(plan: Plan) -> dict:
         "verl_config": f"{plan.run_dir}/verl_config.yaml", "verl_config_name": plan.request.config_name,
         "verl_groups": list(plan.request.groups), "verl_overrides": [o.cli() for o in plan.request.overrides],
         "mlite": {"source": plan.mlite.kind, "location": plan.mlite.location},
+        "stack": plan.stack,
         "batch": plan.batch,
         "memory": plan.memory.summary() if plan.memory is not None else {"unavailable": plan.memory_note},
         "mesh_search": plan.search,

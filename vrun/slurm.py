@@ -80,7 +80,7 @@ def job_payload(plan) -> dict:
     """What the node job needs from the plan (plain values: it is pickled with the job)."""
     m = plan.mesh
     return {"argv": plan.argv, "env": plan.env, "env_unset": plan.env_unset, "mesh": m.summary(),
-            "algo_entrypoint": plan.entrypoint.name.value,
+            "algo_entrypoint": plan.entrypoint.name.value, "stack": plan.stack,
             "torchrun": {"python": sys.executable, "module": list(plan.config.run.sft_entry),
                          "nproc_per_node": m.gpus_per_node}}
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from vrun import entrypoints
+from vrun import entrypoints, stack
 from vrun.plan import UNSET_WITH_CUDA
 from vrun.schema import EntrypointName
 
@@ -67,6 +67,7 @@ class RunJob:
         ctl.mkdir(parents=True, exist_ok=True)
         if env.global_rank == 0:
             self._record(env)
+        check_stack(self.plan, f"node {env.node} ({socket.gethostname()})")
         if entrypoints.ENTRYPOINTS[EntrypointName(self.plan["algo_entrypoint"])].uses_ray:
             return self._ray(env, ctl)
         return self._torchrun(env, ctl)
@@ -240,6 +241,14 @@ class RunJob:
         if rc:
             raise RuntimeError(f"torchrun on node {env.node} ({socket.gethostname()}) exited {rc}")
         return {"node": env.node, "rc": rc}
+
+
+def check_stack(payload: dict, where: str) -> None:
+    """Before Ray or torchrun start on a node: its verl and verl_mlite must be those the plan was composed against
+    (a login node's venv and the cluster image differing is the ordinary case)."""
+    wrong = stack.mismatch(payload.get("stack"))
+    if wrong:
+        raise RuntimeError(f"{where}: " + " | ".join(p.line() for p in wrong))
 
 
 def wait_nodes(address: str, want: int, gpus: float, timeout: float) -> int:

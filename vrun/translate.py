@@ -138,7 +138,7 @@ def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, e
     req.problems += [p for _, p in missing]
     values = {k: v for k, v in values.items()
               if not (k in from_algo and any(k.startswith(section + ".") for section, _ in missing))}
-    rec = mlite.record()
+    rec = mlite.interface()
     pre = {"engine": ep.engine, "optim": ep.optim}
     for key, value in values.items():
         mode, problem = _mode(base, key, value, pre, allowed_impl, rec, config.model.name, origin[key])
@@ -197,14 +197,14 @@ def _mode(base, key, value, pre, allowed_impl, rec, model, origin):
     oo = f"{pre['optim']}.override_optimizer_config."
     if key.startswith(oo):
         name = key[len(oo):]
-        if name not in rec["override_optimizer_config_keys"]:
+        if name not in rec.override_optimizer_config_keys:
             return None, Problem(shown, value, "the Megatron Lite engine does not read this optimizer override "
-                                 "(it would be ignored)", f"one of {rec['override_optimizer_config_keys']}")
+                                 "(it would be ignored)", f"one of {list(rec.override_optimizer_config_keys)}")
     if dotted.get(base, key, dotted.MISSING) is not dotted.MISSING:
         return "set", None
     if key.startswith(impl) or key.startswith(oo):
         return "add", None
-    if key.startswith(pre["engine"] + ".") and key[len(pre["engine"]) + 1:] in rec["engine_extra_fields"]:
+    if key.startswith(pre["engine"] + ".") and key[len(pre["engine"]) + 1:] in rec.engine_extra_fields:
         return "add", None
     if any(key.startswith(m + ".") for m in OPEN_MAPS) or _under_empty_map(base, key):
         return "add", None
