@@ -83,12 +83,15 @@ def problems(verl: dict, has_rollout: bool) -> list[Problem]:
            "loss aggregation modes (core_algos.agg_loss)")
     pairs = c.get("rollout")
     name, mode = get(verl, f"{ROLLOUT}.name", MISSING), get(verl, f"{ROLLOUT}.mode", MISSING)
-    if pairs and name is not MISSING and (name, mode) not in pairs:
-        key, value = (f"{ROLLOUT}.name", name) if name not in {n for n, _ in pairs} else (f"{ROLLOUT}.mode", mode)
+    if pairs and name is not MISSING and not (isinstance(name, str) and isinstance(mode, str)
+                                              and (name, mode) in pairs):
+        names = {n for n, _ in pairs}
+        key, value = (f"{ROLLOUT}.name", name) if not (isinstance(name, str) and name in names) else \
+            (f"{ROLLOUT}.mode", mode)
         out.append(Problem(f"verl.{key}", value, "the installed verl has no such rollout (workers/rollout/base.py)",
                            " or ".join(f"verl.{ROLLOUT}.name={n} verl.{ROLLOUT}.mode={m}" for n, m in sorted(pairs))))
     strategy = get(verl, f"{ACTOR}.strategy", MISSING)
-    if strategy is not MISSING and strategy != "mlite":
+    if strategy is not MISSING and not (isinstance(strategy, str) and strategy == "mlite"):
         out.append(Problem(f"verl.{ACTOR}.strategy", strategy, "the actor runs the Megatron Lite engine "
                            "(actor@actor_rollout_ref.actor=mlite_actor); another strategy builds other workers",
                            f"drop verl.{ACTOR}.strategy (it is mlite)"))
