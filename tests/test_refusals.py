@@ -75,7 +75,7 @@ CASES = [
     # --- conflicts
     ("slurm-local-ray", ["cluster=slurm", "cluster.ray.address=local"], REFUSED, "cluster.ray.address", "auto"),
     ("misspelt-recipe", ["+recipe.ppp.x=1"], REFUSED, "recipe.ppp", "recipe.ppo"),
-    ("sft-recipe-under-grpo", ["+recipe.sft.x=1"], OK, "recipe.sft", "algo=sft"),
+    ("sft-recipe-under-grpo", ["+recipe.sft.x=1"], OK, "recipe.sft.x", "algo=sft"),
     ("dump-rollouts-sft", ["model=deepseek_v4_flash", "algo=sft", "run.dump_rollouts=true"], OK,
      "run.dump_rollouts", None),
     # --- Hydra's own syntax
@@ -83,6 +83,11 @@ CASES = [
      "cluster=slurm"),
     ("launcher-single-run", ["hydra/launcher=submitit_slurm"], REFUSED, "hydra/launcher", "cluster=slurm"),
     ("bad-interpolation", ["run.experiment_name=${foo.bar}"], REFUSED, "run.experiment_name", "foo.bar"),
+    # --- errors that help: the fix is the one that works
+    ("verl-section-at-top", ["trainer.save_freq=10"], REFUSED, "trainer.save_freq", "verl.trainer.save_freq=10"),
+    ("map-entry-without-plus", ["model.env.VLLM_FOO=1"], REFUSED, "model.env.VLLM_FOO", "+model.env.VLLM_FOO=1"),
+    ("unset-env-interpolation", ["run.experiment_name=${oc.env:VRUN_NOPE_UNSET}"], REFUSED, "run.experiment_name",
+     "export VRUN_NOPE_UNSET"),
     ("unquoted-comma", ["hydra.run.dir=R,x"], REFUSED, "hydra.run.dir", "quote"),
 ]
 

@@ -61,6 +61,12 @@ def describe(ex: BaseException) -> str:
         key = getattr(ex, "full_key", None)
     if key and ("not in struct" in msg or "not in struct" in str(cause) or "Key '" in str(cause or msg)):
         value = _value_of(key)
+        head = key.split(".")[0]
+        if head in VERL_SECTIONS:
+            return (f"error: {key}={value}: no such key in the run config; {head}.* is verl's: fix: "
+                    f"verl.{key}={value}")
+        if _is_map(key.rsplit(".", 1)[0]):
+            return (f"error: {key}={value}: a new entry of the map {key.rsplit('.', 1)[0]}; fix: +{key}={value}")
         return (f"error: {key}={value}: no such key in the run config; fix: {_near_keys(key)}")
     if cause is not None and getattr(cause, "full_key", None):
         first = str(cause).splitlines()[0]
@@ -76,11 +82,40 @@ def describe(ex: BaseException) -> str:
     if "no viable alternative" in msg or "mismatched input" in msg or "extraneous input" in msg:
         return (f"error: {first.split(' See https')[0]}: the override does not parse; fix: quote the value "
                 "(key='...') or balance its brackets (Hydra's override grammar)")
+    if "Could not detect" in first and "srun" in first:
+        return ("error: cluster=slurm: no SLURM client on this machine (sbatch/srun not found); fix: submit from a "
+                "SLURM login node (where sinfo works), or mode=plan to write each point's sbatch.sh without submitting")
+    m = re.search(r"Environment variable '([^']+)' not found.*?full_key: (\S+)", first)
+    if m:
+        return (f"error: {m.group(2)}: interpolates the unset variable {m.group(1)}; fix: export {m.group(1)}, or "
+                f"give a default: ${{oc.env:{m.group(1)},<default>}}")
     m = re.search(r"Interpolation key '([^']+)' not found(?:.*?full_key: (\S+))?", first)
     if m:
         return (f"error: {m.group(2) or '?'}: interpolates ${{{m.group(1)}}}, which does not exist; fix: "
                 "interpolate an existing key of the run config (e.g. ${model.name})")
     return f"error: {first}; fix: run with mode=plan and the same overrides; README 'Config groups' lists them"
+
+
+# verl's top-level sections: a key under one of them belongs under verl.
+VERL_SECTIONS = ("trainer", "data", "actor_rollout_ref", "algorithm", "reward", "reward_model", "critic",
+                 "ray_kwargs", "custom_reward_function", "checkpoint", "global_profiler", "transfer_queue")
+
+
+def _is_map(path: str) -> bool:
+    """Whether the run config's schema has a map (Dict field) at this dotted path."""
+    import typing
+
+    from vrun.schema import RunConfig
+
+    node: typing.Any = RunConfig
+    for part in path.split("."):
+        if not is_dataclass(node):
+            return False
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return False
+        node = hints[part]
+    return typing.get_origin(node) in (dict, typing.Dict)
 
 
 def _value_of(key: str) -> str:

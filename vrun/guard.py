@@ -7,6 +7,7 @@ sweeper (before anything is written). Secrets are kept out of every line printed
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -365,8 +366,11 @@ def run_problems(config) -> list[Problem]:
             out.append(Problem(f"recipe.{block}", "...", "no such recipe block: recipe.ppo holds main_ppo keys, "
                                "recipe.sft sft_trainer keys", "recipe.ppo.<key> or recipe.sft.<key>"))
         elif block != ep and v and block == "sft":
-            out.append(Problem("recipe.sft", "...", f"algo={config.algo.name} runs {ep}: recipe.sft is read by "
-                               "nothing", "drop it, or algo=sft", warning=True))
+            # the data groups fill recipe.sft for algo=sft: only keys no group file sets are someone's setting
+            extra = sorted({k for k, _ in _leaves(v)} - _group_recipe_keys("sft"))
+            if extra:
+                out.append(Problem(f"recipe.sft.{extra[0]}", "...", f"algo={config.algo.name} runs {ep}: "
+                                   "recipe.sft is read by nothing", "drop it, or algo=sft", warning=True))
     if config.run.dump_rollouts and ep == "sft":
         out.append(Problem("run.dump_rollouts", True, "SFT has no rollouts: read by nothing",
                            "drop it, or algo=grpo|dapo", warning=True))
@@ -413,3 +417,20 @@ def model_problems(model) -> list[Problem]:
         if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
             out.append(Problem(f"model.{key}", _short(v), "an identifier", f"fix conf/model/{model.name}.yaml"))
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _group_recipe_keys(block: str) -> frozenset:
+    """The recipe.<block> keys the group files under conf/ set (read as YAML, once)."""
+    import yaml
+
+    keys = set()
+    for f in (Path(__file__).resolve().parent.parent / "conf").rglob("*.yaml"):
+        try:
+            d = yaml.safe_load(f.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        node = (d.get("recipe") or {}).get(block) if isinstance(d, dict) and isinstance(d.get("recipe"), dict) else None
+        if isinstance(node, dict):
+            keys |= {k for k, _ in _leaves(node)}
+    return frozenset(keys)
