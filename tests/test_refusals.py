@@ -72,6 +72,8 @@ CASES = [
     # --- paths verl chokes on
     ("model-path-trailing-slash", ["model.path=/nonexistent/ckpt/"], OK, "model.path", "/nonexistent/ckpt "),
     ("model-path-relative", ["model.path=ckpt"], OK, "model.path", "absolute"),
+    ("model-path-tilde", ["model.path='~/ckpt/'"], OK, "model.path", "/home/ckpt"),
+    ("model-path-unquoted-tilde", ["model.path=~/ckpt"], REFUSED, None, "quote"),
     # --- conflicts
     ("slurm-local-ray", ["cluster=slurm", "cluster.ray.address=local"], REFUSED, "cluster.ray.address", "auto"),
     ("misspelt-recipe", ["+recipe.ppp.x=1"], REFUSED, "recipe.ppp", "recipe.ppo"),
@@ -88,6 +90,7 @@ CASES = [
     ("map-entry-without-plus", ["model.env.VLLM_FOO=1"], REFUSED, "model.env.VLLM_FOO", "+model.env.VLLM_FOO=1"),
     ("unset-env-interpolation", ["run.experiment_name=${oc.env:VRUN_NOPE_UNSET}"], REFUSED, "run.experiment_name",
      "export VRUN_NOPE_UNSET"),
+    ("glob-sweep", ["-m", "model=glob(qwen*)"], OK, None, None),
     ("unquoted-comma", ["hydra.run.dir=R,x"], REFUSED, "hydra.run.dir", "quote"),
 ]
 
@@ -121,6 +124,8 @@ def test_bad_input(tmp_path, case):
     assert proc.returncode == code, out[-2000:]
     assert "Traceback" not in out and "Warning:" not in out and "warnings.warn" not in out, out[-2000:]
     assert S not in out
+    if code == OK and key is None:  # plans: nothing more to say about its lines
+        return
     kind = "error: " if code else "warning: "
     lines = [line for line in out.splitlines() if kind in line]
     assert lines, out[-2000:]
@@ -140,3 +145,47 @@ def test_bad_input(tmp_path, case):
         assert name.startswith(("cwd", "home", "out")), name
         if p.is_file():
             assert S.encode() not in p.read_bytes(), name
+
+
+def test_slurm_plan_writes_where_hydra_run_dir_says(tmp_path):
+    """cluster=slurm is a multirun: hydra.run.dir is honoured for its one point (nothing in the checkout's
+    multirun/), and refused for a sweep, naming hydra.sweep.dir."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    proc = runner("model=qwen3_5_35b", "cluster=slurm", "mode=plan", f"hydra.run.dir={tmp_path}/r", cwd=cwd,
+                  env=_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "r" / "sbatch.sh").is_file() and (tmp_path / "r" / "plan.json").is_file()
+    assert list(cwd.iterdir()) == []
+    proc = runner("-m", "model=qwen3_5_35b", "optimizer=fsdp2,dist_opt", "cluster=slurm", "mode=plan",
+                  f"hydra.run.dir={tmp_path}/s", cwd=cwd, env=_env(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: hydra.run.dir={tmp_path}/s:")
+    assert "hydra.sweep.dir=" in proc.stderr and not (tmp_path / "s").exists()
+
+
+def test_sbatch_script_bytes(tmp_path):
+    """The values that reach sbatch.sh come out as one line each: one --nodes, the partition as given."""
+    proc = runner("model=qwen3_5_35b", "cluster=slurm", "mode=plan", "cluster.partition=gpu-a_1",
+                  "cluster.constraint='h100&ib'", f"hydra.run.dir={tmp_path}/r", env=_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    script = (tmp_path / "r" / "sbatch.sh").read_text()
+    sbatch = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert [line for line in sbatch if line.startswith("#SBATCH --nodes")] == ["#SBATCH --nodes=1"]
+    # submitit quotes a value with shell characters
+    assert "#SBATCH --partition=gpu-a_1" in sbatch and "#SBATCH --constraint='h100&ib'" in sbatch
+
+
+def test_checkpoint_without_weights_fails_preflight(tmp_path):
+    """A directory with config.json and no weights plans, and preflight refuses it naming the variable."""
+    from conftest import plan
+    from vrun import preflight
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    p = plan(["model=qwen3_5_35b", f"model.path={ckpt}", "mode=preflight"], run_dir=str(tmp_path / "r"))
+    (problem,) = preflight.model_path_problems(p)
+    assert problem.key == "QWEN3_5_35B_MODEL_PATH" and "no weights" in problem.why and not problem.warning
+    (ckpt / "model.safetensors").write_bytes(b"")
+    assert preflight.model_path_problems(plan(["model=qwen3_5_35b", f"model.path={ckpt}"],
+                                              run_dir=str(tmp_path / "r"))) == []

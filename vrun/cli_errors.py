@@ -79,7 +79,8 @@ def describe(ex: BaseException) -> str:
     if m:
         return (f"error: {m.group(1)}={m.group(2)}: a comma in a value is a list or a sweep to Hydra; fix: quote it "
                 f"({m.group(1)}='a,b'), write a list ({m.group(1)}=[a,b]) or sweep with -m")
-    if "no viable alternative" in msg or "mismatched input" in msg or "extraneous input" in msg:
+    if any(x in msg for x in ("no viable alternative", "mismatched input", "extraneous input", "LexerNoViableAlt",
+                              "token recognition error")):
         return (f"error: {first.split(' See https')[0]}: the override does not parse; fix: quote the value "
                 "(key='...') or balance its brackets (Hydra's override grammar)")
     if "Could not detect" in first and "srun" in first:

@@ -80,6 +80,9 @@ def normalise_path(path: str, key: str, environ: dict) -> tuple[Optional[str], l
     if path.startswith("~"):
         home = environ.get("HOME") or os.path.expanduser("~")
         path = home + path[1:] if path == "~" or path.startswith("~/") else path
+    hub_id = not path.startswith((".", "/", "~")) and path.count("/") == 1 and not os.path.exists(path)
+    if hub_id:  # org/name: the workers resolve it on the Hugging Face hub (preflight says so)
+        return path, out
     if not os.path.isabs(path):
         path = os.path.abspath(path)
     if len(path) > 1 and path.endswith("/"):
