@@ -78,6 +78,8 @@ CASES = [
     ("slurm-local-ray", ["cluster=slurm", "cluster.ray.address=local"], REFUSED, "cluster.ray.address", "auto"),
     ("misspelt-recipe", ["+recipe.ppp.x=1"], REFUSED, "recipe.ppp", "recipe.ppo"),
     ("sft-recipe-under-grpo", ["+recipe.sft.x=1"], OK, "recipe.sft.x", "algo=sft"),
+    ("ppo-recipe-under-sft", ["model=deepseek_v4_flash", "algo=sft", "+recipe.ppo.trainer.foo=1"], OK,
+     "recipe.ppo.trainer.foo", "read by nothing"),
     ("dump-rollouts-sft", ["model=deepseek_v4_flash", "algo=sft", "run.dump_rollouts=true"], OK,
      "run.dump_rollouts", None),
     # --- Hydra's own syntax

@@ -365,12 +365,13 @@ def run_problems(config) -> list[Problem]:
         if block not in ("ppo", "sft"):
             out.append(Problem(f"recipe.{block}", "...", "no such recipe block: recipe.ppo holds main_ppo keys, "
                                "recipe.sft sft_trainer keys", "recipe.ppo.<key> or recipe.sft.<key>"))
-        elif block != ep and v and block == "sft":
-            # the data groups fill recipe.sft for algo=sft: only keys no group file sets are someone's setting
-            extra = sorted({k for k, _ in _leaves(v)} - _group_recipe_keys("sft"))
+        elif block != ep and v:
+            # the group files fill both blocks for every algorithm: only keys no group file sets are a setting
+            extra = sorted({k for k, _ in _leaves(v)} - _group_recipe_keys(block))
             if extra:
-                out.append(Problem(f"recipe.sft.{extra[0]}", "...", f"algo={config.algo.name} runs {ep}: "
-                                   "recipe.sft is read by nothing", "drop it, or algo=sft", warning=True))
+                out.append(Problem(f"recipe.{block}.{extra[0]}", "...", f"algo={config.algo.name} runs {ep}: "
+                                   f"recipe.{block} is read by nothing",
+                                   f"drop it, or an algorithm that runs {block}", warning=True))
     if config.run.dump_rollouts and ep == "sft":
         out.append(Problem("run.dump_rollouts", True, "SFT has no rollouts: read by nothing",
                            "drop it, or algo=grpo|dapo", warning=True))
