@@ -371,7 +371,8 @@ def run_problems(config) -> list[Problem]:
             if extra:
                 out.append(Problem(f"recipe.{block}.{extra[0]}", "...", f"algo={config.algo.name} runs {ep}: "
                                    f"recipe.{block} is read by nothing",
-                                   f"drop it, or an algorithm that runs {block}", warning=True))
+                                   "drop it, or " + ("algo=sft" if block == "sft" else "algo=grpo or algo=dapo"),
+                                   warning=True))
     if config.run.dump_rollouts and ep == "sft":
         out.append(Problem("run.dump_rollouts", True, "SFT has no rollouts: read by nothing",
                            "drop it, or algo=grpo|dapo", warning=True))
