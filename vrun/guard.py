@@ -132,7 +132,7 @@ def config_problems(cfg: Any, environ: Optional[dict] = None, choices: Optional[
                             "a line to sbatch.sh or a command line)", f"give {key} on one line, without control "
                             "characters"))
                 continue
-        if SECRETISH.search(last) and v not in (None, "", {}, []) and not key.startswith("cluster.ray."):
+        if SECRETISH.search(last) and v not in (None, "", {}, []):
             add(Problem(key, "<hidden>", "a secret's value would be written into the plan and the verl config",
                         f"export {last} and add it to pass_env=[...,{last}] (it reaches the workers by name)"))
     if isinstance(resolved, Exception):
