@@ -11,8 +11,11 @@ EXIT_USAGE = 2
 
 
 def emit(lines: list[str], code: int = EXIT_USAGE) -> None:
+    """Print the lines (never a secret's value: vrun.guard.scrub) and exit."""
+    from vrun.guard import scrub
+
     for line in lines:
-        print(line, file=sys.stderr)
+        print(scrub(line), file=sys.stderr)
     sys.exit(code)
 
 
@@ -58,6 +61,12 @@ def describe(ex: BaseException) -> str:
         key = getattr(ex, "full_key", None)
     if key and ("not in struct" in msg or "not in struct" in str(cause) or "Key '" in str(cause or msg)):
         value = _value_of(key)
+        head = key.split(".")[0]
+        if head in VERL_SECTIONS:
+            return (f"error: {key}={value}: no such key in the run config; {head}.* is verl's: fix: "
+                    f"verl.{key}={value}")
+        if _is_map(key.rsplit(".", 1)[0]):
+            return (f"error: {key}={value}: a new entry of the map {key.rsplit('.', 1)[0]}; fix: +{key}={value}")
         return (f"error: {key}={value}: no such key in the run config; fix: {_near_keys(key)}")
     if cause is not None and getattr(cause, "full_key", None):
         first = str(cause).splitlines()[0]
@@ -66,7 +75,48 @@ def describe(ex: BaseException) -> str:
             "give a value of the right type"
         return f"error: {cause.full_key}={_value_of(cause.full_key)}: {first}; fix: {fix}"
     first = " ".join(line.strip() for line in msg.splitlines() if line.strip())
-    return f"error: {first}; fix: see README (Modes, Config groups)"
+    m = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", msg)
+    if m:
+        return (f"error: {m.group(1)}={m.group(2)}: a comma in a value is a list or a sweep to Hydra; fix: quote it "
+                f"({m.group(1)}='a,b'), write a list ({m.group(1)}=[a,b]) or sweep with -m")
+    if any(x in msg for x in ("no viable alternative", "mismatched input", "extraneous input", "LexerNoViableAlt",
+                              "token recognition error")):
+        return (f"error: {first.split(' See https')[0]}: the override does not parse; fix: quote the value "
+                "(key='...') or balance its brackets (Hydra's override grammar)")
+    if "Could not detect" in first and "srun" in first:
+        return ("error: cluster=slurm: no SLURM client on this machine (sbatch/srun not found); fix: submit from a "
+                "SLURM login node (where sinfo works), or mode=plan to write each point's sbatch.sh without submitting")
+    m = re.search(r"Environment variable '([^']+)' not found.*?full_key: (\S+)", first)
+    if m:
+        return (f"error: {m.group(2)}: interpolates the unset variable {m.group(1)}; fix: export {m.group(1)}, or "
+                f"give a default: ${{oc.env:{m.group(1)},<default>}}")
+    m = re.search(r"Interpolation key '([^']+)' not found(?:.*?full_key: (\S+))?", first)
+    if m:
+        return (f"error: {m.group(2) or '?'}: interpolates ${{{m.group(1)}}}, which does not exist; fix: "
+                "interpolate an existing key of the run config (e.g. ${model.name})")
+    return f"error: {first}; fix: run with mode=plan and the same overrides; README 'Config groups' lists them"
+
+
+# verl's top-level sections: a key under one of them belongs under verl.
+VERL_SECTIONS = ("trainer", "data", "actor_rollout_ref", "algorithm", "reward", "reward_model", "critic",
+                 "ray_kwargs", "custom_reward_function", "checkpoint", "global_profiler", "transfer_queue")
+
+
+def _is_map(path: str) -> bool:
+    """Whether the run config's schema has a map (Dict field) at this dotted path."""
+    import typing
+
+    from vrun.schema import RunConfig
+
+    node: typing.Any = RunConfig
+    for part in path.split("."):
+        if not is_dataclass(node):
+            return False
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return False
+        node = hints[part]
+    return typing.get_origin(node) in (dict, typing.Dict)
 
 
 def _value_of(key: str) -> str:

@@ -1,8 +1,10 @@
 """`python -m vrun.entry ppo --config RUN/verl_config.yaml [--task-runner mod:Class] [--pass-env NAME]...`
 
 What verl's `main_ppo.main` does — auto_set_device, validate_config, run_ppo — on the saved config, with a
-task runner the run config may name (verl's CLI hard-codes its own). Secrets named by --pass-env are copied
-from this process's environment into Ray's runtime env in memory, never into a file.
+task runner the run config may name (verl's CLI hard-codes its own). Secrets named by --pass-env stay in the
+environment: the Ray instance this driver starts (address=local), or the `ray start` daemons of a SLURM job,
+inherit it and hand it to every worker. They are never put into the config or Ray's runtime env, which verl's
+run_ppo and task runner print into the job's logs.
 """
 from __future__ import annotations
 
@@ -25,14 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pass-env", action="append", default=[])
     args = ap.parse_args(argv)
 
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import OmegaConf
 
     config = OmegaConf.load(args.config)
-    secrets = {n: os.environ[n] for n in args.pass_env if os.environ.get(n)}
-    if secrets:
-        with open_dict(config):
-            env_vars = config.ray_kwargs.ray_init.runtime_env.setdefault("env_vars", {})
-            env_vars.update(secrets)
+    missing = [n for n in args.pass_env if not os.environ.get(n)]
+    if missing:
+        print(f"entry: pass_env {', '.join(missing)} not set in this environment: the workers will not see them",
+              flush=True)
 
     from verl.trainer.main_ppo import run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy

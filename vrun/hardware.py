@@ -20,8 +20,8 @@ def gpu_mem_gib(cluster: dict) -> tuple[Optional[float], list[Problem]]:
     """The per-GPU memory the estimate uses, or None with the problem."""
     override = cluster.get("gpu_mem_gib")
     if override is not None:
-        if isinstance(override, bool) or not isinstance(override, (int, float)) or override <= 0:
-            return None, [Problem("cluster.gpu_mem_gib", override, "must be a positive number of GiB",
+        if isinstance(override, bool) or not isinstance(override, (int, float)) or not 0 < override <= 2 ** 20:
+            return None, [Problem("cluster.gpu_mem_gib", override, "must be a positive, finite number of GiB",
                                   "cluster.gpu_mem_gib=80")]
         return float(override), []
     gpu = str(cluster.get("gpu") or "")

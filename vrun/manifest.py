@@ -97,14 +97,13 @@ def manifest(config: DictConfig, output_dir: str, overrides: list[str]) -> dict:
 
 
 class RunManifest(Callback):
-    """Writes <run dir>/manifest.json before the job runs (rank 0 only where several tasks share the dir)."""
+    """Checks the composed config before Hydra creates the run dir (vrun.guard), so a refused run leaves nothing
+    behind. The manifest itself is written by the task once the plan is made (vrun.task)."""
 
-    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from hydra.core.hydra_config import HydraConfig
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from vrun import guard
 
-        if _is_rank_zero():
-            hc = HydraConfig.get()
-            write_manifest(config, hc.runtime.output_dir, list(hc.overrides.task))
+        guard.check_single_run(config)
 
 
 def write_manifest(config: DictConfig, run_dir: str, overrides: list[str]) -> None:

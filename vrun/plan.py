@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from vrun import checks, entrypoints, memory, mlite, phases, stack, translate, verl_tree
+from vrun import checks, entrypoints, guard, memory, mlite, phases, stack, translate, verl_tree, verl_values
 from vrun.dotted import get
 from vrun.entrypoints import Entrypoint
 from vrun.memory import GIB, Estimate
@@ -26,6 +26,8 @@ from vrun.schema import RunConfig
 # unset when CUDA_VISIBLE_DEVICES is set (Ray refuses both); the SLURM node job decides it again on the node
 UNSET_WITH_CUDA = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# a larger world is a typo; refusing it up front keeps every answer (and the mesh suggestions) about a second
+MAX_WORLD = 1_000_000
 
 
 @dataclass
@@ -61,7 +63,43 @@ class Plan:
 
 
 def resolve_model_path(model, environ: dict, single_model: bool) -> tuple[Optional[str], str, list[Problem]]:
-    """model: the config's model group (vrun.schema.Model)."""
+    """model: the config's model group (vrun.schema.Model). The path as verl can take it (normalise_path)."""
+    path, source, problems = _model_path(model, environ, single_model)
+    if path is None:
+        return path, source, problems
+    key = "model.path" if source == "model.path" else (source if source != "default" else "model.default_path")
+    path, p = normalise_path(path, key, environ)
+    return path, source, problems + p
+
+
+def normalise_path(path: str, key: str, environ: dict) -> tuple[Optional[str], list[Problem]]:
+    """verl asserts on a trailing '/' (copy_to_local), does not expand '~', and the job runs in the run dir (a
+    relative path would point there): normalised, and said so; a path that does not exist is a warning."""
+    out = []
+    given = path
+    if path.startswith("~"):
+        home = environ.get("HOME") or os.path.expanduser("~")
+        path = home + path[1:] if path == "~" or path.startswith("~/") else path
+    hub_id = not path.startswith((".", "/", "~")) and path.count("/") == 1 and not os.path.exists(path)
+    if hub_id:  # org/name: the workers resolve it on the Hugging Face hub (preflight says so)
+        return path, out
+    if not os.path.isabs(path):
+        path = os.path.abspath(path)
+    if len(path) > 1 and path.endswith("/"):
+        path = path.rstrip("/") or "/"
+    if len(path) > 4096 or any(len(part) > 255 for part in path.split("/")):
+        return None, [Problem(key, given[:80] + ("..." if len(given) > 80 else ""), "longer than a path can be",
+                              f"{key}=/path/to/checkpoint")]
+    if path != given:
+        out.append(Problem(key, given, f"taken as {path} (verl needs an absolute path without a trailing '/'; "
+                           "the job runs in the run dir)", f"{key}={path}", warning=True))
+    if not os.path.exists(path):
+        out.append(Problem(key, path, "does not exist on this machine (preflight checks it where the job runs)",
+                           f"{key}=<an existing checkpoint directory>", warning=True))
+    return path, out
+
+
+def _model_path(model, environ: dict, single_model: bool) -> tuple[Optional[str], str, list[Problem]]:
     if model.path:
         return model.path, "model.path", []
     env_name = model.path_env
@@ -113,11 +151,15 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     path, path_from, p = resolve_model_path(config.model, environ, single_model)
     problems += p
     env, unset, p = run_env(config, environ)
-    problems += p
+    problems += p + guard.run_problems(config) + guard.model_problems(config.model)
     try:
         mesh = Mesh.of(config.mesh)
     except PlanError as e:
         raise PlanError(problems + e.problems)
+    if mesh.world > MAX_WORLD:
+        raise PlanError(problems + [Problem("mesh.nnodes", mesh.nnodes, f"{mesh.nnodes}×{mesh.gpus_per_node} = "
+                                            f"{mesh.world:,} GPUs is beyond any cluster (at most {MAX_WORLD:,})",
+                                            "mesh.nnodes=<the nodes you have>")])
     ep = entrypoints.of(config)
     placeholder = path if path else f"<unset: {config.model.path_env}>"
     req = translate.build(config, ep, mesh, run_dir, env, placeholder)
@@ -126,6 +168,10 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     if [x for x in problems if not x.warning]:
         raise PlanError(problems)
     resolved = verl_tree.resolve(tree)
+    problems += guard.range_problems(resolved) + (guard.length_problems(resolved) if ep.has_rollout else []) + \
+        verl_values.problems(resolved, ep.has_rollout)
+    if [x for x in problems if not x.warning]:
+        raise PlanError(problems)
     rules = rules_of(config, ep, resolved)
     params, params_note, ckpt, counts = model_params(config, ep, path, problems, resolved)
     params = with_built_mtp(params, config, ep, resolved)

@@ -47,6 +47,10 @@ def collect(plan: Plan, gpus: int | None = None) -> list[Problem]:
     return out
 
 
+# what a Hugging Face checkpoint directory holds its weights in
+WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "*.pt")
+
+
 def model_path_problems(plan: Plan) -> list[Problem]:
     env = plan.config.model.path_env
     path = plan.model_path
@@ -58,6 +62,10 @@ def model_path_problems(plan: Plan) -> list[Problem]:
         if not (p / "config.json").is_file():
             return [Problem(env, path, "the directory has no config.json (not a Hugging Face checkpoint)",
                             "point it at the checkpoint directory")]
+        weights = [f for pattern in WEIGHTS for f in p.glob(pattern)]
+        if not weights and plan.entrypoint.builds_mlite_workers(plan.config):
+            return [Problem(env, path, "config.json but no weights (*.safetensors, *.bin or their index): the "
+                            "workers would fail loading the model", "point it at a complete checkpoint directory")]
         return []
     # a path (absolute, home, relative under an existing folder) that is missing is an error; anything
     # else is taken as a Hugging Face id ("org/name") that the workers resolve

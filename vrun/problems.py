@@ -5,8 +5,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-# names of secrets (WANDB_API_KEY, HF_TOKEN, …), not of knobs that merely mention tokens (max_token_len)
-SECRETISH = re.compile(r"(api_?key|secret|password|passwd|access_key|private_key|token$)", re.I)
+# names of secrets (WANDB_API_KEY, HF_TOKEN, GITHUB_TOKEN_RO, hf_token, …), not of knobs that merely mention
+# tokens (max_token_len, experts_per_token): TOKEN anywhere in an upper-case (variable) name, a lower-case key only
+# when it is a token itself
+SECRETISH = re.compile(r"(?i:api_?key|secret|passw(?:or)?d|access_key|private_key|credential)|TOKEN|"
+                       r"(?i:^(?:\w+_)?(?:hf|auth|access|api|bearer|github|hub)_?token$)")
 
 
 @dataclass(frozen=True)
@@ -19,8 +22,15 @@ class Problem:
 
     def line(self) -> str:
         kind = "warning" if self.warning else "error"
-        value = "<hidden>" if SECRETISH.search(self.key) and self.value not in (None, "") else _show(self.value)
-        return f"{kind}: {self.key}={value}: {self.why}; fix: {self.fix}"
+        why, fix = self.why, self.fix
+        if SECRETISH.search(self.key) and self.value not in (None, ""):
+            value = "<hidden>"
+            shown = _show(self.value)
+            if len(shown) >= 3:  # never repeated further on the line either
+                why, fix = why.replace(shown, "<hidden>"), fix.replace(shown, "<hidden>")
+        else:
+            value = _show(self.value)
+        return f"{kind}: {self.key}={value}: {why}; fix: {fix}"
 
 
 class PlanError(Exception):

@@ -22,15 +22,23 @@ PLANNED = ".plan.pickle"
 def run(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    from vrun import guard
+    from vrun.manifest import write_manifest
+
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
-    if "submitit" in str(hc.launcher.get("_target_", "")) and str(hc.mode) == "RunMode.RUN":
-        cli_errors.emit(["error: hydra/launcher=" + str(hc.runtime.choices.get("hydra/launcher")) + ": Hydra "
-                         "applies a launcher only in multirun, so this run would train on this machine; fix: add "
-                         "cluster=slurm (it submits without -m)"])
     try:
-        p = take_planned(run_dir) or plan_config(cfg, run_dir)
+        planned = take_planned(run_dir)
+        p = planned or plan_config(cfg, run_dir)
+    except Exception as e:  # noqa: BLE001 - a refused plan: one line each, and it leaves nothing behind
+        guard.remove_if_empty(guard.CREATED)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" and not isinstance(e, PlanError):
+            raise
+        cli_errors.emit([pr.line() for pr in e.problems] + e.hints if isinstance(e, PlanError)
+                        else [cli_errors.describe(e)])
+    try:
         report.write(p)
+        write_manifest(cfg, run_dir, list(hc.overrides.task))
         print(report.table(p), flush=True)
         if p.config.mode == Mode.plan:
             return

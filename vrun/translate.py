@@ -26,6 +26,10 @@ OWNED = {
     "trainer.default_local_dir": "hydra.run.dir (checkpoints go to <run dir>/checkpoints)",
 }
 
+# lengths that follow the data's: data key → the keys set from it (conf/data, conf/algo/dapo.yaml interpolate them)
+LINKED = {"data.max_prompt_length": [f"{ROLLOUT}.prompt_length"],
+          "data.max_response_length": [f"{ROLLOUT}.response_length", "reward.reward_kwargs.max_resp_len"]}
+
 # maps whose keys are free-form for verl (a `+` may add to them)
 OPEN_MAPS = ("reward.reward_kwargs", "ray_kwargs.ray_init")
 
@@ -89,6 +93,15 @@ def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, e
     passthrough = list(flatten(config.verl))
     problems = [Problem(f"verl.{k}", v, f"{k} is set by the project", f"use {owned[k]}")
                 for k, v in passthrough if k in owned]
+    # the same keys through the other doors (engine., optim., recipe.<entrypoint>.): refused alike, not overwritten
+    doors = [(f"engine.{k[len(ep.engine) + 1:]}", k, v) for k, v in flatten(config.engine, ep.engine)] + \
+        [(f"optim.{k[len(ep.optim) + 1:]}", k, v) for k, v in flatten(config.optim, ep.optim)] + \
+        [(f"recipe.{ep.name.value}.{k}", k, v) for k, v in flatten(config.recipe.get(ep.name.value) or {})]
+    problems += [Problem(door, v, f"{k} is set by the project", f"use {owned[k]}") for door, k, v in doors
+                 if k in owned]
+    for k in [k for _, k, _ in doors if k in owned]:
+        values.pop(k, None)
+        origin.pop(k, None)
     derived = mesh_values(ep, mesh)
     derived += [(f"{ep.engine}.model_name", config.model.mlite_name),
                 (f"{ep.engine}.impl_cfg.optimizer", config.optimizer.name.value),
@@ -99,6 +112,12 @@ def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, e
     derived += ep.derived(config, run_dir, env)
     put(derived, "project")
     put([(k, v) for k, v in passthrough if k not in owned], "verl")
+    # lengths have one source: whichever door sets the data lengths, the rollout's and the DAPO reward's follow
+    for src, dests in LINKED.items():
+        if src in values and origin.get(src) == "verl":
+            for d in dests:
+                if d in values and origin.get(d) != "verl":
+                    values[d] = values[src]
 
     req = VerlRequest(ep.config_name, tuple(ep.groups(source.searchpath, values)), problems=problems)
     base = verl_tree.base_view(req.config_name, req.groups)

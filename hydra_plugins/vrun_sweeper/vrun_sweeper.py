@@ -6,6 +6,7 @@ mode=plan sweeps stop there (every point's run dir written, one line per point);
 checked points to the configured launcher, and each job reuses its plan.
 """
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from vrun import guard
+from vrun.problems import Problem
 from vrun.schema import Mode
 
 
@@ -48,7 +51,8 @@ class PlanningSweeper(Sweeper):
 
         from vrun import cli_errors, report, task
 
-        parsed = OverridesParser.create().parse_overrides(arguments)
+        # the config loader lets glob() list a group's options, as Hydra's basic sweeper does
+        parsed = OverridesParser.create(config_loader=self.hydra_context.config_loader).parse_overrides(arguments)
         points: Sequence[Sequence[str]] = BasicSweeper.split_arguments(parsed, None)[0]
         # resolve the sweep dir once: every point, the launcher and the jobs see the same one
         with open_dict(self.config):
@@ -56,16 +60,42 @@ class PlanningSweeper(Sweeper):
         composed, failures = [], []
         bases: dict = {}
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        # hydra.run.dir given with a run that is a multirun (cluster=slurm): honoured for one point, else refused
+        given = [o.split("=", 1)[1] for o in self.config.hydra.overrides.hydra if o.startswith("hydra.run.dir=")]
+        problems = guard.run_dir_problems(str(sweep_dir), "hydra.sweep.dir")
+        if given and len(points) > 1:
+            problems.append(Problem("hydra.run.dir", given[-1], f"a sweep of {len(points)} points has one run "
+                                    "dir per point, under hydra.sweep.dir", f"hydra.sweep.dir={given[-1]}"))
+        if problems:
+            cli_errors.emit([p.line() for p in problems])
         for idx, overrides in enumerate(points):
             try:
-                cfg, subdir, launcher = self._compose(list(overrides), bases)
+                cfg, subdir, launcher, choices = self._compose(list(overrides), bases)
+                if "submitit" in str(launcher.get("_target_", "")) and choices.get("cluster") != "slurm":
+                    failures.append((idx, overrides, Problem(
+                        "hydra/launcher", choices.get("hydra/launcher"), "the submitit launcher takes its nodes, "
+                        "GPUs and time from the cluster group", "add cluster=slurm (it selects the launcher "
+                        "itself)").line().replace("error: ", "error: ", 1)))
+                    continue
+                point_dir = sweep_dir
                 with open_dict(cfg):
+                    if given:
+                        point_dir = Path(given[-1]).absolute()
+                        subdir = "."
                     cfg.hydra = {"job": {"num": idx, "id": str(idx)}, "sweep": {"subdir": subdir,
-                                                                                "dir": str(sweep_dir)},
+                                                                                "dir": str(point_dir)},
                                  "launcher": launcher}
-                    run_dir = str(sweep_dir / str(cfg.hydra.sweep.subdir))
+                    raw_subdir = str(cfg.hydra.sweep.subdir)
+                    run_dir = os.path.normpath(str(point_dir / raw_subdir))
                     launcher_params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
                     del cfg["hydra"]
+                problems = guard.config_problems(cfg, choices=choices)
+                if not problems:
+                    problems = guard.run_dir_problems(run_dir, "hydra.sweep.subdir", inside=str(point_dir))
+                errors = [p for p in problems if not p.warning]
+                if errors:
+                    failures.append((idx, overrides, "\n".join(p.line() for p in errors)))
+                    continue
                 composed.append((idx, overrides, cfg, run_dir, launcher_params))
             except Exception as e:  # noqa: BLE001 - reported per point below
                 failures.append((idx, overrides, cli_errors.describe(e)))
@@ -121,13 +151,14 @@ class PlanningSweeper(Sweeper):
             full = self.hydra_context.config_loader.load_sweep_config(self.config, groups)
             subdir = OmegaConf.to_container(full.hydra.sweep, resolve=False)["subdir"]
             launcher = OmegaConf.to_container(full.hydra.launcher, resolve=False)
+            choices = OmegaConf.to_container(full.hydra.runtime.choices, resolve=False)
             with open_dict(full):
                 del full["hydra"]  # copying Hydra's own node per point would cost more than the plan
-            bases[key] = (full, subdir, launcher)
-        base, subdir, launcher = bases[key]
+            bases[key] = (full, subdir, launcher, choices)
+        base, subdir, launcher, choices = bases[key]
         cfg = base.copy()
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
-        return cfg, subdir, launcher
+        return cfg, subdir, launcher, choices
 
     def _slurm(self, plans, composed) -> Any:
         """SLURM: every point's job shown (and written) before anything is submitted; then submit."""
