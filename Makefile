@@ -31,7 +31,7 @@ help: ## list the targets and the run commands
 	@echo "runs the project wrote:"
 	@grep -E '^#> ' $(MAKEFILE_LIST) | sed 's/^#> /  python -m vrun /'
 
-setup: ## create $(VENV) with torch, verl ($(VERL)) and the project, unless already there
+setup: ## create the venv (VENV, default .venv) with torch, VERL and the project, unless already there
 	@if [ -f "$(STAMP)" ] && [ ! pyproject.toml -nt "$(STAMP)" ] && [ "$$(cat "$(STAMP)")" = '$(WANT)' ]; then exit 0; fi; \
 	set -e; \
 	test -x "$(PY)" || python3 -m venv "$(VENV)"; \
