@@ -61,10 +61,9 @@ def script(run: Run) -> str:
     if secrets:
         lines.append(f"# secrets, by name only (never written here): {' '.join(secrets)}")
         if not sft:
-            lines.append("# The project's entry copies them from the environment into Ray's runtime env in memory; "
-                         "verl's CLI does")
-            lines.append("# not: Ray workers on this node inherit them from this shell, on other nodes export "
-                         "them before `ray start`.")
+            lines.append("# Export them in this shell: Ray workers inherit them from it on this node; on other "
+                         "nodes export them before")
+            lines.append("# `ray start` (neither the project nor verl puts them in the config or Ray's runtime env).")
     lines += notes(run)
     if sft:
         entry = sft_entry(p.get("argv") or [])
@@ -97,8 +96,8 @@ def notes(run: Run) -> list[str]:
     if "vrun.entry" in argv:
         out.append("# NOTE: the project started this config with `python -m vrun.entry ppo`, which does what "
                    "main_ppo.main does (auto_set_device,")
-        out.append("# validate_config, run_ppo) plus the secrets above; verl's CLI below composes the same saved "
-                   "config through Hydra first.")
+        out.append("# validate_config, run_ppo) and warns of unset pass_env names; verl's CLI below composes the "
+                   "same saved config through Hydra first.")
     address = _ray_address(run.dir)
     if p.get("cluster") == "slurm" or address not in (None, "local"):
         out.append(f"# NOTE: ray_kwargs.ray_init.address={address}: start Ray first (`ray start --head` on the "
