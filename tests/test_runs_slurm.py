@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from conftest import PY, ROOT
+from test_runs import one_error_line
 from test_slurm import NOT_SHARED, TWO_NODES, WRAP, run, shared, slurm  # noqa: F401 - shared is a fixture
 
 pytestmark = [pytest.mark.slurm,
@@ -66,12 +67,6 @@ def wait_for(what, pred, timeout=240, every=1.0):
         time.sleep(every)
 
 
-def one_error_line(proc, *needles):
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "; fix: " in lines[0], proc.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def ray_of_job(job_id: str) -> list:

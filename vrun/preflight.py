@@ -97,13 +97,7 @@ def runtime_problems(plan: Plan) -> list[Problem]:
                            "experimental/lite/examples/verl on PYTHONPATH"))
     missing = verl_compat(plan)
     if missing:
-        from importlib import metadata
-
-        try:
-            version = metadata.version("verl")
-        except metadata.PackageNotFoundError:
-            version = "?"
-        out.append(Problem("verl", version, f"the installed verl's EngineConfig lacks {sorted(missing)}, which "
+        out.append(Problem("verl", stack.verl_version() or "?", f"the installed verl's EngineConfig lacks {sorted(missing)}, which "
                            "verl_mlite's engine config sets: building MegatronLiteEngineConfig would fail with "
                            "an unexpected keyword argument",
                            f"install verl from source at commit {mlite.record()['required_verl']} "

@@ -37,10 +37,17 @@ def _digest(root: Path, files: list[Path], parsed: bool = False) -> str:
     return h.hexdigest()[:16]
 
 
-def verl_stack() -> dict:
+def verl_version() -> Optional[str]:
+    """The installed verl's version (None when verl is not installed); read from its metadata, never imported."""
     try:
-        version = metadata.version("verl")
+        return metadata.version("verl")
     except metadata.PackageNotFoundError:
+        return None
+
+
+def verl_stack() -> dict:
+    version = verl_version()
+    if version is None:
         return {"version": None, "tree": None}
     root = verl_tree.verl_config_dir()
     return {"version": version, "tree": _digest(root, sorted(root.rglob("*.yaml")))}

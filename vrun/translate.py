@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Optional
 
-from vrun import dotted, mlite, verl_tree
+from vrun import dotted, mlite, stack, verl_tree
 from vrun.entrypoints import ROLLOUT, Entrypoint
 from vrun.mesh import KNOBS, Mesh
 from vrun.problems import Problem
@@ -155,13 +155,6 @@ CAPABILITIES = {
 }
 
 
-def installed_verl() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("verl")
-    except metadata.PackageNotFoundError:
-        return "?"
 
 
 def _missing_capabilities(base: dict, values: dict, algo: str) -> list[tuple[str, Problem]]:
@@ -169,7 +162,8 @@ def _missing_capabilities(base: dict, values: dict, algo: str) -> list[tuple[str
     out = []
     for section, loses in CAPABILITIES.items():
         if any(k.startswith(section + ".") for k in values) and dotted.get(base, section, dotted.MISSING) is dotted.MISSING:
-            out.append((section, Problem("algo", algo, f"the installed verl {installed_verl()} has no {section} in "
+            version = stack.verl_version() or "?"
+            out.append((section, Problem("algo", algo, f"the installed verl {version} has no {section} in "
                                          f"its config: {algo}'s {loses} would be read by nothing",
                                          "install verl main 1dda039b or later (it has both this and the engine fields "
                                          "Megatron Lite sets; README 'Which verl'), or plan without it: "
