@@ -38,3 +38,57 @@ def test_slurm_launcher_on_a_plain_run_never_trains_locally(tmp_path):
     """hydra/launcher=submitit_slurm without cluster=slurm would run here: refused, pointing at cluster=slurm."""
     proc = runner("model=qwen3_5_35b", "hydra/launcher=submitit_slurm", "mode=train", f"hydra.run.dir={tmp_path}/r")
     assert proc.returncode == 2 and "add cluster=slurm" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def one_error_line(stderr: str) -> str:
+    """The one `error: ...; fix: ...` line of a refused point (the sweep prefixes it with the point)."""
+    lines = [line for line in stderr.splitlines() if "error: " in line]
+    assert len(lines) == 1 and "; fix: " in lines[0] and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def _sbatch(tmp_path, *overrides):
+    proc = runner("model=qwen3_5_35b", "cluster=slurm", "mode=plan", f"hydra.sweep.dir={tmp_path}/s", *overrides)
+    scripts = list((tmp_path / "s").glob("*/sbatch.sh"))
+    return proc, scripts[0].read_text() if scripts else ""
+
+
+def test_launcher_values_land_on_their_cluster_knobs(tmp_path):
+    """hydra.launcher.* given by hand sets the cluster knob it names (one home per sbatch value): it shows in the
+    plan's config, passes the same checks, and the launcher's own options without a knob reach sbatch as given."""
+    proc, script = _sbatch(tmp_path, "hydra.launcher.timeout_min=30", "hydra.launcher.exclude=node7",
+                           "hydra.launcher.setup=[module load cuda]", "cluster.setup=[source env.sh]",
+                           "hydra.launcher.name=nightly")
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --time=30" in script and "#SBATCH --exclude=node7" in script
+    assert "#SBATCH --job-name=nightly" in script
+    assert script.index("module load cuda") < script.index("source env.sh")
+    (d,) = (tmp_path / "s").iterdir()
+    cluster = json.loads((d / "manifest.json").read_text())["config"]["cluster"]
+    assert cluster["time_min"] == 30 and cluster["job_name"] == "nightly"
+
+
+def test_launcher_values_the_mesh_decides_are_refused(tmp_path):
+    """nodes/GPUs given to the launcher that disagree with the mesh would submit a job the plan was not made for."""
+    for override, knob in (("hydra.launcher.nodes=3", "mesh.nnodes=3"), ("hydra.launcher.gpus_per_node=4",
+                                                                          "mesh.gpus_per_node=4"),
+                           ("hydra.launcher.tasks_per_node=8", "one task per node")):
+        proc, script = _sbatch(tmp_path, override)
+        assert proc.returncode == 2 and not script, override
+        line = one_error_line(proc.stderr)
+        assert override in line and knob in line, line
+    proc, _ = _sbatch(tmp_path, "hydra.launcher.nodes=1")  # agrees with the mesh
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_launcher_values_are_checked_like_the_knobs(tmp_path):
+    """A launcher value reaches an #SBATCH line: the same one-word rule as cluster.*; a job array is refused."""
+    for override, key in (("hydra.launcher.partition='gpu --wrap=x'", "cluster.partition"),
+                          ("hydra.launcher.comment='a b'", "hydra.launcher.comment"),
+                          ("hydra.launcher.array_parallelism=4", "hydra.launcher.array_parallelism"),
+                          ("hydra.launcher.partion=gpu", "hydra.launcher.partition=gpu"),
+                          ("hydra.launcher.additional_parameters.mail-type=END",
+                           "+cluster.additional_parameters.mail-type=END")):
+        proc, script = _sbatch(tmp_path, override)
+        assert proc.returncode == 2 and not script and "Traceback" not in proc.stderr, override
+        assert key in one_error_line(proc.stderr), proc.stderr

@@ -62,6 +62,8 @@ def describe(ex: BaseException) -> str:
     if key and ("not in struct" in msg or "not in struct" in str(cause) or "Key '" in str(cause or msg)):
         value = _value_of(key)
         head = key.split(".")[0]
+        if key.startswith("hydra.launcher."):
+            return _launcher_key(key, value)
         if head in VERL_SECTIONS:
             return (f"error: {key}={value}: no such key in the run config; {head}.* is verl's: fix: "
                     f"verl.{key}={value}")
@@ -149,3 +151,16 @@ def _near_keys(key: str) -> str:
         return " or ".join(prefix + n for n in near)
     return (f"one of {prefix}{{{', '.join(options)}}}; verl keys go under verl. "
             "(e.g. verl.trainer.save_freq=10)")
+
+
+def _launcher_key(key: str, value: str) -> str:
+    """A hydra.launcher key Hydra's submitit launcher lacks: the sbatch values are the cluster group's knobs."""
+    from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
+
+    parts = key.split(".")
+    if len(parts) > 3 and parts[2] == "additional_parameters":
+        return f"error: {key}={value}: a new sbatch option; fix: +cluster.additional_parameters.{parts[3]}={value}"
+    options = [f.name for f in fields(SlurmQueueConf) if not f.name.startswith("_")]
+    near = difflib.get_close_matches(parts[2], options, n=1, cutoff=0.5)
+    return (f"error: {key}={value}: no such key in Hydra's submitit launcher; fix: " +
+            (f"hydra.launcher.{near[0]}={value}" if near else "a cluster.* knob (vrun/schema.py: Cluster)"))

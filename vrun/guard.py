@@ -23,7 +23,8 @@ NAME_KEYS = ("model.name", "algo.name", "data.name", "run.project_name", "run.ex
 GROUP_OF = {"model.name": "model", "algo.name": "algo", "data.name": "data"}
 # values that reach sbatch options: a word each (constraint expressions keep their operators)
 SBATCH_KEYS = {"cluster.partition": r"[A-Za-z0-9._,-]+", "cluster.account": r"[A-Za-z0-9._-]+",
-               "cluster.qos": r"[A-Za-z0-9._-]+", "cluster.constraint": r"[A-Za-z0-9._,&|!*:\[\]()-]+"}
+               "cluster.qos": r"[A-Za-z0-9._-]+", "cluster.constraint": r"[A-Za-z0-9._,&|!*:\[\]()-]+",
+               "cluster.job_name": r"[A-Za-z0-9._+-]{1,128}"}
 # the default names passed to workers (conf/run.yaml pass_env) are secrets even before the config is read
 DEFAULT_PASS_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 TRIVIAL = {"", "0", "1", "true", "false", "True", "False", "none", "None", "null"}

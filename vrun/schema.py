@@ -185,13 +185,16 @@ class Cluster:
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
+    # sbatch --time, minutes
     time_min: int = 240
     # torchrun rendezvous port (SFT); on SLURM derived from the job id unless set
     master_port: int = 29500
-    # SLURM submission (hydra.launcher takes these through conf/cluster/slurm.yaml)
+    # SLURM submission (vrun.slurm.Submission reads these; hydra.launcher.* given by hand sets them)
     cpus_per_task: Optional[int] = None
     mem_gb: Optional[int] = None
     constraint: Optional[str] = None
+    # sbatch --job-name; null: run.experiment_name
+    job_name: Optional[str] = None
     # lines in the sbatch script before srun (modules, containers, env activation)
     setup: List[str] = field(default_factory=list)
     # lines each node runs before Ray / torchrun starts (bash; a failure fails the node)

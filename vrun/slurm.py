@@ -1,72 +1,142 @@
 """SLURM from the login node: what is submitted (from the plan), the confirmation, the submission
 (submitit), and `python -m vrun resubmit <run dir>` (also `python -m vrun.slurm resubmit`). The job each
 node runs is vrun.slurm_node.
+
+Every sbatch value has one home: the cluster group (vrun.schema.Cluster) and the mesh. Hydra's submitit launcher
+is only selected (conf/cluster/slurm.yaml); a `hydra.launcher.*` value given by hand is taken onto the knob it
+names (launcher_problems), refused where the mesh decides it, and passed to sbatch where the project has no knob.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
+import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
 from vrun import rundir
+from vrun.problems import PlanError, Problem
 from vrun.slurm_node import RunJob  # noqa: F401 - submitted here; jobs pickled as vrun.slurm.RunJob load too
 
+# hydra.launcher.<key> given by hand → the cluster knob it sets (a given value wins over the cluster group's)
+LAUNCHER_KNOBS = {"partition": "partition", "account": "account", "qos": "qos", "constraint": "constraint",
+                  "timeout_min": "time_min", "cpus_per_task": "cpus_per_task", "mem_gb": "mem_gb",
+                  "max_num_timeout": "max_requeues", "name": "job_name", "setup": "setup",
+                  "additional_parameters": "additional_parameters"}
+# ... that the mesh decides: refused when they disagree with it (one task per node holds all its GPUs)
+LAUNCHER_MESH = {"nodes": "mesh.nnodes", "gpus_per_node": "mesh.gpus_per_node", "gpus_per_task": "mesh.gpus_per_node",
+                 "tasks_per_node": None}
+# ... sbatch options without a knob here: passed to submitit as they are (the plugin's defaults otherwise)
+LAUNCHER_PASSED = ("comment", "exclude", "gres", "cpus_per_gpu", "mem_per_gpu", "mem_per_cpu", "signal_delay_s",
+                   "stderr_to_stdout")
+# a value that reaches an #SBATCH line: one word, no control characters
+SBATCH_WORD = re.compile(r"[^\s\x00-\x1f\x7f]+")
 
-@dataclass
-class Spec:
-    """The sbatch parameters of one job (submitit's SlurmExecutor names)."""
-    nodes: int
-    gpus_per_node: int
-    tasks_per_node: int = 1
-    cpus_per_task: Optional[int] = None
-    mem_gb: Optional[int] = None
-    timeout_min: int = 240
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    constraint: Optional[str] = None
-    setup: list = field(default_factory=list)
-    additional_parameters: dict = field(default_factory=dict)
-    max_num_timeout: int = 3
-    signal_delay_s: int = 120
-    name: str = "vrun"
+
+def launcher_given(unresolved: dict, overridden: list[str]) -> set[str]:
+    """The hydra.launcher keys set by hand: given on the command line, or differing from the plugin's defaults."""
+    from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.to_container(OmegaConf.structured(SlurmQueueConf), resolve=False)
+    named = {o.lstrip("+~").split("=", 1)[0][len("hydra.launcher."):].split(".")[0]
+             for o in overridden if o.lstrip("+~").startswith("hydra.launcher.")}
+    return {k for k in unresolved if k not in ("_target_", "submitit_folder")
+            and (k in named or unresolved[k] != defaults.get(k))}
+
+
+def launcher_problems(cfg, launcher: dict, given: set[str]) -> list[Problem]:
+    """Takes the hydra.launcher values given by hand onto their knobs in the composed point `cfg` (before its
+    checks run); the ones the mesh decides must agree with it; unknown to this project: refused."""
+    from omegaconf import OmegaConf
+
+    out = []
+    for key in sorted(given):
+        v, name = launcher[key], f"hydra.launcher.{key}"
+        if key in LAUNCHER_KNOBS:
+            knob = f"cluster.{LAUNCHER_KNOBS[key]}"
+            if key == "setup":  # the launcher's lines, then the cluster group's
+                v = list(v or []) + list(OmegaConf.select(cfg, knob) or [])
+            elif key == "additional_parameters":
+                v = {**(OmegaConf.select(cfg, knob) or {}), **(v or {})}
+            OmegaConf.update(cfg, knob, v, merge=False)
+        elif key in LAUNCHER_MESH:
+            src = LAUNCHER_MESH[key]
+            want = OmegaConf.select(cfg, src) if src else 1
+            if v is not None and v != want:
+                out.append(Problem(name, v, f"the job's shape comes from the mesh: {src or 'one task per node'} = "
+                                   f"{want}", f"drop {name}" + (f"; set {src}={v}" if src else "")))
+        elif key in LAUNCHER_PASSED:
+            if v is not None and not (isinstance(v, (bool, int)) or SBATCH_WORD.fullmatch(str(v))):
+                out.append(Problem(name, v, "reaches sbatch.sh as an option value: one word without control "
+                                   "characters", f"{name}=<value>"))
+        else:  # array_parallelism: one job per sweep point, never a job array
+            out.append(Problem(name, v, "this project submits one job per sweep point, not a job array",
+                               f"drop {name}"))
+    return out
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One sbatch job: submitit's SlurmExecutor parameters (its names) and how often it requeues on timeout."""
+    parameters: dict
+    max_num_timeout: int
+
+    @classmethod
+    def of(cls, plan, launcher: dict) -> "Submission":
+        """From the plan (the cluster group and the mesh) and the launcher's own sbatch options (LAUNCHER_PASSED)."""
+        c, m = plan.config.cluster, plan.mesh
+        p: dict[str, Any] = {"nodes": m.nnodes, "gpus_per_node": m.gpus_per_node, "ntasks_per_node": 1,
+                             "time": c.time_min, "job_name": c.job_name or plan.config.run.experiment_name,
+                             "setup": list(c.setup), "additional_parameters": dict(c.additional_parameters)}
+        for k in ("cpus_per_task", "partition", "account", "qos", "constraint"):
+            if getattr(c, k) is not None:
+                p[k] = getattr(c, k)
+        if c.mem_gb is not None:
+            p["mem"] = f"{c.mem_gb}GB"
+        p.update({k: launcher[k] for k in LAUNCHER_PASSED if launcher.get(k) is not None})
+        return cls(p, c.max_requeues)
+
+    @classmethod
+    def load(cls, saved: dict) -> "Submission":
+        """From slurm_job.json's "spec" (also the field-per-knob form run dirs written before kept)."""
+        saved = dict(saved)
+        n = int(saved.pop("max_num_timeout", 0))
+        if "time" not in saved:
+            renamed = {"timeout_min": "time", "tasks_per_node": "ntasks_per_node", "name": "job_name"}
+            saved = {renamed.get(k, k): v for k, v in saved.items() if v is not None}
+            if "mem_gb" in saved:
+                saved["mem"] = f"{saved.pop('mem_gb')}GB"
+        return cls(saved, n)
+
+    def saved(self) -> dict:
+        return {**self.parameters, "max_num_timeout": self.max_num_timeout}
+
+    @property
+    def nodes(self) -> int:
+        return int(self.parameters["nodes"])
+
+    @property
+    def gpus_per_node(self) -> int:
+        return int(self.parameters["gpus_per_node"])
 
     @property
     def gpu_hours(self) -> float:
-        return self.nodes * self.gpus_per_node * self.timeout_min / 60.0
+        return self.nodes * self.gpus_per_node * self.parameters["time"] / 60.0
 
-    def executor_parameters(self) -> dict:
-        p = {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "ntasks_per_node": self.tasks_per_node,
-             "time": self.timeout_min, "signal_delay_s": self.signal_delay_s, "job_name": self.name,
-             "setup": list(self.setup), "additional_parameters": dict(self.additional_parameters)}
-        for k in ("cpus_per_task", "partition", "account", "qos", "constraint"):
-            if getattr(self, k) is not None:
-                p[k] = getattr(self, k)
-        if self.mem_gb is not None:
-            p["mem"] = f"{self.mem_gb}GB"
-        return p
+    def describe(self) -> str:
+        return (f"{self.nodes} node(s) × {self.gpus_per_node} GPU(s), {self.parameters['time']} min, partition "
+                f"{self.parameters.get('partition') or '(default)'}: {self.gpu_hours:.1f} GPU-hours")
 
 
-def spec_from(launcher: dict, cluster) -> Spec:
-    """hydra.launcher (resolved for this point; the user's hydra.launcher.* overrides win) + the cluster group's
-    lists (cluster: vrun.schema.Cluster)."""
-    known = {f for f in Spec.__dataclass_fields__}
-    kw = {k: v for k, v in launcher.items() if k in known and v is not None}
-    kw["setup"] = list(launcher.get("setup") or []) + list(cluster.setup)
-    kw["additional_parameters"] = {**(launcher.get("additional_parameters") or {}), **cluster.additional_parameters}
-    return Spec(**kw)
-
-
-def sbatch_script(spec: Spec, folder: str) -> str:
-    """The sbatch script submitit writes for this spec (its own template function)."""
+def sbatch_script(sub: Submission, folder: str) -> str:
+    """The sbatch script submitit writes for this job (its own template function)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     command = f"{sys.executable} -u -m submitit.core._submit {folder}"
-    return _make_sbatch_string(command=command, folder=folder, **spec.executor_parameters())
+    return _make_sbatch_string(command=command, folder=folder, **sub.parameters)
 
 
 def node_error(text: str) -> str:
@@ -87,15 +157,8 @@ def job_payload(plan) -> dict:
                          "nproc_per_node": m.gpus_per_node}}
 
 
-def describe(spec: Spec) -> str:
-    return (f"{spec.nodes} node(s) × {spec.gpus_per_node} GPU(s), {spec.timeout_min} min, partition "
-            f"{spec.partition or '(default)'}: {spec.gpu_hours:.1f} GPU-hours")
-
-
 def confirm(total_gpu_hours: float, cluster, stream=None) -> None:
     """Above cluster.confirm_gpu_hours: ask on a terminal, require cluster.yes=true otherwise."""
-    from vrun.problems import PlanError, Problem
-
     limit = float(cluster.confirm_gpu_hours or math.inf)
     if total_gpu_hours <= limit or cluster.yes:
         return
@@ -111,7 +174,7 @@ def confirm(total_gpu_hours: float, cluster, stream=None) -> None:
 
 
 def submit(items: list, detach: bool) -> list:
-    """items: (plan, spec, mode, submitit folder). Submits one job per item; unless detached, waits for all,
+    """items: (plan, submission, mode, submitit folder). Submits one job per item; unless detached, waits for all,
     showing each job's progress (vrun.runs.watch)."""
     import logging
 
@@ -119,15 +182,15 @@ def submit(items: list, detach: bool) -> list:
 
     logging.getLogger("submitit").setLevel(logging.ERROR)  # "Bypassing sacct error" on clusters without accounting
     jobs = []
-    for plan, spec, mode, folder in items:
-        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=spec.max_num_timeout)
-        ex.update_parameters(**spec.executor_parameters())
-        job = ex.submit(RunJob(plan.run_dir, job_payload(plan), dataclasses.asdict(plan.config.cluster), str(mode)))
+    for plan, sub, mode, folder in items:
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=sub.max_num_timeout)
+        ex.update_parameters(**sub.parameters)
+        job = ex.submit(RunJob(plan.run_dir, job_payload(plan), asdict(plan.config.cluster), str(mode)))
         (Path(plan.run_dir) / "slurm_job.json").write_text(json.dumps(
             {"job_id": job.job_id, "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
-             "folder": folder, "spec": asdict(spec), "mode": mode}, indent=2) + "\n")
-        rundir.record(plan.run_dir, "submitted", job_id=job.job_id, attempt=0, nodes=spec.nodes,
-                      gpus_per_node=spec.gpus_per_node)
+             "folder": folder, "spec": sub.saved(), "mode": mode}, indent=2) + "\n")
+        rundir.record(plan.run_dir, "submitted", job_id=job.job_id, attempt=0, nodes=sub.nodes,
+                      gpus_per_node=sub.gpus_per_node)
         print(f"submitted job {job.job_id}: {plan.run_dir}  logs {job.paths.stdout}", flush=True)
         jobs.append(job)
     if detach:
@@ -145,8 +208,6 @@ def submit(items: list, detach: bool) -> list:
         except Exception as e:  # noqa: BLE001 - submitit re-raises the node's exception
             failed.append((f"job {job.job_id} failed: {node_error(str(e))}", plan.run_dir))
     if failed:
-        from vrun.problems import PlanError, Problem
-
         raise PlanError([Problem("slurm", "failed", line, f"python -m vrun status {run_dir}; python -m vrun logs "
                                  f"{run_dir}") for line, run_dir in failed])
     return jobs
@@ -163,12 +224,12 @@ def resubmit(run_dir: str, detach: bool = False) -> list:
     with submitted.open("rb") as f:
         delayed = pickle.load(f)
     job_fn: RunJob = delayed.function
-    spec = Spec(**info["spec"])
-    ex = submitit.SlurmExecutor(folder=info["folder"], max_num_timeout=spec.max_num_timeout)
-    ex.update_parameters(**spec.executor_parameters())
+    sub = Submission.load(info["spec"])
+    ex = submitit.SlurmExecutor(folder=info["folder"], max_num_timeout=sub.max_num_timeout)
+    ex.update_parameters(**sub.parameters)
     job = ex.submit(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode, job_fn.attempt + 1))
-    rundir.record(run_dir, "submitted", job_id=job.job_id, attempt=job_fn.attempt + 1, nodes=spec.nodes,
-                  gpus_per_node=spec.gpus_per_node)
+    rundir.record(run_dir, "submitted", job_id=job.job_id, attempt=job_fn.attempt + 1, nodes=sub.nodes,
+                  gpus_per_node=sub.gpus_per_node)
     info.update(job_id=job.job_id, stdout=str(job.paths.stdout), stderr=str(job.paths.stderr))
     (Path(run_dir) / "slurm_job.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"resubmitted job {job.job_id}: {run_dir}  logs {job.paths.stdout}", flush=True)

@@ -49,7 +49,7 @@ class PlanningSweeper(Sweeper):
     def sweep(self, arguments: List[str]) -> Any:
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-        from vrun import cli_errors, report, task
+        from vrun import cli_errors, report, slurm, task
 
         # the config loader lets glob() list a group's options, as Hydra's basic sweeper does
         parsed = OverridesParser.create(config_loader=self.hydra_context.config_loader).parse_overrides(arguments)
@@ -82,14 +82,19 @@ class PlanningSweeper(Sweeper):
                     if given:
                         point_dir = Path(given[-1]).absolute()
                         subdir = "."
-                    cfg.hydra = {"job": {"num": idx, "id": str(idx)}, "sweep": {"subdir": subdir,
+                    cfg.hydra = {"job": {"num": idx, "id": str(idx), "name": str(self.config.hydra.job.name)}, "sweep": {"subdir": subdir,
                                                                                 "dir": str(point_dir)},
                                  "launcher": launcher}
                     raw_subdir = str(cfg.hydra.sweep.subdir)
                     run_dir = os.path.normpath(str(point_dir / raw_subdir))
                     launcher_params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
                     del cfg["hydra"]
-                problems = guard.config_problems(cfg, choices=choices)
+                problems = []
+                if "SlurmLauncher" in str(launcher.get("_target_", "")):
+                    # hydra.launcher.* given by hand: onto the cluster knobs, before the point's checks
+                    given = slurm.launcher_given(launcher, list(self.config.hydra.overrides.hydra))
+                    problems = slurm.launcher_problems(cfg, launcher_params, given)
+                problems += guard.config_problems(cfg, choices=choices)
                 if not problems:
                     problems = guard.run_dir_problems(run_dir, "hydra.sweep.subdir", inside=str(point_dir))
                 errors = [p for p in problems if not p.warning]
@@ -167,15 +172,15 @@ class PlanningSweeper(Sweeper):
 
         items, total = [], 0.0
         for (idx, overrides, p), (_, _, cfg, _, launcher) in zip(plans, composed):
-            spec = slurm.spec_from(launcher, p.config.cluster)
-            folder = str(launcher.get("submitit_folder") or f"{self.config.hydra.sweep.dir}/.submitit/%j")
-            report.write(p, extra={"slurm": {"parameters": spec.executor_parameters(), "gpu_hours": spec.gpu_hours,
+            sub = slurm.Submission.of(p, launcher)
+            folder = str(launcher["submitit_folder"])
+            report.write(p, extra={"slurm": {"parameters": sub.parameters, "gpu_hours": sub.gpu_hours,
                                              "submitit_folder": folder, "sbatch": "sbatch.sh"}})
             write_manifest(cfg, p.run_dir, list(overrides))
-            (Path(p.run_dir) / "sbatch.sh").write_text(slurm.sbatch_script(spec, folder))
-            print(report.one_line(idx, overrides, p) + f"\n    slurm: {slurm.describe(spec)}", flush=True)
-            items.append((p, spec, p.config.mode, folder))
-            total += spec.gpu_hours
+            (Path(p.run_dir) / "sbatch.sh").write_text(slurm.sbatch_script(sub, folder))
+            print(report.one_line(idx, overrides, p) + f"\n    slurm: {sub.describe()}", flush=True)
+            items.append((p, sub, p.config.mode, folder))
+            total += sub.gpu_hours
         print(f"sweep: {len(items)} job(s), {total:.1f} GPU-hours", flush=True)
         if {p.config.mode for _, _, p in plans} == {Mode.plan}:
             print(f"plan only: nothing submitted (sbatch scripts in each run dir)", flush=True)
