@@ -361,9 +361,12 @@ def run_problems(config) -> list[Problem]:
     if c.confirm_gpu_hours is not None and not c.confirm_gpu_hours > 0:
         out.append(Problem("cluster.confirm_gpu_hours", c.confirm_gpu_hours, "must be positive",
                            "cluster.confirm_gpu_hours=1000"))
+    from vrun import entrypoints
+    from vrun.schema import EntrypointName
+
     ep = str(config.algo.entrypoint)
-    for block, v in (config.recipe or {}).items():
-        if block not in ("ppo", "sft"):
+    for block, v in (config.recipe or {}).items():  # one block per entrypoint, named after it
+        if block not in {e.value for e in EntrypointName}:
             out.append(Problem(f"recipe.{block}", "...", "no such recipe block: recipe.ppo holds main_ppo keys, "
                                "recipe.sft sft_trainer keys", "recipe.ppo.<key> or recipe.sft.<key>"))
         elif block != ep and v:
@@ -374,7 +377,7 @@ def run_problems(config) -> list[Problem]:
                                    f"recipe.{block} is read by nothing",
                                    "drop it, or " + ("algo=sft" if block == "sft" else "algo=grpo or algo=dapo"),
                                    warning=True))
-    if config.run.dump_rollouts and ep == "sft":
+    if config.run.dump_rollouts and not entrypoints.of(config).has_rollout:
         out.append(Problem("run.dump_rollouts", True, "SFT has no rollouts: read by nothing",
                            "drop it, or algo=grpo|dapo", warning=True))
     return out
