@@ -92,3 +92,19 @@ def test_launcher_values_are_checked_like_the_knobs(tmp_path):
         proc, script = _sbatch(tmp_path, override)
         assert proc.returncode == 2 and not script and "Traceback" not in proc.stderr, override
         assert key in one_error_line(proc.stderr), proc.stderr
+
+
+def test_saved_submission_reads_back_both_forms():
+    """slurm_job.json's "spec" is read back by `resubmit`: the submitit parameters written now, and the
+    field-per-knob form older run dirs hold, give the same sbatch parameters."""
+    from vrun.slurm import Submission
+
+    old = {"nodes": 2, "gpus_per_node": 8, "tasks_per_node": 1, "cpus_per_task": None, "mem_gb": 64,
+           "timeout_min": 90, "partition": "gpu", "account": None, "qos": None, "constraint": None, "setup": ["x"],
+           "additional_parameters": {}, "max_num_timeout": 3, "signal_delay_s": 120, "name": "job"}
+    sub = Submission.load(old)
+    assert sub.max_num_timeout == 3 and sub.gpu_hours == 2 * 8 * 90 / 60
+    assert sub.parameters == {"nodes": 2, "gpus_per_node": 8, "ntasks_per_node": 1, "mem": "64GB", "time": 90,
+                              "partition": "gpu", "setup": ["x"], "additional_parameters": {},
+                              "signal_delay_s": 120, "job_name": "job"}
+    assert Submission.load(sub.saved()) == sub
