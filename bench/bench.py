@@ -109,8 +109,8 @@ def mesh_search():
                 _, _, found = planning.auto_mesh(config, p.entrypoint, rules, Mesh(g // 8, 8), p.verl, params, note,
                                                  counts, [])
                 best = min(best, time.perf_counter() - t)
-            r = found["rollout_tp_choices"][0] if found["rollout_tp_choices"] else None
-            cells.append(f"{best * 1000:5.1f}; {found['valid_meshes']:5d}; "
+            r = found.rollout_tp_choices[0] if found.rollout_tp_choices else None
+            cells.append(f"{best * 1000:5.1f}; {found.valid_meshes:5d}; "
                          + (f"TP{r['tp']}·DP{r['dp']}" if r else "-"))
         print(f"  {model:<30}" + "  ".join(f"{x:>20}" for x in cells))
 

@@ -160,9 +160,9 @@ def test_mtp_counts_on_the_last_stage_only_when_the_engine_builds_it():
 
     off = plan(["model=glm5_1", "mesh=256gpu", "mode=plan"]).params
     on = plan(["model=glm5_1", "mesh=256gpu", "mode=plan", "+engine.impl_cfg.mtp_enable=true"]).params
-    assert not off["mtp_built"] and on["mtp_built"]
-    assert sum(s["dense"] + s["routed_expert"] for s in on["per_stage"]) == on["total"]
-    assert on["per_stage"][-1]["layers"] == 9 and on["per_stage"][-1]["has_loss"]
+    assert not off.mtp_built and on.mtp_built
+    assert sum(s["dense"] + s["routed_expert"] for s in on.per_stage) == on.total
+    assert on.per_stage[-1]["layers"] == 9 and on.per_stage[-1]["has_loss"]
 
 
 def test_vision_tower_sits_on_stage_0_when_mounted():
@@ -171,4 +171,4 @@ def test_vision_tower_sits_on_stage_0_when_mounted():
 
     off = plan(["model=qwen3_5_35b", "mode=plan"]).params
     on = plan(["model=qwen3_5_35b", "mode=plan", "+engine.impl_cfg.mount_vision_model=true"]).params
-    assert on["per_stage"][0]["dense"] - off["per_stage"][0]["dense"] == count("qwen3_5_35b").vision
+    assert on.per_stage[0]["dense"] - off.per_stage[0]["dense"] == count("qwen3_5_35b").vision

@@ -141,8 +141,8 @@ def test_auto_plans_the_rollout_too(ov):
     p = plan(ov + ["mesh=auto", "mode=plan"])
     r = p.verl["actor_rollout_ref"]["rollout"]
     assert r["tensor_model_parallel_size"] <= 4 and p.memory.rollout_detail is not None
-    assert p.search["rollout_tp_choices"][0]["tp"] == r["tensor_model_parallel_size"]
-    for alt in [p.search["chosen"]] + p.search["alternatives"]:
+    assert p.search.rollout_tp_choices[0]["tp"] == r["tensor_model_parallel_size"]
+    for alt in [p.search.chosen, *p.search.alternatives]:
         knobs = alt["overrides"].split(" rollout ")[0].split()
         extra = [f"verl.actor_rollout_ref.rollout.tensor_model_parallel_size={r['tensor_model_parallel_size']}",
                  f"verl.actor_rollout_ref.rollout.data_parallel_size={r['data_parallel_size']}"]
@@ -157,7 +157,7 @@ def test_every_listed_mesh_passes_the_checks():
             p = plan([f"model={model}", "mesh=auto", f"mesh.nnodes={nodes}", "mode=plan"])
             m = p.config.model
             rtp = p.verl["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"]
-            for alt in [p.search["chosen"]] + p.search["alternatives"]:
+            for alt in [p.search.chosen, *p.search.alternatives]:
                 kv = dict(o.split("=") for o in alt["overrides"].split(" rollout ")[0].split())
                 mesh = p.mesh.replace(**{k.split(".")[1]: int(v) for k, v in kv.items()})
                 a = m.arch
@@ -182,4 +182,4 @@ def test_auto_keeps_a_rollout_tp_given_on_the_command_line():
     p = plan(["model=qwen3_5_35b", "mesh=auto", "mode=plan",
               "verl.actor_rollout_ref.rollout.tensor_model_parallel_size=4"])
     assert p.verl["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 4
-    assert {c["tp"] for c in p.search["rollout_tp_choices"]} == {4}
+    assert {c["tp"] for c in p.search.rollout_tp_choices} == {4}

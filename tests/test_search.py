@@ -113,7 +113,7 @@ def test_deepep_hints_keep_etp_one(tmp_path):
 def test_search_under_100ms_for_512_gpus():
     """All valid meshes for 512 GPUs with estimates: the plan records the search time (bench reports it)."""
     p = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=64", "mode=plan"])
-    assert p.search["valid_meshes"] > 1000 and p.search["search_ms"] > 0
+    assert p.search.valid_meshes > 1000 and p.search.search_ms > 0
 
 
 def test_plan_reports_exact_counts_from_a_checkpoint(tmp_path, monkeypatch):
@@ -140,8 +140,8 @@ def test_plan_reports_exact_counts_from_a_checkpoint(tmp_path, monkeypatch):
     save_file(t, str(d / "model.safetensors"))
     monkeypatch.setenv("KIMI_K2_6_MODEL_PATH", str(d))
     p = plan(["model=kimi_k2_6", "mesh=8gpu", "mesh.cp=1", "mode=plan"], run_dir=str(tmp_path / "r"))
-    assert p.checkpoint["totals"]["routed_expert"] == 384
-    assert p.checkpoint["totals"]["dense"] == 128 + 128 + 256 + 32
+    assert p.checkpoint.totals["routed_expert"] == 384
+    assert p.checkpoint.totals["dense"] == 128 + 128 + 256 + 32
     assert p.memory.params_source.startswith("checkpoint")
     assert any("arch.routed_experts: model group says 384, checkpoint config.json says 4" in w.why
                for w in p.warnings)

@@ -442,9 +442,29 @@ def params_from_checkpoint(facts, arch: dict):
                   mtp_expert=facts.mtp_routed_expert, mtp_layers=m, source=f"checkpoint ({facts.shards} shard(s))")
 
 
-def checkpoint_summary(facts) -> dict:
-    d = facts.to_dict()
-    return {"path": d["path"], "model_type": d["model_type"], "totals": d["totals"], "complete": d["complete"],
-            "excluded_scale_tensors": d["excluded_scale_tensors"], "dtypes": d["dtypes"],
-            "per_layer_routed_expert": d["per_layer_expert"], "unknown": d["unknown"][:10],
-            "problems": d["problems"][:10]}
+@dataclass(frozen=True)
+class CheckpointSummary:
+    """What a plan records about the checkpoint it read (plan.json's checkpoint)."""
+    path: str
+    model_type: Optional[str]
+    totals: Dict[str, int]                  # logical parameters: dense, routed_expert, mtp, vision, total
+    complete: bool
+    excluded_scale_tensors: int
+    dtypes: Dict[str, int]                  # tensors per dtype
+    per_layer_routed_expert: Dict[int, int]
+    unknown: tuple                          # the first 10 UnknownTensor
+    problems: tuple                         # the first 10 lines
+
+    def summary(self) -> dict:
+        return {"path": self.path, "model_type": self.model_type, "totals": self.totals, "complete": self.complete,
+                "excluded_scale_tensors": self.excluded_scale_tensors, "dtypes": self.dtypes,
+                "per_layer_routed_expert": self.per_layer_routed_expert,
+                "unknown": [u._asdict() for u in self.unknown], "problems": list(self.problems)}
+
+
+def checkpoint_summary(facts: CheckpointFacts) -> CheckpointSummary:
+    return CheckpointSummary(
+        path=facts.path, model_type=facts.model_type, totals=facts.totals, complete=facts.complete,
+        excluded_scale_tensors=facts.excluded_scale_tensors, dtypes=dict(facts.dtypes),
+        per_layer_routed_expert=facts.per_layer_expert, unknown=tuple(facts.unknown[:10]),
+        problems=tuple(facts.problems[:10]))

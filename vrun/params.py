@@ -61,13 +61,48 @@ class Count:
     def active(self) -> int:
         return self.output + sum(x.active for x in self.layers)
 
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """The parameter counts a plan reports (plan.json's params): from the model group's facts, with their parts,
+    or from a checkpoint's headers, with the facts' total beside them when the facts count."""
+    total: int
+    active: Optional[int]           # None from a checkpoint
+    source: str
+    rollout: tuple                  # (dense, routed experts) that vLLM loads: no MTP
+    # the parts and whether MTP is built: from the facts only (None from a checkpoint)
+    embedding: Optional[int] = None
+    output: Optional[int] = None
+    decoder: Optional[int] = None
+    routed_experts: Optional[int] = None
+    mtp: Optional[int] = None
+    vision: Optional[int] = None
+    estimates: Optional[tuple] = None   # what was not sourced
+    mtp_built: Optional[bool] = None    # whether the engine builds the MTP layers
+    facts_total: Optional[int] = None   # from a checkpoint: the facts' count
+    per_stage: Optional[tuple] = None   # per pipeline stage (vrun.memory.stage_split), with the memory estimate
+
+    @classmethod
+    def of_facts(cls, c: Count, *, mtp_built: bool) -> "ParamCounts":
+        routed = sum(x.routed for x in c.layers)
+        mtp = sum(x.total for x in c.mtp)
+        return cls(total=c.total, active=c.active, source=c.source, rollout=(c.total - mtp - routed, routed),
+                   embedding=c.embedding, output=c.output, decoder=sum(x.total for x in c.layers),
+                   routed_experts=routed, mtp=mtp, vision=c.vision, estimates=tuple(c.estimates),
+                   mtp_built=mtp_built)
+
     def summary(self) -> dict:
-        return {"total": self.total, "active": self.active, "source": self.source,
-                "embedding": self.embedding, "output": self.output,
-                "decoder": sum(x.total for x in self.layers),
-                "routed_experts": sum(x.routed for x in self.layers),
-                "mtp": sum(x.total for x in self.mtp), "vision": self.vision,
-                "estimates": list(self.estimates)}
+        out = {"total": self.total, "active": self.active, "source": self.source}
+        if self.mtp_built is not None:  # counted from the facts
+            out.update(embedding=self.embedding, output=self.output, decoder=self.decoder,
+                       routed_experts=self.routed_experts, mtp=self.mtp, vision=self.vision,
+                       estimates=list(self.estimates), mtp_built=self.mtp_built)
+        out["rollout"] = list(self.rollout)
+        if self.facts_total is not None:
+            out["facts_total"] = self.facts_total
+        if self.per_stage is not None:
+            out["per_stage"] = list(self.per_stage)
+        return out
 
 
 def family(arch: dict) -> str:

@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from vrun import checks, entrypoints, guard, memory, mlite, phases, stack, translate, verl_tree, verl_values
 from vrun.dotted import get
@@ -22,6 +22,11 @@ from vrun.memory import GIB, Estimate
 from vrun.mesh import Mesh, Rules
 from vrun.problems import SECRETISH, PlanError, Problem
 from vrun.schema import RunConfig
+
+if TYPE_CHECKING:
+    from vrun.checkpoint import CheckpointSummary
+    from vrun.params import ParamCounts
+    from vrun.search import MeshSearch
 
 # unset when CUDA_VISIBLE_DEVICES is set (Ray refuses both); the SLURM node job decides it again on the node
 UNSET_WITH_CUDA = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -47,9 +52,9 @@ class Plan:
     warnings: list = field(default_factory=list)
     memory: Optional[Estimate] = None        # None when no estimate can be made (memory_note says why)
     memory_note: str = ""
-    search: Optional[dict] = None            # mesh=auto: what was searched and the top alternatives
-    checkpoint: Optional[dict] = None        # parameter counts read from the checkpoint
-    params: Optional[dict] = None            # {total, active, source, ...} and the per-stage split
+    search: Optional[MeshSearch] = None      # mesh=auto: what was searched and the top alternatives
+    checkpoint: Optional[CheckpointSummary] = None  # parameter counts read from the checkpoint
+    params: Optional[ParamCounts] = None     # total, active, source, ... and the per-stage split
     pipeline: list = field(default_factory=list)  # per stage: decoder layers [first, last], embedding/MTP/loss
     stack: dict = field(default_factory=dict)     # the verl and verl_mlite it was composed against (vrun.stack)
 
@@ -205,7 +210,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     est = memory_estimate(config, ep, resolved, mesh, params, counts) if params is not None else None
     if est is not None:
         warnings += phases.rollout_problems(est.rollout_detail)
-        counts = dict(counts or {}, per_stage=memory.stage_split(params, mesh))
+        counts = dataclasses.replace(counts, per_stage=tuple(memory.stage_split(params, mesh)))
     if est is not None and not est.fits:
         warnings.append(Problem("memory", f"{est.peak / GIB:.1f}GiB", f"the estimate exceeds the "
                                 f"{est.gpu_mem / GIB:g} GiB per GPU of {config.cluster.gpu} (cluster.gpu / "
@@ -222,7 +227,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
 def model_params(config: RunConfig, entrypoint: Entrypoint, path: Optional[str], problems: list,
                  verl: dict) -> tuple:
     """Parameter counts: the checkpoint's when it is on disk, else the model group's facts (vrun/params.py).
-    Returns (memory units, why none, checkpoint summary, {total, active, source, rollout, ...})."""
+    Returns (memory units, why none, checkpoint summary, the counts the plan reports)."""
     from vrun import params as counting
 
     m = config.model
@@ -247,10 +252,11 @@ def model_params(config: RunConfig, entrypoint: Entrypoint, path: Optional[str],
                 problems.append(Problem("checkpoint", path, f"unknown tensor layouts: {facts.unknown[:3]}",
                                         "the counts exclude them", warning=True))
             t = facts.totals
-            counts = {"total": t["total"], "active": None, "source": p.source,
-                      "rollout": [int(t["total"] - t.get("mtp", 0) - t["routed_expert"]), int(t["routed_expert"])]}
+            counts = counting.ParamCounts(
+                total=t["total"], active=None, source=p.source,
+                rollout=(int(t["total"] - t.get("mtp", 0) - t["routed_expert"]), int(t["routed_expert"])),
+                facts_total=facts_count.total if facts_count is not None else None)
             if facts_count is not None:
-                counts["facts_total"] = facts_count.total
                 off = facts_count.total / max(t["total"], 1) - 1
                 if abs(off) > 0.05:
                     problems.append(Problem("model.arch", m.name, f"the facts count "
@@ -263,10 +269,7 @@ def model_params(config: RunConfig, entrypoint: Entrypoint, path: Optional[str],
         return None, note, None, None
     p = counting.to_memory_params(facts_count, mtp=phases.mtp_enabled(config, entrypoint, verl),
                                   vision=phases.vision_mounted(entrypoint, verl))
-    routed = sum(x.routed for x in facts_count.layers)
-    counts = {**facts_count.summary(), "mtp_built": p.mtp_layers > 0,
-              "rollout": [facts_count.total - sum(x.total for x in facts_count.mtp) - routed, routed]}
-    return p, "", None, counts
+    return p, "", None, counting.ParamCounts.of_facts(facts_count, mtp_built=p.mtp_layers > 0)
 
 
 def pipeline_stages(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> list[dict]:
@@ -325,22 +328,22 @@ def gpu_mem(config: RunConfig) -> float:
 
 
 def memory_estimate(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
-                    counts: Optional[dict] = None) -> Estimate:
+                    counts: Optional[ParamCounts] = None) -> Estimate:
     inputs = memory_inputs(config, entrypoint, verl)
     est = memory.estimate(params, mesh, **inputs)
     return phases.attach(est, config, entrypoint, verl, mesh, rollout_params(params, counts), inputs)
 
 
-def rollout_params(params, counts: Optional[dict]) -> tuple:
+def rollout_params(params, counts: Optional[ParamCounts]) -> tuple:
     """(dense, routed experts) that vLLM loads: the counts' when known, else the units' without MTP."""
-    if counts and counts.get("rollout"):
-        return tuple(counts["rollout"])
+    if counts is not None:
+        return counts.rollout
     routed = sum(params.expert_per_layer)
     return (params.total - params.mtp_dense - params.mtp_expert - routed, routed)
 
 
 def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mesh, verl: dict, params, note: str,
-              counts: Optional[dict], problems: list) -> tuple[Mesh, Optional[tuple], dict]:
+              counts: Optional[ParamCounts], problems: list) -> tuple[Mesh, Optional[tuple], MeshSearch]:
     """mesh=auto: every valid training mesh ranked by the estimate, and the rollout TP chosen beside it (a second,
     small choice: within a node, tiling the GPUs, within the model's rules, ranked by KV fit). Returns the mesh,
     the rollout (TP, DP) to set (None: keep the configured one) and what the plan records about the search."""
@@ -387,8 +390,6 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
            for c in ranked[:6]]
     rollout_rank = [{"tp": r.tp, "dp": r.dp, "replicas": r.replicas, "sequences_fit": r.fits,
                      "step_sequences_per_replica": r.step_share} for r in ropts[:4]]
-    return ranked[0].mesh, choice, {
-        "valid_meshes": len(valid), "search_ms": round(seconds * 1000, 1), "chosen": top[0], "alternatives": top[1:],
-        "rollout_tp_choices": rollout_rank, "memory": "estimated" if params is not None else note,
-        "objective": "fits in memory, then smaller TP, smaller CP, EP within a node, fewer PP stages; "
-                     "rollout TP: holds a sequence, holds the replica's share, the configured TP, smaller"}
+    return ranked[0].mesh, choice, search.MeshSearch(
+        valid_meshes=len(valid), search_ms=round(seconds * 1000, 1), chosen=top[0], alternatives=tuple(top[1:]),
+        rollout_tp_choices=tuple(rollout_rank), memory="estimated" if params is not None else note)

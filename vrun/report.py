@@ -25,10 +25,10 @@ def plan_json(plan: Plan) -> dict:
         "stack": plan.stack,
         "batch": plan.batch,
         "memory": plan.memory.summary() if plan.memory is not None else {"unavailable": plan.memory_note},
-        "mesh_search": plan.search,
-        "checkpoint": plan.checkpoint,
+        "mesh_search": plan.search.summary() if plan.search is not None else None,
+        "checkpoint": plan.checkpoint.summary() if plan.checkpoint is not None else None,
         "pipeline": plan.pipeline,
-        "params": plan.params,
+        "params": plan.params.summary() if plan.params is not None else None,
         "warnings": [w.line() for w in plan.warnings],
     }
 
@@ -77,19 +77,19 @@ def one_line(idx: int, overrides, plan: Plan) -> str:
 
 def memory_rows(plan: Plan) -> list[str]:
     rows = []
-    if plan.search:
+    if plan.search is not None:
         s = plan.search
-        rows.append(f"auto    {s['valid_meshes']} valid meshes searched in {s['search_ms']} ms; chosen "
-                    f"{s['chosen']['overrides']} (peak {s['chosen']['peak_gib']} GiB)")
-        for alt in s["alternatives"]:
+        rows.append(f"auto    {s.valid_meshes} valid meshes searched in {s.search_ms} ms; chosen "
+                    f"{s.chosen['overrides']} (peak {s.chosen['peak_gib']} GiB)")
+        for alt in s.alternatives:
             rows.append(f"        alternative {alt['overrides']}  DP{alt['dp']} EDP{alt['edp']}  peak "
                         f"{alt['peak_gib']} GiB{'' if alt['fits'] else '  (does not fit)'}")
-    if plan.checkpoint:
-        t = plan.checkpoint["totals"]
+    if plan.checkpoint is not None:
+        t = plan.checkpoint.totals
         b = lambda n: f"{n:,}"  # noqa: E731  (exact logical parameter counts)
         rows.append(f"params  checkpoint: {b(t['total'])} = dense {b(t['dense'])} + routed experts "
                     f"{b(t['routed_expert'])} + MTP {b(t['mtp'])} + vision {b(t['vision'])}"
-                    f"{'' if plan.checkpoint['complete'] else ' (incomplete: unknown layouts)'}")
+                    f"{'' if plan.checkpoint.complete else ' (incomplete: unknown layouts)'}")
     e = plan.memory
     if e is None:
         rows.append(f"memory  no estimate: {plan.memory_note}")
@@ -112,13 +112,12 @@ def memory_rows(plan: Plan) -> list[str]:
         verdict += "; the rollout does NOT fit (see the warning)"
     rows.append(f"        peak {g(e.peak)} of {g(e.gpu_mem)} GiB per GPU {verdict}"
                 f" = max(training {g(e.train_peak)}, rollout {g(e.rollout)} + residents {g(e.rollout_residents)})")
-    if plan.params:
+    if plan.params is not None:
         pc = plan.params
-        active = f", active {pc['active'] / 1e9:.1f}B" if pc.get("active") else ""
-        mtp = f" ({(pc['total'] - pc['mtp']) / 1e9:.1f}B without the {pc['mtp'] / 1e9:.1f}B MTP)" \
-            if pc.get("mtp") else ""
-        rows.append(f"params  {pc['total'] / 1e9:.1f}B total{mtp}{active} [{pc['source']}]"
-                    + (f"; not sourced: {', '.join(pc['estimates'])}" if pc.get("estimates") else ""))
+        active = f", active {pc.active / 1e9:.1f}B" if pc.active else ""
+        mtp = f" ({(pc.total - pc.mtp) / 1e9:.1f}B without the {pc.mtp / 1e9:.1f}B MTP)" if pc.mtp else ""
+        rows.append(f"params  {pc.total / 1e9:.1f}B total{mtp}{active} [{pc.source}]"
+                    + (f"; not sourced: {', '.join(pc.estimates)}" if pc.estimates else ""))
     if e.assumptions:
         rows.append(f"assume  {e.assumptions}")
     return rows

@@ -7,7 +7,7 @@ lower memory peak. Pure functions of their inputs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Callable, ClassVar, Iterable, Optional
 
 from vrun.mesh import KNOBS, Mesh, Rules, divisors
 
@@ -25,6 +25,26 @@ class Candidate:
         m = self.mesh
         peak = self.estimate.peak if self.estimate is not None else 0
         return (not self.fits, m.tp, m.cp, m.ep * m.etp > m.gpus_per_node, m.pp, peak, -m.ep, m.etp)
+
+
+@dataclass(frozen=True)
+class MeshSearch:
+    """What a plan records about mesh=auto's search (plan.json's mesh_search). The rows are plan.json's:
+    chosen and each alternative {overrides, dp, edp, rollout_tp, peak_gib, fits}; each rollout TP choice {tp, dp,
+    replicas, sequences_fit, step_sequences_per_replica}."""
+    valid_meshes: int
+    search_ms: float
+    chosen: dict
+    alternatives: tuple            # the next best meshes after the chosen one
+    rollout_tp_choices: tuple      # the best rollout (TP, DP) first; empty without a rollout or an estimate
+    memory: str                    # "estimated", or why no estimate ranked the meshes
+    objective: ClassVar[str] = ("fits in memory, then smaller TP, smaller CP, EP within a node, fewer PP stages; "
+                                "rollout TP: holds a sequence, holds the replica's share, the configured TP, smaller")
+
+    def summary(self) -> dict:
+        return {"valid_meshes": self.valid_meshes, "search_ms": self.search_ms, "chosen": self.chosen,
+                "alternatives": list(self.alternatives), "rollout_tp_choices": list(self.rollout_tp_choices),
+                "memory": self.memory, "objective": self.objective}
 
 
 def valid_meshes(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[dict] = None,
