@@ -116,9 +116,7 @@ def test_search_under_100ms_for_512_gpus():
     assert p.search.valid_meshes > 1000 and p.search.search_ms > 0
 
 
-def test_plan_reports_exact_counts_from_a_checkpoint(tmp_path, monkeypatch):
-    """With a checkpoint on disk the plan reads its headers: exact counts, the estimate from them, and the
-    model group's facts cross-checked (here the tiny checkpoint differs on purpose)."""
+def tiny_kimi_checkpoint(tmp_path):
     import json
 
     import numpy as np
@@ -138,10 +136,26 @@ def test_plan_reports_exact_counts_from_a_checkpoint(tmp_path, monkeypatch):
         for proj in ("gate_proj", "up_proj", "down_proj"):
             t[f"model.layers.1.mlp.experts.{e}.{proj}.weight"] = np.zeros((8, 4), np.float32)
     save_file(t, str(d / "model.safetensors"))
-    monkeypatch.setenv("KIMI_K2_6_MODEL_PATH", str(d))
+    return d
+
+
+def test_plan_reports_exact_counts_from_a_checkpoint(tmp_path, monkeypatch):
+    """With a checkpoint on disk the plan reads its headers: exact counts, the estimate from them, and the
+    model group's facts cross-checked (here the tiny checkpoint differs on purpose)."""
+    monkeypatch.setenv("KIMI_K2_6_MODEL_PATH", str(tiny_kimi_checkpoint(tmp_path)))
     p = plan(["model=kimi_k2_6", "mesh=8gpu", "mesh.cp=1", "mode=plan"], run_dir=str(tmp_path / "r"))
     assert p.checkpoint.totals["routed_expert"] == 384
     assert p.checkpoint.totals["dense"] == 128 + 128 + 256 + 32
     assert p.memory.params_source.startswith("checkpoint")
     assert any("arch.routed_experts: model group says 384, checkpoint config.json says 4" in w.why
                for w in p.warnings)
+
+
+@pytest.mark.parametrize("mesh", [["mesh=8gpu", "mesh.cp=1"], ["mesh=auto", "mesh.nnodes=1"]])
+def test_checkpoint_counts_without_a_kv_fact_plan_without_the_rollout_estimate(tmp_path, monkeypatch, mesh):
+    """Counts from a checkpoint but a KV fact unset in the model group: the plan (fixed mesh and mesh=auto) has
+    its training estimate, no rollout KV estimate, and a warning naming the fact, not a Python error."""
+    monkeypatch.setenv("KIMI_K2_6_MODEL_PATH", str(tiny_kimi_checkpoint(tmp_path)))
+    p = plan(["model=kimi_k2_6", "model.arch.kv_lora_rank=null", *mesh, "mode=plan"], run_dir=str(tmp_path / "r"))
+    assert p.memory is not None and p.memory.rollout_detail is None
+    assert any(w.key == "model.arch.kv_lora_rank" and "no rollout estimate" in w.why for w in p.warnings)

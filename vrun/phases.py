@@ -41,7 +41,7 @@ def rollout_inputs(entrypoint: Entrypoint, verl: dict, gpu_mem_gib: float) -> Op
 def rollout_for(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rparams: tuple,
                 gpu_mem_gib: float) -> Optional[rollout.RolloutEstimate]:
     inputs = rollout_inputs(entrypoint, verl, gpu_mem_gib)
-    if inputs is None:
+    if inputs is None or rollout.kv_missing(config.model.arch.facts()):
         return None
     t = get(verl, f"{ROLLOUT}.tensor_model_parallel_size")
     d = get(verl, f"{ROLLOUT}.data_parallel_size") or 1

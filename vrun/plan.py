@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from vrun import checks, entrypoints, guard, memory, mlite, phases, stack, translate, verl_tree, verl_values
+from vrun import checks, entrypoints, guard, memory, mlite, phases, rollout, stack, translate, verl_tree, verl_values
 from vrun.dotted import get
 from vrun.entrypoints import Entrypoint
 from vrun.memory import GIB, Estimate
@@ -210,6 +210,12 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     est = memory_estimate(config, ep, resolved, mesh, params, counts) if params is not None else None
     if est is not None:
         warnings += phases.rollout_problems(est.rollout_detail)
+        missing = rollout.kv_missing(config.model.arch.facts()) if ep.has_rollout else []
+        if missing:
+            warnings.append(Problem(f"model.arch.{missing[0]}", None, f"the rollout's KV cache formula for "
+                                    f"{config.model.arch.attention} attention needs {', '.join(missing)}: no rollout "
+                                    "estimate", f"set model.arch.{missing[0]} (the checkpoint's config.json has it)",
+                                    warning=True))
         counts = dataclasses.replace(counts, per_stage=tuple(memory.stage_split(params, mesh)))
     if est is not None and not est.fits:
         warnings.append(Problem("memory", f"{est.peak / GIB:.1f}GiB", f"the estimate exceeds the "
@@ -349,7 +355,7 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
     the rollout (TP, DP) to set (None: keep the configured one) and what the plan records about the search."""
     import time
 
-    from vrun import rollout, search
+    from vrun import search
 
     model, arch = config.model, config.model.arch.facts()
     rollout_on = entrypoint.has_rollout
@@ -369,7 +375,7 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
     else:
         ranked = search.rank(valid)
     ropts = []
-    if rollout_on and ranked and params is not None:
+    if rollout_on and ranked and params is not None and not rollout.kv_missing(arch):
         rin = phases.rollout_inputs(entrypoint, verl, inputs["gpu_mem_gib"])
         configured = (get(verl, rkey), get(verl, "actor_rollout_ref.rollout.data_parallel_size"))
         ropts = rollout.choose(arch, rollout_params(params, counts), world=world, gpus_per_node=gpn,

@@ -49,6 +49,17 @@ class KV:
     estimate: bool              # no source for the formula
 
 
+# the facts each attention family's KV formula reads (beyond layers, heads and hidden, which every model has)
+KV_FACTS = {"mla": ("kv_lora_rank", "qk_rope_head_dim"), "mla_dsa": ("kv_lora_rank", "qk_rope_head_dim", "index_head_dim"),
+            "csa": ("head_dim", "compress_ratios", "index_head_dim"),
+            "gdn_hybrid": ("full_attention_interval", "gdn_k_heads", "gdn_v_heads", "gdn_head_dim"), "gqa": ()}
+
+
+def kv_missing(arch: dict) -> list[str]:
+    """The model facts the KV formula needs and the model file leaves unset (no rollout estimate then)."""
+    return [f for f in KV_FACTS.get(arch.get("attention") or "gqa", ()) if arch.get(f) in (None, [], 0)]
+
+
 def kv_bytes(arch: dict, rollout_tp: int, kv_dtype_bytes: int, seq_len: int) -> KV:
     a, b, t = arch, kv_dtype_bytes, rollout_tp
     fam = a.get("attention") or "gqa"
