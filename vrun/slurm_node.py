@@ -1,11 +1,19 @@
 """SLURM: the job on every node of the allocation (vrun.slurm submits it from the login node).
 
-Every node runs RunJob (tasks_per_node=1); roles come from submitit's JobEnvironment. The entrypoint's record
-says what runs: PPO (GRPO/DAPO) on Ray — node 0 starts the Ray head, the others join it; the head polls until
-exactly nnodes nodes with the expected GPUs are alive, runs the plan's driver (vrun.entry → verl's run_ppo)
-against that cluster, then releases the workers; Ray daemons are children of the task (`ray start --block`)
-and are stopped on every exit path. SFT: every node runs torchrun with its node rank and the head's address.
-Coordination goes through files in the run dir, which every node shares: no fixed sleeps.
+Every node runs RunJob (tasks_per_node=1); submitit's JobEnvironment says which node it is. On each node:
+
+1. RunJob opens the node's Node: its control dir <run_dir>/.vrun/job-<id>-<attempt> (the run dir is on storage
+   every node shares), its ports, the environment its children start with. Node 0 records the attempt.
+2. check_stack: the node's verl and verl_mlite must be those the plan was composed against.
+3. The entrypoint's record says what runs; every role first runs cluster.node_setup (unless released meanwhile).
+   - PPO (GRPO/DAPO) on Ray, node 0 — ray_head: start the Ray head and publish its address (`head`), poll until
+     exactly nnodes nodes with the expected GPUs are alive (`bringup.json`), run the plan's driver
+     (vrun.entry → verl's run_ppo) against that cluster, then release the workers (`released`).
+   - PPO on Ray, the other nodes — ray_worker: wait for the head's address, join it, stay until released.
+   - SFT, every node — torchrun_node: node 0 publishes its address (`master`), the others wait for it; each runs
+     torchrun with its node rank; node 0 releases when its torchrun is done.
+Ray daemons (`ray start --block`) and torchrun are children of the task, each in its own process group, and are
+stopped on every exit path. Coordination goes through files in the control dir: no fixed sleeps.
 """
 from __future__ import annotations
 
@@ -48,35 +56,31 @@ def node_ip(interface: Optional[str] = None, host: Optional[str] = None) -> str:
     return socket.gethostbyname(host or socket.gethostname())
 
 
+# ==================================================================== the submitit callable
 @dataclass
 class RunJob:
-    """The callable submitit runs on every node of the allocation; requeues itself on timeout/preemption."""
+    """The callable submitit runs on every node of the allocation; requeues itself on timeout/preemption.
+    Submitted jobs are pickled with exactly these fields (`python -m vrun.slurm resubmit` rebuilds from them)."""
     run_dir: str
     plan: dict
     cluster: dict
     mode: str
     attempt: int = 0
 
-    # ---------------------------------------------------------------- submitit hooks
     def __call__(self) -> Any:
         import submitit
 
-        self._t_start = time.monotonic()
-        env = submitit.JobEnvironment()
-        ctl = Path(self.run_dir) / ".vrun" / f"job-{env.job_id}-{self.attempt}"
-        ctl.mkdir(parents=True, exist_ok=True)
-        if env.global_rank == 0:
-            self._record(env)
-            rundir.record(self.run_dir, "started", job_id=env.job_id, attempt=self.attempt, hosts=env.hostnames,
-                          nodes=env.num_nodes)
+        t_start = time.monotonic()
+        node = Node.open(self, submitit.JobEnvironment(), t_start)
+        if node.rank == 0:
+            node.record_attempt()
         try:
-            check_stack(self.plan, f"node {env.node} ({socket.gethostname()})")
-            if entrypoints.ENTRYPOINTS[EntrypointName(self.plan["algo_entrypoint"])].uses_ray:
-                return self._ray(env, ctl)
-            return self._torchrun(env, ctl)
+            check_stack(self.plan, node.where)
+            if not entrypoints.ENTRYPOINTS[EntrypointName(self.plan["algo_entrypoint"])].uses_ray:
+                return torchrun_node(node)
+            return ray_head(node) if node.rank == 0 else ray_worker(node)
         except Exception as e:
-            rundir.record(self.run_dir, "failed", job_id=env.job_id, attempt=self.attempt, node=env.node,
-                          error=str(e).splitlines()[0] if str(e) else type(e).__name__)
+            node.record("failed", node=node.rank, error=str(e).splitlines()[0] if str(e) else type(e).__name__)
             raise
 
     def checkpoint(self, *args: Any, **kwargs: Any):
@@ -87,178 +91,256 @@ class RunJob:
         return submitit.helpers.DelayedSubmission(RunJob(self.run_dir, self.plan, self.cluster, self.mode,
                                                          self.attempt + 1))
 
-    # ---------------------------------------------------------------- helpers
-    def _record(self, env) -> None:
-        p = Path(self.run_dir) / "slurm_attempts.jsonl"
-        with p.open("a") as f:
-            f.write(json.dumps({"job_id": env.job_id, "attempt": self.attempt, "hosts": env.hostnames,
-                                "time": time.time()}) + "\n")
 
-    def _environ(self, extra: dict) -> dict:
+# ==================================================================== this node in this attempt
+@dataclass
+class Node:
+    """One node of one attempt: who it is (submitit's JobEnvironment), the control dir it shares with the other
+    nodes, its ports, how it starts children, and whether the job has been released."""
+    job: RunJob
+    env: Any            # submitit.JobEnvironment
+    ctl: Path           # <run_dir>/.vrun/job-<id>-<attempt>
+    t_start: float      # time.monotonic() when the task started
+
+    @classmethod
+    def open(cls, job: RunJob, env: Any, t_start: float) -> "Node":
+        ctl = Path(job.run_dir) / ".vrun" / f"job-{env.job_id}-{job.attempt}"
+        ctl.mkdir(parents=True, exist_ok=True)
+        return cls(job, env, ctl, t_start)
+
+    @property
+    def rank(self) -> int:
+        return self.env.node
+
+    @property
+    def where(self) -> str:
+        return f"node {self.rank} ({socket.gethostname()})"
+
+    @property
+    def ports(self) -> dict:
+        return ports(self.env.job_id)
+
+    # ---------------------------------------------------------------- records
+    def record(self, event: str, **fields) -> None:
+        rundir.record(self.job.run_dir, event, job_id=self.env.job_id, attempt=self.job.attempt, **fields)
+
+    def record_attempt(self) -> None:
+        """Node 0: one line in slurm_attempts.jsonl and the `started` event."""
+        with (Path(self.job.run_dir) / "slurm_attempts.jsonl").open("a") as f:
+            f.write(json.dumps({"job_id": self.env.job_id, "attempt": self.job.attempt, "hosts": self.env.hostnames,
+                                "time": time.time()}) + "\n")
+        self.record("started", hosts=self.env.hostnames, nodes=self.env.num_nodes)
+
+    # ---------------------------------------------------------------- children
+    def environ(self, extra: dict) -> dict:
+        """The environment children start with: the plan's env on top of the task's, then `extra`."""
         e = dict(os.environ)
         # decided on the node: SLURM sets CUDA_VISIBLE_DEVICES (and ROCR_VISIBLE_DEVICES) per allocation
-        unset = set(self.plan["env_unset"]) | (set(UNSET_WITH_CUDA) if e.get("CUDA_VISIBLE_DEVICES") else set())
+        unset = set(self.job.plan["env_unset"]) | (set(UNSET_WITH_CUDA) if e.get("CUDA_VISIBLE_DEVICES") else set())
         for name in unset:
             e.pop(name, None)
-        e.update(self.plan["env"])
-        e["VRUN_ATTEMPT"] = str(self.attempt)
+        e.update(self.job.plan["env"])
+        e["VRUN_ATTEMPT"] = str(self.job.attempt)
         e.update(extra)
         return e
 
-    def _node_setup(self, ctl: Path, env: dict) -> Optional[subprocess.Popen]:
-        lines = self.cluster.get("node_setup") or []
+    def start_setup(self, extra: dict) -> Optional[subprocess.Popen]:
+        """Start cluster.node_setup's lines (one bash -e script), if any."""
+        lines = self.job.cluster.get("node_setup") or []
         if not lines:
             return None
-        return subprocess.Popen(["bash", "-ec", "\n".join(lines)], env=env, start_new_session=True)
+        return subprocess.Popen(["bash", "-ec", "\n".join(lines)], env=self.environ(extra), start_new_session=True)
 
-    def _wait_setup(self, proc, ctl: Path, node: int) -> bool:
+    def wait_setup(self, proc: Optional[subprocess.Popen]) -> bool:
         """Wait for the node's setup lines; False when the job is released first (the head gave up)."""
         if proc is None:
             return True
         while proc.poll() is None:
-            if (ctl / "released").exists():
+            if self.released():
                 _kill(proc)
                 return False
             time.sleep(POLL_S)
         if proc.returncode:
-            raise RuntimeError(f"cluster.node_setup failed on node {node} ({socket.gethostname()}) "
-                               f"with exit code {proc.returncode}")
+            raise RuntimeError(f"cluster.node_setup failed on {self.where} with exit code {proc.returncode}")
         return True
 
-    # ---------------------------------------------------------------- GRPO / DAPO
-    def _ray(self, env, ctl: Path) -> Any:
-        ray_cfg = self.cluster["ray"]
-        pt = ports(env.job_id)
-        gpus = int(ray_cfg.get("num_gpus") or self.plan["mesh"]["gpus_per_node"])
+    # ---------------------------------------------------------------- the control dir
+    def publish(self, name: str, text: str) -> None:
+        (self.ctl / name).write_text(text)
+
+    def wait_for(self, name: str) -> Optional[str]:
+        """What another node published as `name`; None when the job is released first."""
+        while not (self.ctl / name).exists():
+            if self.released():
+                return None
+            time.sleep(POLL_S)
+        return (self.ctl / name).read_text().strip()
+
+    def released(self) -> bool:
+        return (self.ctl / "released").exists()
+
+    def release(self) -> None:
+        self.publish("released", "1")
+
+
+# ==================================================================== PPO (GRPO / DAPO) on Ray
+@dataclass
+class RayDaemon:
+    """How this node runs `ray start`: the binary next to this Python, the flags head and workers share
+    (resources, this node's address, the job's ports), and the environment Ray and the driver get."""
+    bin: str
+    flags: list
+    extra: dict
+    ip: str
+
+    @classmethod
+    def on(cls, node: Node) -> "RayDaemon":
+        ray_cfg, pt = node.job.cluster["ray"], node.ports
+        gpus = int(ray_cfg.get("num_gpus") or node.job.plan["mesh"]["gpus_per_node"])
         cpus = int(ray_cfg.get("num_cpus") or os.environ.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
         me = node_ip(ray_cfg.get("interface"), None)
         extra = {"RAY_AUTH_MODE": ray_cfg.get("auth_mode") or "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-        common = ["--num-cpus", str(cpus), "--num-gpus", str(gpus), "--node-ip-address", me, "--block",
-                  "--disable-usage-stats", "--node-manager-port", str(pt["node_manager"]),
-                  "--object-manager-port", str(pt["object_manager"]), "--metrics-export-port", str(pt["metrics"]),
-                  "--dashboard-agent-grpc-port", str(pt["agent_grpc"]),
-                  "--dashboard-agent-listen-port", str(pt["agent_listen"]),
-                  "--runtime-env-agent-port", str(pt["runtime_env_agent"]),
-                  "--min-worker-port", str(pt["min_worker"]), "--max-worker-port", str(pt["max_worker"])]
-        ray_bin = str(Path(sys.executable).parent / "ray")
-        setup = self._node_setup(ctl, self._environ(extra))
-        if env.node == 0:
-            return self._head(env, ctl, pt, common, ray_bin, extra, me, setup)
-        return self._worker(env, ctl, pt, common, ray_bin, extra, setup)
+        flags = ["--num-cpus", str(cpus), "--num-gpus", str(gpus), "--node-ip-address", me, "--block",
+                 "--disable-usage-stats", "--node-manager-port", str(pt["node_manager"]),
+                 "--object-manager-port", str(pt["object_manager"]), "--metrics-export-port", str(pt["metrics"]),
+                 "--dashboard-agent-grpc-port", str(pt["agent_grpc"]),
+                 "--dashboard-agent-listen-port", str(pt["agent_listen"]),
+                 "--runtime-env-agent-port", str(pt["runtime_env_agent"]),
+                 "--min-worker-port", str(pt["min_worker"]), "--max-worker-port", str(pt["max_worker"])]
+        return cls(str(Path(sys.executable).parent / "ray"), flags, extra, me)
 
-    def _head(self, env, ctl, pt, common, ray_bin, extra, me, setup) -> Any:
-        proc = None
-        try:
-            self._wait_setup(setup, ctl, 0)
-            address = f"{me}:{pt['gcs']}"
-            proc = subprocess.Popen([ray_bin, "start", "--head", "--port", str(pt["gcs"]),
-                                     "--ray-client-server-port", str(pt["client"]), "--include-dashboard=false",
-                                     *common], env=self._environ(extra), start_new_session=True)
-            t0 = time.monotonic()
-            (ctl / "head").write_text(address)
-            self._wait_for_nodes(env, address, proc, extra, t0)
-            bringup = {"nodes": env.num_nodes, "task_start_to_all_alive_s": round(time.monotonic() - self._t_start, 2),
-                       "head_start_to_all_alive_s": round(time.monotonic() - t0, 2)}
-            (ctl / "bringup.json").write_text(json.dumps(bringup))
-            rundir.record(self.run_dir, "ray_up", job_id=env.job_id, attempt=self.attempt, nodes=env.num_nodes,
-                          seconds=bringup["task_start_to_all_alive_s"])
-            driver_env = self._environ({**extra, "RAY_ADDRESS": address})
-            argv = list(self.plan["argv"])
-            if self.mode == "preflight" and "--task-runner" not in argv:
-                argv += ["--task-runner", "vrun.preflight_nodes.PreflightTaskRunner"]
-            print(f"vrun: {env.num_nodes} node(s) alive {bringup['task_start_to_all_alive_s']} s after the task started; "
-                  f"driver: "
-                  f"{' '.join(argv)}", flush=True)
-            rundir.record(self.run_dir, "entrypoint_started", job_id=env.job_id, attempt=self.attempt, node=0)
-            rc = subprocess.run(argv, env=driver_env, cwd=self.run_dir).returncode
-            rundir.record(self.run_dir, "exited", job_id=env.job_id, attempt=self.attempt, node=0, rc=rc)
-            if rc:
-                raise RuntimeError(f"the driver exited {rc} (see the job log)")
-            return {"mode": self.mode, "run_dir": self.run_dir, "job_id": env.job_id}
-        finally:
-            (ctl / "released").write_text("1")
-            _kill(proc)
+    def start(self, node: Node, *role: str) -> subprocess.Popen:
+        return subprocess.Popen([self.bin, "start", *role, *self.flags], env=node.environ(self.extra),
+                                start_new_session=True)
 
-    def _wait_for_nodes(self, env, address, proc, extra, t0) -> None:
-        """Poll Ray's node table (one connection, POLL_S apart) until exactly nnodes nodes with the expected
-        GPUs are alive; past cluster.ray.join_timeout_s fail, naming the nodes that never joined."""
-        want = env.num_nodes
-        gpus = float(self.cluster["ray"].get("num_gpus") or self.plan["mesh"]["gpus_per_node"])
-        timeout = float(self.cluster["ray"].get("join_timeout_s") or 300)
-        left = max(timeout - (time.monotonic() - t0), 1.0)
-        poller = subprocess.Popen([sys.executable, "-m", "vrun.slurm_node", "wait-nodes", address, str(want), str(gpus),
-                                   str(left), self.run_dir, f"{env.job_id}:{self.attempt}"],
-                                  env=self._environ(extra), stdout=subprocess.PIPE, text=True)
-        while poller.poll() is None:
+
+def ray_head(node: Node) -> Any:
+    """Node 0: start the Ray head, wait for every node, run the driver against the cluster; release the workers
+    and stop the head on every way out."""
+    ray = RayDaemon.on(node)
+    setup = node.start_setup(ray.extra)
+    proc = None
+    try:
+        node.wait_setup(setup)
+        pt = node.ports
+        address = f"{ray.ip}:{pt['gcs']}"
+        proc = ray.start(node, "--head", "--port", str(pt["gcs"]), "--ray-client-server-port", str(pt["client"]),
+                         "--include-dashboard=false")
+        t0 = time.monotonic()
+        node.publish("head", address)
+        wait_for_nodes(node, address, proc, ray.extra, t0)
+        bringup = {"nodes": node.env.num_nodes, "task_start_to_all_alive_s": round(time.monotonic() - node.t_start, 2),
+                   "head_start_to_all_alive_s": round(time.monotonic() - t0, 2)}
+        node.publish("bringup.json", json.dumps(bringup))
+        node.record("ray_up", nodes=node.env.num_nodes, seconds=bringup["task_start_to_all_alive_s"])
+        return run_driver(node, node.environ({**ray.extra, "RAY_ADDRESS": address}),
+                          bringup["task_start_to_all_alive_s"])
+    finally:
+        node.release()
+        _kill(proc)
+
+
+def run_driver(node: Node, driver_env: dict, alive_s: float) -> Any:
+    """The plan's driver argv (preflight swaps in its task runner), in the run dir; a non-zero exit fails the job."""
+    job = node.job
+    argv = list(job.plan["argv"])
+    if job.mode == "preflight" and "--task-runner" not in argv:
+        argv += ["--task-runner", "vrun.preflight_nodes.PreflightTaskRunner"]
+    print(f"vrun: {node.env.num_nodes} node(s) alive {alive_s} s after the task started; driver: {' '.join(argv)}",
+          flush=True)
+    node.record("entrypoint_started", node=0)
+    rc = subprocess.run(argv, env=driver_env, cwd=job.run_dir).returncode
+    node.record("exited", node=0, rc=rc)
+    if rc:
+        raise RuntimeError(f"the driver exited {rc} (see the job log)")
+    return {"mode": job.mode, "run_dir": job.run_dir, "job_id": node.env.job_id}
+
+
+def wait_for_nodes(node: Node, address: str, proc: subprocess.Popen, extra: dict, t0: float) -> None:
+    """Poll Ray's node table (one connection, POLL_S apart) until exactly nnodes nodes with the expected
+    GPUs are alive; past cluster.ray.join_timeout_s fail, naming the nodes that never joined."""
+    env, job = node.env, node.job
+    want = env.num_nodes
+    gpus = float(job.cluster["ray"].get("num_gpus") or job.plan["mesh"]["gpus_per_node"])
+    timeout = float(job.cluster["ray"].get("join_timeout_s") or 300)
+    left = max(timeout - (time.monotonic() - t0), 1.0)
+    poller = subprocess.Popen([sys.executable, "-m", "vrun.slurm_node", "wait-nodes", address, str(want), str(gpus),
+                               str(left), job.run_dir, f"{env.job_id}:{job.attempt}"],
+                              env=node.environ(extra), stdout=subprocess.PIPE, text=True)
+    while poller.poll() is None:
+        if proc.poll() is not None:
+            _kill(poller)
+            raise RuntimeError(f"the Ray head on {socket.gethostname()} exited {proc.returncode}")
+        time.sleep(0.1)
+    lines = (poller.stdout.read() or "").strip().splitlines()
+    seen = json.loads(lines[-1]) if lines else []
+    if poller.returncode == 0:
+        return
+    hosts = {n.get("host") for n in seen} | {n["ip"] for n in seen}
+    missing = [h for h in env.hostnames if h not in hosts and _resolve(h) not in hosts]
+    raise RuntimeError(f"cluster.ray.join_timeout_s={timeout:g}: {len(seen)} of {want} node(s) joined the Ray "
+                       f"head; missing: {', '.join(missing) or '?'}")
+
+
+def ray_worker(node: Node) -> Any:
+    """Every other node: wait for the head's address, join it, stay until released; stop Ray on every way out."""
+    ray = RayDaemon.on(node)
+    setup = node.start_setup(ray.extra)
+    proc = None
+    try:
+        if not node.wait_setup(setup):
+            return {"released": True}
+        address = node.wait_for("head")
+        if address is None:
+            return {"released": True}
+        proc = ray.start(node, "--address", address)
+        while not node.released():
             if proc.poll() is not None:
-                _kill(poller)
-                raise RuntimeError(f"the Ray head on {socket.gethostname()} exited {proc.returncode}")
-            time.sleep(0.1)
-        lines = (poller.stdout.read() or "").strip().splitlines()
-        seen = json.loads(lines[-1]) if lines else []
-        if poller.returncode == 0:
-            return
-        hosts = {n.get("host") for n in seen} | {n["ip"] for n in seen}
-        missing = [h for h in env.hostnames if h not in hosts and _resolve(h) not in hosts]
-        raise RuntimeError(f"cluster.ray.join_timeout_s={timeout:g}: {len(seen)} of {want} node(s) joined the Ray "
-                           f"head; missing: {', '.join(missing) or '?'}")
-
-    def _worker(self, env, ctl, pt, common, ray_bin, extra, setup) -> Any:
-        proc = None
-        try:
-            if not self._wait_setup(setup, ctl, env.node):
-                return {"released": True}
-            while not (ctl / "head").exists():
-                if (ctl / "released").exists():
-                    return {"released": True}
-                time.sleep(POLL_S)
-            address = (ctl / "head").read_text().strip()
-            proc = subprocess.Popen([ray_bin, "start", "--address", address, *common], env=self._environ(extra),
-                                    start_new_session=True)
-            while not (ctl / "released").exists():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"ray on node {env.node} ({socket.gethostname()}) exited {proc.returncode}")
-                time.sleep(POLL_S)
-            return {"released": True}
-        finally:
-            _kill(proc)
-
-    # ---------------------------------------------------------------- SFT
-    def _torchrun(self, env, ctl: Path) -> Any:
-        pt = ports(env.job_id)
-        setup = self._node_setup(ctl, self._environ({}))
-        if not self._wait_setup(setup, ctl, env.node):
-            return {"released": True}
-        master = node_ip(self.cluster["ray"].get("interface"), None) if env.node == 0 else None
-        if env.node == 0:
-            (ctl / "master").write_text(master)
-        while master is None:
-            if (ctl / "master").exists():
-                master = (ctl / "master").read_text().strip()
-            elif (ctl / "released").exists():
-                return {"released": True}
-            else:
-                time.sleep(POLL_S)
-        t = self.plan["torchrun"]
-        argv = entrypoints.torchrun_argv(t["python"], t["module"], self.run_dir, nnodes=env.num_nodes,
-                                         nproc_per_node=t["nproc_per_node"], node_rank=env.node,
-                                         master_addr=master, master_port=pt["torch"])
-        print(f"vrun: node {env.node}: {' '.join(argv)}", flush=True)
-        proc = subprocess.Popen(argv, env=self._environ({}), cwd=self.run_dir, start_new_session=True)
-        if env.node == 0:
-            rundir.record(self.run_dir, "entrypoint_started", job_id=env.job_id, attempt=self.attempt, node=0)
-        try:
-            rc = proc.wait()
-            rundir.record(self.run_dir, "exited", job_id=env.job_id, attempt=self.attempt, node=env.node, rc=rc)
-        finally:
-            _kill(proc)
-            if env.node == 0:
-                (ctl / "released").write_text("1")
-        if rc:
-            raise RuntimeError(f"torchrun on node {env.node} ({socket.gethostname()}) exited {rc}")
-        return {"node": env.node, "rc": rc}
+                raise RuntimeError(f"ray on {node.where} exited {proc.returncode}")
+            time.sleep(POLL_S)
+        return {"released": True}
+    finally:
+        _kill(proc)
 
 
+# ==================================================================== SFT: torchrun on every node
+def torchrun_node(node: Node) -> Any:
+    """Every node: agree on the master address, run torchrun with this node's rank; node 0 releases when done."""
+    if not node.wait_setup(node.start_setup({})):
+        return {"released": True}
+    master = master_address(node)
+    if master is None:
+        return {"released": True}
+    t = node.job.plan["torchrun"]
+    argv = entrypoints.torchrun_argv(t["python"], t["module"], node.job.run_dir, nnodes=node.env.num_nodes,
+                                     nproc_per_node=t["nproc_per_node"], node_rank=node.rank,
+                                     master_addr=master, master_port=node.ports["torch"])
+    print(f"vrun: node {node.rank}: {' '.join(argv)}", flush=True)
+    proc = subprocess.Popen(argv, env=node.environ({}), cwd=node.job.run_dir, start_new_session=True)
+    if node.rank == 0:
+        node.record("entrypoint_started", node=0)
+    try:
+        rc = proc.wait()
+        node.record("exited", node=node.rank, rc=rc)
+    finally:
+        _kill(proc)
+        if node.rank == 0:
+            node.release()
+    if rc:
+        raise RuntimeError(f"torchrun on {node.where} exited {rc}")
+    return {"node": node.rank, "rc": rc}
+
+
+def master_address(node: Node) -> Optional[str]:
+    """Node 0 publishes its own address; the others wait for it (None when the job is released first)."""
+    if node.rank != 0:
+        return node.wait_for("master")
+    master = node_ip(node.job.cluster["ray"].get("interface"), None)
+    node.publish("master", master)
+    return master
+
+
+# ==================================================================== on the node, before anything starts
 def check_stack(payload: dict, where: str) -> None:
     """Before Ray or torchrun start on a node: its verl and verl_mlite must be those the plan was composed against
     (a login node's venv and the cluster image differing is the ordinary case)."""
@@ -267,6 +349,7 @@ def check_stack(payload: dict, where: str) -> None:
         raise RuntimeError(f"{where}: " + " | ".join(p.line() for p in wrong))
 
 
+# ==================================================================== python -m vrun.slurm_node wait-nodes
 def wait_nodes(address: str, want: int, gpus: float, timeout: float, run_dir: Optional[str] = None,
                job: str = "") -> int:
     """Connect once and poll until `want` alive nodes each offer `gpus` GPUs; prints the last node table and
