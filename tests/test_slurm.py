@@ -186,3 +186,25 @@ def test_sweep_with_one_invalid_point_submits_nothing(shared):
     assert proc.returncode == 2 and "1 of 3 point(s) do not plan; nothing was run" in proc.stderr
     assert any(line.startswith("point 1 [") and "mesh.cp=3" in line for line in proc.stderr.splitlines())
     assert not (shared / "sweep").exists() and slurm("squeue", "-h").stdout == before
+
+
+def test_a_node_that_fails_fails_the_job_at_once(shared):
+    """A worker whose setup fails: the head stops waiting for it (well inside join_timeout_s=300) and the job
+    fails naming that node's error; nothing is left behind."""
+    t = time.monotonic()
+    proc = run(shared, "model=qwen3_5_35b", *TWO_NODES, "mode=preflight", "cluster.ray.join_timeout_s=300",
+               "+cluster.node_setup=['if [ \"$SLURM_NODEID\" = 1 ]; then exit 3; fi']")
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "cluster.node_setup failed on node 1 (n1) with exit code 3" in proc.stderr, proc.stderr[-2000:]
+    assert time.monotonic() - t < 200 and "Traceback" not in proc.stderr
+
+
+def test_sft_master_that_fails_releases_the_other_nodes(shared):
+    """SFT: node 0 fails before publishing its address; the other node stops waiting instead of holding the
+    allocation until the time limit."""
+    t = time.monotonic()
+    proc = run(shared, "model=deepseek_v4_flash", "algo=sft", *TWO_NODES, "mode=train",
+               "run.sft_entry=[vrun_dist_probe]", "+cluster.node_setup=['if [ \"$SLURM_NODEID\" = 0 ]; then exit 4; fi']")
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "cluster.node_setup failed on node 0 (n0) with exit code 4" in proc.stderr, proc.stderr[-2000:]
+    assert time.monotonic() - t < 200 and "Traceback" not in proc.stderr

@@ -12,6 +12,9 @@ Every node runs RunJob (tasks_per_node=1); submitit's JobEnvironment says which 
    - PPO on Ray, the other nodes — ray_worker: wait for the head's address, join it, stay until released.
    - SFT, every node — torchrun_node: node 0 publishes its address (`master`), the others wait for it; each runs
      torchrun with its node rank; node 0 releases when its torchrun is done.
+A node that fails writes `failed-<rank>` with its error line (node 0 also releases the others): the head stops
+waiting for nodes or stops the driver, torchrun nodes stop theirs, and the job fails at once naming that node
+instead of at the join timeout or the time limit.
 Ray daemons (`ray start --block`) and torchrun are children of the task, each in its own process group, and are
 stopped on every exit path. Coordination goes through files in the control dir: no fixed sleeps.
 """
@@ -80,7 +83,9 @@ class RunJob:
                 return torchrun_node(node)
             return ray_head(node) if node.rank == 0 else ray_worker(node)
         except Exception as e:
-            node.record("failed", node=node.rank, error=str(e).splitlines()[0] if str(e) else type(e).__name__)
+            line = str(e).splitlines()[0] if str(e) else type(e).__name__
+            node.record("failed", node=node.rank, error=line)
+            node.fail(line)
             raise
 
     def checkpoint(self, *args: Any, **kwargs: Any):
@@ -179,6 +184,28 @@ class Node:
     def released(self) -> bool:
         return (self.ctl / "released").exists()
 
+    def fail(self, error: str) -> None:
+        """Tell the other nodes this one failed (`failed-<rank>` holds the line); node 0 also releases them."""
+        self.publish(f"failed-{self.rank}", error if self.where in error else f"{self.where}: {error}")
+        if self.rank == 0:
+            self.release()
+
+    def failure(self) -> Optional[str]:
+        """Another node's error line, once one has failed."""
+        for f in sorted(self.ctl.glob("failed-*")):
+            if f.name != f"failed-{self.rank}":
+                return f.read_text().strip()
+        return None
+
+    def wait_unless_failed(self, proc: subprocess.Popen) -> int:
+        """proc's exit code; another node failing first stops the wait (the caller stops proc)."""
+        while proc.poll() is None:
+            other = self.failure()
+            if other:
+                raise RuntimeError(f"another node failed: {other}")
+            time.sleep(POLL_S)
+        return proc.returncode
+
     def release(self) -> None:
         self.publish("released", "1")
 
@@ -249,7 +276,11 @@ def run_driver(node: Node, driver_env: dict, alive_s: float) -> Any:
     print(f"vrun: {node.env.num_nodes} node(s) alive {alive_s} s after the task started; driver: {' '.join(argv)}",
           flush=True)
     node.record("entrypoint_started", node=0)
-    rc = subprocess.run(argv, env=driver_env, cwd=job.run_dir).returncode
+    proc = subprocess.Popen(argv, env=driver_env, cwd=job.run_dir)
+    try:
+        rc = node.wait_unless_failed(proc)
+    finally:
+        _stop(proc)
     node.record("exited", node=0, rc=rc)
     if rc:
         raise RuntimeError(f"the driver exited {rc} (see the job log)")
@@ -269,8 +300,12 @@ def wait_for_nodes(node: Node, address: str, proc: subprocess.Popen, extra: dict
                               env=node.environ(extra), stdout=subprocess.PIPE, text=True)
     while poller.poll() is None:
         if proc.poll() is not None:
-            _kill(poller)
+            _stop(poller)
             raise RuntimeError(f"the Ray head on {socket.gethostname()} exited {proc.returncode}")
+        other = node.failure()
+        if other:
+            _stop(poller)
+            raise RuntimeError(f"a node failed before the Ray cluster was up: {other}")
         time.sleep(0.1)
     lines = (poller.stdout.read() or "").strip().splitlines()
     seen = json.loads(lines[-1]) if lines else []
@@ -320,7 +355,7 @@ def torchrun_node(node: Node) -> Any:
     if node.rank == 0:
         node.record("entrypoint_started", node=0)
     try:
-        rc = proc.wait()
+        rc = node.wait_unless_failed(proc)
         node.record("exited", node=node.rank, rc=rc)
     finally:
         _kill(proc)
@@ -390,6 +425,18 @@ def _resolve(host: str) -> str:
         return socket.gethostbyname(host)
     except OSError:
         return host
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a child that shares this task's process group (the driver: SLURM's signals reach it too)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _kill(proc: Optional[subprocess.Popen]) -> None:
