@@ -108,3 +108,20 @@ def test_saved_submission_reads_back_both_forms():
                               "partition": "gpu", "setup": ["x"], "additional_parameters": {},
                               "signal_delay_s": 120, "job_name": "job"}
     assert Submission.load(sub.saved()) == sub
+
+
+def test_the_node_reads_the_cluster_group_typed():
+    """The job carries the cluster group as plain values; each node types it again with the schema (a job pickled
+    by an older vrun, without newer fields, gets the schema's defaults for them)."""
+    import dataclasses
+
+    from vrun.schema import Cluster, ClusterName
+    from vrun.slurm_node import cluster_of
+
+    c = Cluster(name=ClusterName.slurm, node_setup=["module load x"])
+    c.ray.join_timeout_s = 42
+    assert cluster_of(dataclasses.asdict(c)) == c
+    old = dataclasses.asdict(c)
+    del old["job_name"], old["ray"]["auth_mode"]
+    typed = cluster_of(old)
+    assert typed.job_name is None and typed.ray.auth_mode == "disabled" and typed.ray.join_timeout_s == 42

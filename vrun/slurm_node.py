@@ -27,13 +27,13 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
 from vrun import entrypoints, rundir, stack
 from vrun.plan import UNSET_WITH_CUDA
-from vrun.schema import EntrypointName
+from vrun.schema import Cluster, EntrypointName, RayCfg
 
 POLL_S = 0.5
 
@@ -106,12 +106,18 @@ class Node:
     env: Any            # submitit.JobEnvironment
     ctl: Path           # <run_dir>/.vrun/job-<id>-<attempt>
     t_start: float      # time.monotonic() when the task started
+    cluster: Cluster    # the run's cluster group, typed again from the job's plain values
 
     @classmethod
     def open(cls, job: RunJob, env: Any, t_start: float) -> "Node":
         ctl = Path(job.run_dir) / ".vrun" / f"job-{env.job_id}-{job.attempt}"
         ctl.mkdir(parents=True, exist_ok=True)
-        return cls(job, env, ctl, t_start)
+        return cls(job, env, ctl, t_start, cluster_of(job.cluster))
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs each node offers Ray and the head waits for: cluster.ray.num_gpus, else the mesh's."""
+        return int(self.cluster.ray.num_gpus or self.job.plan["mesh"]["gpus_per_node"])
 
     @property
     def rank(self) -> int:
@@ -151,7 +157,7 @@ class Node:
 
     def start_setup(self, extra: dict) -> Optional[subprocess.Popen]:
         """Start cluster.node_setup's lines (one bash -e script), if any."""
-        lines = self.job.cluster.get("node_setup") or []
+        lines = self.cluster.node_setup
         if not lines:
             return None
         return subprocess.Popen(["bash", "-ec", "\n".join(lines)], env=self.environ(extra), start_new_session=True)
@@ -222,12 +228,11 @@ class RayDaemon:
 
     @classmethod
     def on(cls, node: Node) -> "RayDaemon":
-        ray_cfg, pt = node.job.cluster["ray"], node.ports
-        gpus = int(ray_cfg.get("num_gpus") or node.job.plan["mesh"]["gpus_per_node"])
-        cpus = int(ray_cfg.get("num_cpus") or os.environ.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
-        me = node_ip(ray_cfg.get("interface"), None)
-        extra = {"RAY_AUTH_MODE": ray_cfg.get("auth_mode") or "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-        flags = ["--num-cpus", str(cpus), "--num-gpus", str(gpus), "--node-ip-address", me, "--block",
+        ray_cfg, pt = node.cluster.ray, node.ports
+        cpus = int(ray_cfg.num_cpus or os.environ.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
+        me = node_ip(ray_cfg.interface, None)
+        extra = {"RAY_AUTH_MODE": ray_cfg.auth_mode, "RAY_USAGE_STATS_ENABLED": "0"}
+        flags = ["--num-cpus", str(cpus), "--num-gpus", str(node.gpus), "--node-ip-address", me, "--block",
                  "--disable-usage-stats", "--node-manager-port", str(pt["node_manager"]),
                  "--object-manager-port", str(pt["object_manager"]), "--metrics-export-port", str(pt["metrics"]),
                  "--dashboard-agent-grpc-port", str(pt["agent_grpc"]),
@@ -292,8 +297,8 @@ def wait_for_nodes(node: Node, address: str, proc: subprocess.Popen, extra: dict
     GPUs are alive; past cluster.ray.join_timeout_s fail, naming the nodes that never joined."""
     env, job = node.env, node.job
     want = env.num_nodes
-    gpus = float(job.cluster["ray"].get("num_gpus") or job.plan["mesh"]["gpus_per_node"])
-    timeout = float(job.cluster["ray"].get("join_timeout_s") or 300)
+    gpus = float(node.gpus)
+    timeout = float(node.cluster.ray.join_timeout_s)
     left = max(timeout - (time.monotonic() - t0), 1.0)
     poller = subprocess.Popen([sys.executable, "-m", "vrun.slurm_node", "wait-nodes", address, str(want), str(gpus),
                                str(left), job.run_dir, f"{env.job_id}:{job.attempt}"],
@@ -370,12 +375,21 @@ def master_address(node: Node) -> Optional[str]:
     """Node 0 publishes its own address; the others wait for it (None when the job is released first)."""
     if node.rank != 0:
         return node.wait_for("master")
-    master = node_ip(node.job.cluster["ray"].get("interface"), None)
+    master = node_ip(node.cluster.ray.interface, None)
     node.publish("master", master)
     return master
 
 
 # ==================================================================== on the node, before anything starts
+def cluster_of(values: dict) -> Cluster:
+    """The cluster group as the schema's object from the plain values the job carries (asdict of it; a job
+    pickled by an older vrun may lack newer fields: they take the schema's defaults)."""
+    known = {f.name for f in fields(Cluster)}
+    ray = values.get("ray") or {}
+    return Cluster(**{k: v for k, v in values.items() if k in known and k != "ray"},
+                   ray=RayCfg(**{k: v for k, v in ray.items() if k in {f.name for f in fields(RayCfg)}}))
+
+
 def check_stack(payload: dict, where: str) -> None:
     """Before Ray or torchrun start on a node: its verl and verl_mlite must be those the plan was composed against
     (a login node's venv and the cluster image differing is the ordinary case)."""
