@@ -83,15 +83,54 @@ def test_launcher_values_the_mesh_decides_are_refused(tmp_path):
 
 def test_launcher_values_are_checked_like_the_knobs(tmp_path):
     """A launcher value reaches an #SBATCH line: the same one-word rule as cluster.*; a job array is refused."""
-    for override, key in (("hydra.launcher.partition='gpu --wrap=x'", "cluster.partition"),
+    for override, key in (("hydra.launcher.partition='gpu --wrap=x'", "hydra.launcher.partition=gpu --wrap=x"),
                           ("hydra.launcher.comment='a b'", "hydra.launcher.comment"),
                           ("hydra.launcher.array_parallelism=4", "hydra.launcher.array_parallelism"),
+                          ("hydra.launcher.stderr_to_stdout=true", "hydra.launcher.stderr_to_stdout"),
                           ("hydra.launcher.partion=gpu", "hydra.launcher.partition=gpu"),
                           ("hydra.launcher.additional_parameters.mail-type=END",
-                           "+cluster.additional_parameters.mail-type=END")):
-        proc, script = _sbatch(tmp_path, override)
+                           "+cluster.additional_parameters.mail-type=END"),
+                          ("hydra.launcher.signal_delay_s=-1", "hydra.launcher.signal_delay_s=-1"),
+                          ("hydra.launcher.timeout_min=-5", "hydra.launcher.timeout_min=-5"),
+                          ("hydra.launcher.signal_delay_s=20000", "the requeue signal would come at the start"),
+                          ("hydra.launcher.comment='a\n#SBATCH --x=y'", "hydra.launcher.comment=<control"),
+                          ("hydra.launcher.setup=['#SBATCH --nodes=9']", "hydra.launcher.setup[0]"),
+                          ("+cluster.additional_parameters.nodes=4", "--nodes is decided by mesh.nnodes"),
+                          ("+hydra.launcher.additional_parameters.time=9999", "--time is decided by cluster.time_min"),
+                          ("+cluster.additional_parameters.output=/etc/x", "--output is decided by the job's logs"),
+                          ("hydra.launcher.gres=gpu:4", "mesh.gpus_per_node"),
+                          ("cluster.mem_gb=10|hydra.launcher.mem_per_gpu=4G", "sbatch takes one of --mem"),
+                          ("cluster.partition=a|hydra.launcher.partition=b", "one value, two places"),
+                          ("hydra/launcher=submitit_local", "cluster=slurm submits through Hydra's submitit_slurm"),
+                          ("hydra.launcher.submitit_folder=/tmp/elsewhere/%j", "outside the sweep dir")):
+        proc, script = _sbatch(tmp_path, *override.split("|"))
         assert proc.returncode == 2 and not script and "Traceback" not in proc.stderr, override
         assert key in one_error_line(proc.stderr), proc.stderr
+
+
+def test_launcher_values_keep_secrets_out(tmp_path, monkeypatch):
+    """A secret reaching sbatch through the launcher is refused as it is through the knobs: interpolated, typed
+    as the value, or on a setup line; it appears nowhere (stderr, files)."""
+    monkeypatch.setenv("HF_TOKEN", "hf_secretvalue123")
+    for override in ("hydra.launcher.partition='x${oc.env:HF_TOKEN}'", "hydra.launcher.comment=hf_secretvalue123",
+                     "hydra.launcher.setup=['echo ${oc.env:HF_TOKEN}']", "hydra.launcher.name='${oc.env:HF_TOKEN}'",
+                     "+hydra.launcher.additional_parameters.comment='${oc.env:HF_TOKEN}'"):
+        proc, script = _sbatch(tmp_path, override)
+        assert proc.returncode == 2 and not script, override
+        assert "hydra.launcher." in one_error_line(proc.stderr) and "hf_secretvalue123" not in proc.stderr + proc.stdout
+
+
+def test_launcher_values_in_a_sweep_and_the_folder(tmp_path):
+    """A launcher override holds for every point of a sweep; the job's folder inside the sweep dir is the one
+    the script names (quoted, absolute: the script is submitit's own)."""
+    proc = runner("-m", "model=qwen3_5_35b,deepseek_v4_flash", "cluster=slurm", "mode=plan", "hydra.launcher.exclude=n9",
+                  f"hydra.sweep.dir={tmp_path}/s", f"hydra.launcher.submitit_folder={tmp_path}/s/logs/%j")
+    assert proc.returncode == 0, proc.stderr
+    scripts = [p.read_text() for p in (tmp_path / "s").glob("*/sbatch.sh")]
+    assert len(scripts) == 2 and all("#SBATCH --exclude=n9" in x for x in scripts)
+    assert all(f"-m submitit.core._submit {tmp_path}/s/logs/%j" in x for x in scripts)
+    plan = json.loads(next((tmp_path / "s").glob("*/plan.json")).read_text())
+    assert plan["slurm"]["max_num_timeout"] == 3 and plan["slurm"]["submitit_folder"] == f"{tmp_path}/s/logs/%j"
 
 
 def test_saved_submission_reads_back_both_forms():

@@ -88,13 +88,14 @@ def describe(ex: BaseException) -> str:
     if "Could not detect" in first and "srun" in first:
         return ("error: cluster=slurm: no SLURM client on this machine (sbatch/srun not found); fix: submit from a "
                 "SLURM login node (where sinfo works), or mode=plan to write each point's sbatch.sh without submitting")
-    m = re.search(r"Environment variable '([^']+)' not found.*?full_key: (\S+)", first)
+    m = re.search(r"Environment variable '([^']+)' not found(?:.*?full_key: (\S+))?", first)
     if m:
-        return (f"error: {m.group(2)}: interpolates the unset variable {m.group(1)}; fix: export {m.group(1)}, or "
+        where = m.group(2) or _key_with(f"oc.env:{m.group(1)}")
+        return (f"error: {where}: interpolates the unset variable {m.group(1)}; fix: export {m.group(1)}, or "
                 f"give a default: ${{oc.env:{m.group(1)},<default>}}")
     m = re.search(r"Interpolation key '([^']+)' not found(?:.*?full_key: (\S+))?", first)
     if m:
-        return (f"error: {m.group(2) or '?'}: interpolates ${{{m.group(1)}}}, which does not exist; fix: "
+        return (f"error: {m.group(2) or _key_with(m.group(1))}: interpolates ${{{m.group(1)}}}, which does not exist; fix: "
                 "interpolate an existing key of the run config (e.g. ${model.name})")
     return f"error: {first}; fix: run with mode=plan and the same overrides; README 'Config groups' lists them"
 
@@ -126,10 +127,21 @@ def _value_of(key: str) -> str:
 
     if SECRETISH.search(key):
         return "<hidden>"
+    from vrun.problems import show as shown
+
     for arg in sys.argv[1:]:
         k, _, v = arg.lstrip("+~").partition("=")
         if k == key:
-            return v
+            return shown(v)
+    return "?"
+
+
+def _key_with(text: str) -> str:
+    """The command-line key whose value holds `text` (an interpolation Hydra's error does not place)."""
+    for arg in sys.argv[1:]:
+        k, _, v = arg.lstrip("+~").partition("=")
+        if text in v:
+            return k
     return "?"
 
 

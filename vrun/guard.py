@@ -13,9 +13,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
-from vrun.problems import SECRETISH, Problem
+from vrun.problems import CONTROL, SECRETISH, Problem
 
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # names that become path components, job names or verl trainer names
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 NAME_KEYS = ("model.name", "algo.name", "data.name", "run.project_name", "run.experiment_name")
@@ -25,6 +24,15 @@ GROUP_OF = {"model.name": "model", "algo.name": "algo", "data.name": "data"}
 SBATCH_KEYS = {"cluster.partition": r"[A-Za-z0-9._,-]+", "cluster.account": r"[A-Za-z0-9._-]+",
                "cluster.qos": r"[A-Za-z0-9._-]+", "cluster.constraint": r"[A-Za-z0-9._,&|!*:\[\]()-]+",
                "cluster.job_name": r"[A-Za-z0-9._+-]{1,128}"}
+# sbatch options the plan decides: refused as additional_parameters (the plan's figures would not be the job's)
+SBATCH_OWNED = {"nodes": "mesh.nnodes", "ntasks": "one task per node", "ntasks-per-node": "one task per node",
+                "gpus": "the mesh", "gpus-per-node": "mesh.gpus_per_node", "gpus-per-task": "mesh.gpus_per_node",
+                "time": "cluster.time_min", "job-name": "cluster.job_name", "partition": "cluster.partition",
+                "account": "cluster.account", "qos": "cluster.qos", "constraint": "cluster.constraint",
+                "cpus-per-task": "cluster.cpus_per_task", "mem": "cluster.mem_gb", "signal": "cluster.signal_delay_s",
+                "output": "the job's logs (hydra.launcher.submitit_folder)", "error": "the job's logs "
+                "(hydra.launcher.submitit_folder)", "open-mode": "the job's logs", "wrap": "the job's command",
+                "array": "one job per sweep point"}
 # the default names passed to workers (conf/run.yaml pass_env) are secrets even before the config is read
 DEFAULT_PASS_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 TRIVIAL = {"", "0", "1", "true", "false", "True", "False", "none", "None", "null"}
@@ -191,11 +199,30 @@ def name_problems(resolved: dict, choices: Optional[dict] = None, seen: Optional
         for i, line in enumerate(get(resolved, key, None) or []):
             if not isinstance(line, str):
                 out.append(Problem(f"{key}[{i}]", _short(line), "a line of shell", f"{key}=['<command>']"))
-    for k, v in (get(resolved, "cluster.additional_parameters", None) or {}).items():
-        if not re.fullmatch(r"[a-z][a-z0-9_-]*", str(k)) or CONTROL.search(str(v)) or "\n" in str(v):
-            out.append(Problem(f"cluster.additional_parameters.{k}", _short(v), "becomes an #SBATCH line: a "
-                               "lower-case option name and a one-line value", "cluster.additional_parameters.<option>="
-                               "<value>"))
+    for i, line in enumerate(get(resolved, "cluster.setup", None) or []):
+        if isinstance(line, str) and re.match(r"\s*#\s*SBATCH", line):
+            out.append(Problem(f"cluster.setup[{i}]", _short(line), "sbatch would read it as an option of the job",
+                               "sbatch options go in +cluster.additional_parameters.<option>=<value>"))
+    extra = get(resolved, "cluster.additional_parameters", None) or {}
+    for k, v in extra.items():
+        key, option = f"cluster.additional_parameters.{k}", str(k).replace("_", "-")
+        if key in seen:
+            continue
+        if not re.fullmatch(r"[a-z][a-z0-9_-]*", str(k)) or re.search(r"\s", str(v)) or CONTROL.search(str(v)):
+            out.append(Problem(key, _short(v), "becomes an #SBATCH line: a lower-case option name and a value of "
+                               "one word", "cluster.additional_parameters.<option>=<value>"))
+        elif option in SBATCH_OWNED:
+            owner = SBATCH_OWNED[option]
+            out.append(Problem(key, _short(v), f"--{option} is decided by {owner}", f"drop {key}" + (
+                f"; set {owner}" if owner.startswith(("cluster.", "mesh.")) else "")))
+        elif option == "gres" and "gpu" in str(v):
+            out.append(Problem(key, _short(v), "the GPUs per node come from the mesh (--gpus-per-node)",
+                               f"drop {key}; set mesh.gpus_per_node"))
+        elif option in ("mem-per-gpu", "mem-per-cpu") and (get(resolved, "cluster.mem_gb", None) is not None or
+                                                          len({"mem-per-gpu", "mem-per-cpu"} & {
+                                                              str(x).replace("_", "-") for x in extra}) > 1):
+            out.append(Problem(key, _short(v), "sbatch takes one of --mem (cluster.mem_gb), --mem-per-gpu, "
+                               "--mem-per-cpu", f"drop {key} or the other memory option"))
     return out
 
 
@@ -349,13 +376,18 @@ def run_problems(config) -> list[Problem]:
     for key, v, low in (("cluster.time_min", c.time_min, 1), ("cluster.ray.join_timeout_s", c.ray.join_timeout_s, 1),
                         ("cluster.max_requeues", c.max_requeues, 0), ("cluster.master_port", c.master_port, 1),
                         ("cluster.cpus_per_task", c.cpus_per_task, 1), ("cluster.mem_gb", c.mem_gb, 1),
-                        ("cluster.ray.num_cpus", c.ray.num_cpus, 0), ("cluster.ray.num_gpus", c.ray.num_gpus, 0)):
+                        ("cluster.ray.num_cpus", c.ray.num_cpus, 0), ("cluster.ray.num_gpus", c.ray.num_gpus, 0),
+                        ("cluster.signal_delay_s", c.signal_delay_s, 1)):
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            why = "0 means no time limit to sbatch (and no GPU-hours to confirm)" if key == "cluster.time_min" \
-                else f"must be an integer ≥ {low}"
+            why = "0 means no time limit to sbatch (and no GPU-hours to confirm)" if key == "cluster.time_min" and \
+                v == 0 else f"must be an integer ≥ {low}"
             out.append(Problem(key, v, why, f"{key}=<integer ≥ {low}>"))
+    if all(isinstance(x, int) and x > 0 for x in (c.time_min, c.signal_delay_s)) and c.signal_delay_s >= c.time_min * 60:
+        out.append(Problem("cluster.signal_delay_s", c.signal_delay_s, f"the requeue signal would come at the start "
+                           f"of a {c.time_min}-minute job (every attempt requeues at once)",
+                           f"cluster.signal_delay_s=<under {c.time_min * 60}>"))
     if not 0 < c.master_port < 65536:
         out.append(Problem("cluster.master_port", c.master_port, "not a TCP port", "cluster.master_port=29500"))
     if c.confirm_gpu_hours is not None and not c.confirm_gpu_hours > 0:

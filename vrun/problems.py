@@ -12,6 +12,9 @@ SECRETISH = re.compile(r"(?i:api_?key|secret|passw(?:or)?d|access_key|private_ke
                        r"(?i:^(?:\w+_)?(?:hf|auth|access|api|bearer|github|hub)_?token$)")
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 @dataclass(frozen=True)
 class Problem:
     key: str
@@ -25,11 +28,11 @@ class Problem:
         why, fix = self.why, self.fix
         if SECRETISH.search(self.key) and self.value not in (None, ""):
             value = "<hidden>"
-            shown = _show(self.value)
+            shown = show(self.value)
             if len(shown) >= 3:  # never repeated further on the line either
                 why, fix = why.replace(shown, "<hidden>"), fix.replace(shown, "<hidden>")
         else:
-            value = _show(self.value)
+            value = show(self.value)
         return f"{kind}: {self.key}={value}: {why}; fix: {fix}"
 
 
@@ -43,9 +46,10 @@ class PlanError(Exception):
         super().__init__("\n".join([p.line() for p in self.problems] + self.hints))
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """The value as it goes on the one line: control characters (a newline) shown escaped, never raw."""
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_show(v) for v in value) + "]"
+        return "[" + ",".join(show(v) for v in value) + "]"
     if value is None:
         return "null"
-    return str(value)
+    return CONTROL.sub(lambda m: repr(m.group(0))[1:-1], str(value))

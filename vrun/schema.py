@@ -202,6 +202,8 @@ class Cluster:
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
     # requeues on time limit; preemptions always requeue (submitit's checkpoint())
     max_requeues: int = 3
+    # seconds before the time limit SLURM signals the job (USR2) so it can requeue itself
+    signal_delay_s: int = 120
     # submissions above this many GPU-hours need a confirmation (or cluster.yes=true when not interactive)
     confirm_gpu_hours: float = 1000.0
     yes: bool = False

@@ -20,19 +20,23 @@ from vrun import rundir
 from vrun.problems import PlanError, Problem
 from vrun.slurm_node import RunJob  # noqa: F401 - submitted here; jobs pickled as vrun.slurm.RunJob load too
 
-# hydra.launcher.<key> given by hand → the cluster knob it sets (a given value wins over the cluster group's)
-LAUNCHER_KNOBS = {"partition": "partition", "account": "account", "qos": "qos", "constraint": "constraint",
-                  "timeout_min": "time_min", "cpus_per_task": "cpus_per_task", "mem_gb": "mem_gb",
-                  "max_num_timeout": "max_requeues", "name": "job_name", "setup": "setup",
-                  "additional_parameters": "additional_parameters"}
+# hydra.launcher.<key> given by hand → the knob it sets: one home per sbatch value. The value is put there as
+# given (interpolations unresolved), so the knob's own checks (secrets, one word, ranges) judge it.
+LAUNCHER_KNOBS = {"partition": "cluster.partition", "account": "cluster.account", "qos": "cluster.qos",
+                  "constraint": "cluster.constraint", "timeout_min": "cluster.time_min",
+                  "cpus_per_task": "cluster.cpus_per_task", "mem_gb": "cluster.mem_gb",
+                  "max_num_timeout": "cluster.max_requeues", "name": "cluster.job_name",
+                  "signal_delay_s": "cluster.signal_delay_s", "setup": "cluster.setup",
+                  "additional_parameters": "cluster.additional_parameters",
+                  # sbatch options without a knob of their own are additional_parameters (the same #SBATCH line)
+                  **{k: f"cluster.additional_parameters.{k}" for k in ("comment", "exclude", "gres", "cpus_per_gpu",
+                                                                     "mem_per_gpu", "mem_per_cpu")}}
 # ... that the mesh decides: refused when they disagree with it (one task per node holds all its GPUs)
 LAUNCHER_MESH = {"nodes": "mesh.nnodes", "gpus_per_node": "mesh.gpus_per_node", "gpus_per_task": "mesh.gpus_per_node",
                  "tasks_per_node": None}
-# ... sbatch options without a knob here: passed to submitit as they are (the plugin's defaults otherwise)
-LAUNCHER_PASSED = ("comment", "exclude", "gres", "cpus_per_gpu", "mem_per_gpu", "mem_per_cpu", "signal_delay_s",
-                   "stderr_to_stdout")
-# a value that reaches an #SBATCH line: one word, no control characters
-SBATCH_WORD = re.compile(r"[^\s\x00-\x1f\x7f]+")
+# ... that do not apply to this project's jobs
+LAUNCHER_REFUSED = {"array_parallelism": "this project submits one job per sweep point, not a job array",
+                    "stderr_to_stdout": "the run's logs keep stdout and stderr apart (python -m vrun logs reads both)"}
 
 
 def launcher_given(unresolved: dict, overridden: list[str]) -> set[str]:
@@ -43,39 +47,77 @@ def launcher_given(unresolved: dict, overridden: list[str]) -> set[str]:
     defaults = OmegaConf.to_container(OmegaConf.structured(SlurmQueueConf), resolve=False)
     named = {o.lstrip("+~").split("=", 1)[0][len("hydra.launcher."):].split(".")[0]
              for o in overridden if o.lstrip("+~").startswith("hydra.launcher.")}
-    return {k for k in unresolved if k not in ("_target_", "submitit_folder")
-            and (k in named or unresolved[k] != defaults.get(k))}
+    return {k for k in unresolved if k != "_target_" and (k in named or unresolved[k] != defaults.get(k))}
 
 
-def launcher_problems(cfg, launcher: dict, given: set[str]) -> list[Problem]:
-    """Takes the hydra.launcher values given by hand onto their knobs in the composed point `cfg` (before its
-    checks run); the ones the mesh decides must agree with it; unknown to this project: refused."""
+def take_launcher(cfg, launcher: dict, given: set[str], mesh_values: dict) -> tuple[list[Problem], dict]:
+    """Puts the hydra.launcher values given by hand (launcher: unresolved) onto their knobs in the composed point
+    `cfg`, before its checks run. mesh_values: the given LAUNCHER_MESH keys, resolved. Returns the problems and
+    {knob: hydra.launcher key} for naming the launcher key in the knobs' problems (as_given)."""
     from omegaconf import OmegaConf
 
-    out = []
-    for key in sorted(given):
-        v, name = launcher[key], f"hydra.launcher.{key}"
+    from vrun.schema import RunConfig
+
+    out, taken = [], {}
+    default = OmegaConf.structured(RunConfig)
+    for key in sorted(given - {"submitit_folder"}):
+        name = f"hydra.launcher.{key}"
         if key in LAUNCHER_KNOBS:
-            knob = f"cluster.{LAUNCHER_KNOBS[key]}"
+            knob, v = LAUNCHER_KNOBS[key], launcher[key]
+            now = OmegaConf.select(cfg, knob, default=None, throw_on_resolution_failure=False)
             if key == "setup":  # the launcher's lines, then the cluster group's
-                v = list(v or []) + list(OmegaConf.select(cfg, knob) or [])
+                v = list(v or []) + OmegaConf.to_container(OmegaConf.select(cfg, knob), resolve=False)
             elif key == "additional_parameters":
-                v = {**(OmegaConf.select(cfg, knob) or {}), **(v or {})}
-            OmegaConf.update(cfg, knob, v, merge=False)
+                v = {**OmegaConf.to_container(OmegaConf.select(cfg, knob), resolve=False), **(v or {})}
+            elif now is not None and now != OmegaConf.select(default, knob, default=None) and str(now) != str(v):
+                out.append(Problem(name, v, f"{knob}={now} is given too: one value, two places",
+                                   f"drop {name} or {knob}"))
+                continue
+            OmegaConf.update(cfg, knob, v, merge=False, force_add=True)
+            taken[knob] = name
         elif key in LAUNCHER_MESH:
-            src = LAUNCHER_MESH[key]
+            src, v = LAUNCHER_MESH[key], mesh_values.get(key)
             want = OmegaConf.select(cfg, src) if src else 1
             if v is not None and v != want:
                 out.append(Problem(name, v, f"the job's shape comes from the mesh: {src or 'one task per node'} = "
                                    f"{want}", f"drop {name}" + (f"; set {src}={v}" if src else "")))
-        elif key in LAUNCHER_PASSED:
-            if v is not None and not (isinstance(v, (bool, int)) or SBATCH_WORD.fullmatch(str(v))):
-                out.append(Problem(name, v, "reaches sbatch.sh as an option value: one word without control "
-                                   "characters", f"{name}=<value>"))
-        else:  # array_parallelism: one job per sweep point, never a job array
-            out.append(Problem(name, v, "this project submits one job per sweep point, not a job array",
-                               f"drop {name}"))
+        else:
+            out.append(Problem(name, launcher[key], LAUNCHER_REFUSED.get(key, "not an option this project "
+                               "takes from Hydra's submitit launcher"),
+                               f"drop {name}" + ("" if key in LAUNCHER_REFUSED else
+                                                 "; sbatch options go in +cluster.additional_parameters.<option>")))
+    return out, taken
+
+
+def as_given(problems: list[Problem], taken: dict) -> list[Problem]:
+    """The knobs' problems named by the hydra.launcher key the value came from (the key the user typed)."""
+    import dataclasses
+
+    out = []
+    for p in problems:
+        for knob, name in taken.items():
+            if p.key == knob or p.key.startswith((knob + ".", knob + "[")):
+                p = dataclasses.replace(p, key=name + p.key[len(knob):], fix=p.fix.replace(knob, name))
+                break
+        out.append(p)
     return out
+
+
+def folder_problems(folder: str, sweep_dir: str) -> list[Problem]:
+    """hydra.launcher.submitit_folder given by hand (absolute): the job's logs and pickles, inside the sweep dir."""
+    import os
+
+    from vrun.problems import CONTROL
+
+    key = "hydra.launcher.submitit_folder"
+    if CONTROL.search(folder):
+        return [Problem(key, folder, "a directory name with a control character (it reaches sbatch.sh)",
+                        f"{key}=<a path without control characters>")]
+    base = Path(os.path.normpath(sweep_dir))
+    if base not in Path(os.path.normpath(folder)).parents:
+        return [Problem(key, folder, f"the job's logs and pickles would be written outside the sweep dir {base}",
+                        f"{key}={base}/<dir>/%j (or hydra.sweep.dir=<a dir holding it>)")]
+    return []
 
 
 @dataclass(frozen=True)
@@ -85,18 +127,18 @@ class Submission:
     max_num_timeout: int
 
     @classmethod
-    def of(cls, plan, launcher: dict) -> "Submission":
-        """From the plan (the cluster group and the mesh) and the launcher's own sbatch options (LAUNCHER_PASSED)."""
+    def of(cls, plan) -> "Submission":
+        """From the plan: the cluster group and the mesh."""
         c, m = plan.config.cluster, plan.mesh
         p: dict[str, Any] = {"nodes": m.nnodes, "gpus_per_node": m.gpus_per_node, "ntasks_per_node": 1,
                              "time": c.time_min, "job_name": c.job_name or plan.config.run.experiment_name,
-                             "setup": list(c.setup), "additional_parameters": dict(c.additional_parameters)}
+                             "signal_delay_s": c.signal_delay_s, "setup": list(c.setup),
+                             "additional_parameters": dict(c.additional_parameters)}
         for k in ("cpus_per_task", "partition", "account", "qos", "constraint"):
             if getattr(c, k) is not None:
                 p[k] = getattr(c, k)
         if c.mem_gb is not None:
             p["mem"] = f"{c.mem_gb}GB"
-        p.update({k: launcher[k] for k in LAUNCHER_PASSED if launcher.get(k) is not None})
         return cls(p, c.max_requeues)
 
     @classmethod
@@ -131,12 +173,19 @@ class Submission:
                 f"{self.parameters.get('partition') or '(default)'}: {self.gpu_hours:.1f} GPU-hours")
 
 
-def sbatch_script(sub: Submission, folder: str) -> str:
-    """The sbatch script submitit writes for this job (its own template function)."""
-    from submitit.slurm.slurm import _make_sbatch_string
+def executor(sub: Submission, folder: str):
+    """submitit's SlurmExecutor for this job (creates nothing until it submits)."""
+    import submitit
 
-    command = f"{sys.executable} -u -m submitit.core._submit {folder}"
-    return _make_sbatch_string(command=command, folder=folder, **sub.parameters)
+    ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=sub.max_num_timeout)
+    ex.update_parameters(**sub.parameters)
+    return ex
+
+
+def sbatch_script(sub: Submission, folder: str) -> str:
+    """The sbatch script submitit submits for this job, byte for byte (its own executor writes it)."""
+    ex = executor(sub, folder)
+    return ex._make_submission_file_text(ex._submitit_command_str, "plan")
 
 
 def node_error(text: str) -> str:
@@ -178,14 +227,11 @@ def submit(items: list, detach: bool) -> list:
     showing each job's progress (vrun.runs.watch)."""
     import logging
 
-    import submitit
-
     logging.getLogger("submitit").setLevel(logging.ERROR)  # "Bypassing sacct error" on clusters without accounting
     jobs = []
     for plan, sub, mode, folder in items:
-        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=sub.max_num_timeout)
-        ex.update_parameters(**sub.parameters)
-        job = ex.submit(RunJob(plan.run_dir, job_payload(plan), asdict(plan.config.cluster), str(mode)))
+        job = executor(sub, folder).submit(RunJob(plan.run_dir, job_payload(plan), asdict(plan.config.cluster),
+                                                  str(mode)))
         (Path(plan.run_dir) / "slurm_job.json").write_text(json.dumps(
             {"job_id": job.job_id, "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
              "folder": folder, "spec": sub.saved(), "mode": mode}, indent=2) + "\n")
@@ -217,17 +263,14 @@ def resubmit(run_dir: str, detach: bool = False) -> list:
     """Submit again from a run dir: same config, same run dir, verl resumes from its checkpoints."""
     import pickle
 
-    import submitit
-
     info = json.loads((Path(run_dir) / "slurm_job.json").read_text())
     submitted = Path(info["folder"].replace("%j", info["job_id"])) / f"{info['job_id']}_submitted.pkl"
     with submitted.open("rb") as f:
         delayed = pickle.load(f)
     job_fn: RunJob = delayed.function
     sub = Submission.load(info["spec"])
-    ex = submitit.SlurmExecutor(folder=info["folder"], max_num_timeout=sub.max_num_timeout)
-    ex.update_parameters(**sub.parameters)
-    job = ex.submit(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode, job_fn.attempt + 1))
+    job = executor(sub, info["folder"]).submit(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode,
+                                                      job_fn.attempt + 1))
     rundir.record(run_dir, "submitted", job_id=job.job_id, attempt=job_fn.attempt + 1, nodes=sub.nodes,
                   gpus_per_node=sub.gpus_per_node)
     info.update(job_id=job.job_id, stdout=str(job.paths.stdout), stderr=str(job.paths.stderr))

@@ -20,7 +20,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from vrun import guard
-from vrun.problems import Problem
+from vrun.problems import PlanError, Problem
 from vrun.schema import Mode
 
 
@@ -61,54 +61,66 @@ class PlanningSweeper(Sweeper):
         bases: dict = {}
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         # hydra.run.dir given with a run that is a multirun (cluster=slurm): honoured for one point, else refused
-        given = [o.split("=", 1)[1] for o in self.config.hydra.overrides.hydra if o.startswith("hydra.run.dir=")]
+        run_dir_given = [o.split("=", 1)[1] for o in self.config.hydra.overrides.hydra
+                         if o.startswith("hydra.run.dir=")]
         problems = guard.run_dir_problems(str(sweep_dir), "hydra.sweep.dir")
-        if given and len(points) > 1:
-            problems.append(Problem("hydra.run.dir", given[-1], f"a sweep of {len(points)} points has one run "
-                                    "dir per point, under hydra.sweep.dir", f"hydra.sweep.dir={given[-1]}"))
+        if run_dir_given and len(points) > 1:
+            problems.append(Problem("hydra.run.dir", run_dir_given[-1], f"a sweep of {len(points)} points has one "
+                                    "run dir per point, under hydra.sweep.dir", f"hydra.sweep.dir={run_dir_given[-1]}"))
         if problems:
             cli_errors.emit([p.line() for p in problems])
         for idx, overrides in enumerate(points):
             try:
                 cfg, subdir, launcher, choices = self._compose(list(overrides), bases)
+                submitit_slurm = "SlurmLauncher" in str(launcher.get("_target_", ""))
                 if "submitit" in str(launcher.get("_target_", "")) and choices.get("cluster") != "slurm":
                     failures.append((idx, overrides, Problem(
                         "hydra/launcher", choices.get("hydra/launcher"), "the submitit launcher takes its nodes, "
                         "GPUs and time from the cluster group", "add cluster=slurm (it selects the launcher "
-                        "itself)").line().replace("error: ", "error: ", 1)))
+                        "itself)").line()))
+                    continue
+                if choices.get("cluster") == "slurm" and not submitit_slurm:
+                    failures.append((idx, overrides, Problem(
+                        "hydra/launcher", choices.get("hydra/launcher"), "cluster=slurm submits through Hydra's "
+                        "submitit_slurm launcher (another would run the job on this machine)",
+                        "drop hydra/launcher=... and hydra.launcher._target_ (cluster=slurm selects it)").line()))
                     continue
                 point_dir = sweep_dir
                 with open_dict(cfg):
-                    if given:
-                        point_dir = Path(given[-1]).absolute()
+                    if run_dir_given:
+                        point_dir = Path(run_dir_given[-1]).absolute()
                         subdir = "."
-                    cfg.hydra = {"job": {"num": idx, "id": str(idx), "name": str(self.config.hydra.job.name)}, "sweep": {"subdir": subdir,
-                                                                                "dir": str(point_dir)},
-                                 "launcher": launcher}
-                    raw_subdir = str(cfg.hydra.sweep.subdir)
-                    run_dir = os.path.normpath(str(point_dir / raw_subdir))
-                    launcher_params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+                    cfg.hydra = {"job": {"num": idx, "id": str(idx), "name": str(self.config.hydra.job.name)},
+                                 "sweep": {"subdir": subdir, "dir": str(point_dir)}, "launcher": launcher}
+                    run_dir = os.path.normpath(str(point_dir / str(cfg.hydra.sweep.subdir)))
+                    given = slurm.launcher_given(launcher, list(self.config.hydra.overrides.hydra)) \
+                        if submitit_slurm else set()
+                    # resolved here only what the mesh decides and the job's folder: every other launcher value
+                    # goes onto its knob unresolved, for the knob's checks
+                    resolved = {k: OmegaConf.select(cfg, f"hydra.launcher.{k}")
+                                for k in (given & set(slurm.LAUNCHER_MESH)) | {"submitit_folder"} if k in launcher}
                     del cfg["hydra"]
-                problems = []
-                if "SlurmLauncher" in str(launcher.get("_target_", "")):
-                    # hydra.launcher.* given by hand: onto the cluster knobs, before the point's checks
-                    given = slurm.launcher_given(launcher, list(self.config.hydra.overrides.hydra))
-                    problems = slurm.launcher_problems(cfg, launcher_params, given)
-                problems += guard.config_problems(cfg, choices=choices)
+                problems, taken = slurm.take_launcher(cfg, launcher, given, resolved) if submitit_slurm else ([], {})
+                folder = str(Path(str(resolved.get("submitit_folder") or sweep_dir / ".submitit/%j")).absolute())
+                if "submitit_folder" in given:
+                    problems += slurm.folder_problems(folder, str(sweep_dir))
+                problems += slurm.as_given(guard.config_problems(cfg, choices=choices), taken)
                 if not problems:
                     problems = guard.run_dir_problems(run_dir, "hydra.sweep.subdir", inside=str(point_dir))
                 errors = [p for p in problems if not p.warning]
                 if errors:
                     failures.append((idx, overrides, "\n".join(p.line() for p in errors)))
                     continue
-                composed.append((idx, overrides, cfg, run_dir, launcher_params))
+                composed.append((idx, overrides, cfg, run_dir, (folder, taken)))
             except Exception as e:  # noqa: BLE001 - reported per point below
                 failures.append((idx, overrides, cli_errors.describe(e)))
         models = {c.model.name for _, _, c, _, _ in composed}
         plans = []
-        for idx, overrides, cfg, run_dir, _ in composed:
+        for idx, overrides, cfg, run_dir, (_, taken) in composed:
             try:
                 plans.append((idx, overrides, task.plan_config(cfg, run_dir, single_model=len(models) == 1)))
+            except PlanError as e:
+                failures.append((idx, overrides, str(PlanError(slurm.as_given(e.problems, taken), e.hints))))
             except Exception as e:  # noqa: BLE001
                 failures.append((idx, overrides, cli_errors.describe(e)))
         if failures:
@@ -171,11 +183,11 @@ class PlanningSweeper(Sweeper):
         from vrun.manifest import write_manifest
 
         items, total = [], 0.0
-        for (idx, overrides, p), (_, _, cfg, _, launcher) in zip(plans, composed):
-            sub = slurm.Submission.of(p, launcher)
-            folder = str(launcher["submitit_folder"])
-            report.write(p, extra={"slurm": {"parameters": sub.parameters, "gpu_hours": sub.gpu_hours,
-                                             "submitit_folder": folder, "sbatch": "sbatch.sh"}})
+        for (idx, overrides, p), (_, _, cfg, _, (folder, _)) in zip(plans, composed):
+            sub = slurm.Submission.of(p)
+            report.write(p, extra={"slurm": {"parameters": sub.parameters, "max_num_timeout": sub.max_num_timeout,
+                                             "gpu_hours": sub.gpu_hours, "submitit_folder": folder,
+                                             "sbatch": "sbatch.sh"}})
             write_manifest(cfg, p.run_dir, list(overrides))
             (Path(p.run_dir) / "sbatch.sh").write_text(slurm.sbatch_script(sub, folder))
             print(report.one_line(idx, overrides, p) + f"\n    slurm: {sub.describe()}", flush=True)
