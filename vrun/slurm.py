@@ -2,9 +2,11 @@
 (submitit), and `python -m vrun resubmit <run dir>` (also `python -m vrun.slurm resubmit`). The job each
 node runs is vrun.slurm_node.
 
-Every sbatch value has one home: the cluster group (vrun.schema.Cluster) and the mesh. Hydra's submitit launcher
-is only selected (conf/cluster/slurm.yaml); a `hydra.launcher.*` value given by hand is taken onto the knob it
-names (launcher_problems), refused where the mesh decides it, and passed to sbatch where the project has no knob.
+Every sbatch value has one home: the cluster group (vrun.schema.Cluster) and the mesh; Submission.of reads only
+those. Hydra's submitit launcher is only selected (conf/cluster/slurm.yaml). A `hydra.launcher.*` value given by
+hand is put onto the knob it names before the point's checks (take_launcher: its sbatch options without a knob
+become cluster.additional_parameters), refused where the mesh decides it, and named as typed in any error.
+The script previewed in the run dir (sbatch_script) is the one submitit's own executor submits.
 """
 from __future__ import annotations
 
