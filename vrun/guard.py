@@ -194,7 +194,8 @@ def name_problems(resolved: dict, choices: Optional[dict] = None, seen: Optional
             continue
         if not re.fullmatch(allowed, str(v)):
             out.append(Problem(key, _short(v), "reaches sbatch.sh as an option value: one word of the "
-                               "characters sbatch takes there", f"{key}=<name>"))
+                               "characters sbatch takes there" + (" (at most 128)" if key == "cluster.job_name" else ""),
+                               f"{key}=<name>"))
     for key in ("cluster.setup", "cluster.node_setup"):
         for i, line in enumerate(get(resolved, key, None) or []):
             if not isinstance(line, str):
