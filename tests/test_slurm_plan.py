@@ -84,7 +84,9 @@ def test_launcher_values_the_mesh_decides_are_refused(tmp_path):
 def test_launcher_values_are_checked_like_the_knobs(tmp_path):
     """A launcher value reaches an #SBATCH line: the same one-word rule as cluster.*; a job array is refused."""
     for override, key in (("hydra.launcher.partition='gpu --wrap=x'", "hydra.launcher.partition=gpu --wrap=x"),
-                          ("hydra.launcher.comment='a b'", "hydra.launcher.comment"),
+                          ("+cluster.additional_parameters.tasks-per-node=8", "one task per node"),
+                          ("+cluster.additional_parameters.gpus-per-n=2", "--gpus-per-node is decided by"),
+                          ("cluster.cpus_per_task=8|hydra.launcher.cpus_per_gpu=2", "--cpus-per-task"),
                           ("hydra.launcher.array_parallelism=4", "hydra.launcher.array_parallelism"),
                           ("hydra.launcher.stderr_to_stdout=true", "hydra.launcher.stderr_to_stdout"),
                           ("hydra.launcher.partion=gpu", "hydra.launcher.partition=gpu"),
@@ -164,3 +166,42 @@ def test_the_node_reads_the_cluster_group_typed():
     del old["job_name"], old["ray"]["auth_mode"]
     typed = cluster_of(old)
     assert typed.job_name is None and typed.ray.auth_mode == "disabled" and typed.ray.join_timeout_s == 42
+
+
+def test_plan_needs_no_slurm_on_this_machine(tmp_path):
+    """mode=plan cluster=slurm writes the script where no SLURM client is installed (a laptop); a value quoted
+    by submitit (a comment with a space) stays one option; the launcher pointing at its own knob (the old
+    conf/cluster/slurm.yaml wiring) is no value given."""
+    import os
+
+    from conftest import PY
+
+    env = dict(os.environ, PATH=os.path.dirname(PY))  # no srun, no sbatch
+    proc = runner("model=qwen3_5_35b", "cluster=slurm", "mode=plan", f"hydra.sweep.dir={tmp_path}/s",
+                  "hydra.launcher.comment='nightly run'", "hydra.launcher.timeout_min=${cluster.time_min}",
+                  "cluster.time_min=90", env=env)
+    assert proc.returncode == 0, proc.stderr
+    script = next((tmp_path / "s").glob("*/sbatch.sh")).read_text()
+    assert "#SBATCH --comment='nightly run'" in script and "#SBATCH --time=90" in script
+
+
+def test_node_control_files(tmp_path, monkeypatch):
+    """The node's control dir is per job, attempt and SLURM restart (a requeue by SLURM itself reruns the same
+    attempt); what a node publishes appears whole; a failure is seen by the others, not by itself."""
+    from types import SimpleNamespace
+
+    from vrun.slurm_node import Node, RunJob
+
+    job = RunJob(str(tmp_path), {"env": {}, "env_unset": [], "mesh": {"gpus_per_node": 4}}, {"ray": {}}, "train", 1)
+    env = SimpleNamespace(job_id="77", node=1, hostnames=["n0", "n1"], num_nodes=2)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    assert Node.open(job, env, 0.0).ctl.name == "job-77-1"
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    node = Node.open(job, env, 0.0)
+    assert node.ctl.name == "job-77-1-r2" and node.gpus == 4
+    node.publish("head", "10.0.0.1:20000")
+    assert [p.name for p in node.ctl.iterdir()] == ["head"] and node.wait_for("head") == "10.0.0.1:20000"
+    node.fail("boom")
+    assert node.failure() is None and not node.released()
+    other = Node(job, SimpleNamespace(**{**vars(env), "node": 0}), node.ctl, 0.0, node.cluster)
+    assert other.failure().endswith(": boom")

@@ -26,6 +26,7 @@ SBATCH_KEYS = {"cluster.partition": r"[A-Za-z0-9._,-]+", "cluster.account": r"[A
                "cluster.job_name": r"[A-Za-z0-9._+-]{1,128}"}
 # sbatch options the plan decides: refused as additional_parameters (the plan's figures would not be the job's)
 SBATCH_OWNED = {"nodes": "mesh.nnodes", "ntasks": "one task per node", "ntasks-per-node": "one task per node",
+                "tasks-per-node": "one task per node", "ntasks-per-gpu": "one task per node",
                 "gpus": "the mesh", "gpus-per-node": "mesh.gpus_per_node", "gpus-per-task": "mesh.gpus_per_node",
                 "time": "cluster.time_min", "job-name": "cluster.job_name", "partition": "cluster.partition",
                 "account": "cluster.account", "qos": "cluster.qos", "constraint": "cluster.constraint",
@@ -209,16 +210,21 @@ def name_problems(resolved: dict, choices: Optional[dict] = None, seen: Optional
         key, option = f"cluster.additional_parameters.{k}", str(k).replace("_", "-")
         if key in seen:
             continue
-        if not re.fullmatch(r"[a-z][a-z0-9_-]*", str(k)) or re.search(r"\s", str(v)) or CONTROL.search(str(v)):
-            out.append(Problem(key, _short(v), "becomes an #SBATCH line: a lower-case option name and a value of "
-                               "one word", "cluster.additional_parameters.<option>=<value>"))
-        elif option in SBATCH_OWNED:
-            owner = SBATCH_OWNED[option]
-            out.append(Problem(key, _short(v), f"--{option} is decided by {owner}", f"drop {key}" + (
+        owned = [o for o in SBATCH_OWNED if o.startswith(option)]  # sbatch takes any unambiguous prefix
+        if not re.fullmatch(r"[a-z][a-z0-9_-]*", str(k)) or CONTROL.search(str(v)):
+            out.append(Problem(key, _short(v), "becomes an #SBATCH line: a lower-case option name and a one-line "
+                               "value", "cluster.additional_parameters.<option>=<value>"))
+        elif owned:
+            owner = SBATCH_OWNED[option if option in SBATCH_OWNED else owned[0]]
+            out.append(Problem(key, _short(v), f"--{owned[0] if option not in SBATCH_OWNED else option} is decided "
+                               f"by {owner}", f"drop {key}" + (
                 f"; set {owner}" if owner.startswith(("cluster.", "mesh.")) else "")))
         elif option == "gres" and "gpu" in str(v):
             out.append(Problem(key, _short(v), "the GPUs per node come from the mesh (--gpus-per-node)",
                                f"drop {key}; set mesh.gpus_per_node"))
+        elif option == "cpus-per-gpu" and get(resolved, "cluster.cpus_per_task", None) is not None:
+            out.append(Problem(key, _short(v), "sbatch takes one of --cpus-per-task (cluster.cpus_per_task) and "
+                               "--cpus-per-gpu", f"drop {key} or cluster.cpus_per_task"))
         elif option in ("mem-per-gpu", "mem-per-cpu") and (get(resolved, "cluster.mem_gb", None) is not None or
                                                           len({"mem-per-gpu", "mem-per-cpu"} & {
                                                               str(x).replace("_", "-") for x in extra}) > 1):

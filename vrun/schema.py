@@ -187,7 +187,7 @@ class Cluster:
     qos: Optional[str] = None
     # sbatch --time, minutes
     time_min: int = 240
-    # torchrun rendezvous port (SFT); on SLURM derived from the job id unless set
+    # torchrun rendezvous port of a local SFT run (on SLURM the port comes from the job id: jobs sharing a node)
     master_port: int = 29500
     # SLURM submission (vrun.slurm.Submission reads these; hydra.launcher.* given by hand sets them)
     cpus_per_task: Optional[int] = None

@@ -66,6 +66,8 @@ def take_launcher(cfg, launcher: dict, given: set[str], mesh_values: dict) -> tu
         name = f"hydra.launcher.{key}"
         if key in LAUNCHER_KNOBS:
             knob, v = LAUNCHER_KNOBS[key], launcher[key]
+            if isinstance(v, str) and v.replace(" ", "") == "${" + knob + "}":
+                continue  # the launcher pointing at the knob itself: nothing given
             now = OmegaConf.select(cfg, knob, default=None, throw_on_resolution_failure=False)
             if key == "setup":  # the launcher's lines, then the cluster group's
                 v = list(v or []) + OmegaConf.to_container(OmegaConf.select(cfg, knob), resolve=False)
@@ -185,9 +187,15 @@ def executor(sub: Submission, folder: str):
 
 
 def sbatch_script(sub: Submission, folder: str) -> str:
-    """The sbatch script submitit submits for this job, byte for byte (its own executor writes it)."""
-    ex = executor(sub, folder)
-    return ex._make_submission_file_text(ex._submitit_command_str, "plan")
+    """The sbatch script submitit submits for this job: its template, with the command its SlurmExecutor gives
+    (the folder absolute and quoted). Built without the executor, which needs srun: plans are made anywhere."""
+    import shlex
+
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    path = Path(folder).expanduser().absolute()
+    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(path))])
+    return _make_sbatch_string(command=command, folder=path, **sub.parameters)
 
 
 def node_error(text: str) -> str:

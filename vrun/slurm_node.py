@@ -110,7 +110,10 @@ class Node:
 
     @classmethod
     def open(cls, job: RunJob, env: Any, t_start: float) -> "Node":
-        ctl = Path(job.run_dir) / ".vrun" / f"job-{env.job_id}-{job.attempt}"
+        # a requeue by SLURM itself (node failure, preemption) reruns the same job and attempt: its own dir
+        restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+        ctl = Path(job.run_dir) / ".vrun" / (f"job-{env.job_id}-{job.attempt}" + (f"-r{restart}" if restart != "0"
+                                                                                 else ""))
         ctl.mkdir(parents=True, exist_ok=True)
         return cls(job, env, ctl, t_start, cluster_of(job.cluster))
 
@@ -177,7 +180,10 @@ class Node:
 
     # ---------------------------------------------------------------- the control dir
     def publish(self, name: str, text: str) -> None:
-        (self.ctl / name).write_text(text)
+        """Written whole, then renamed: another node never reads it half-written (shared storage)."""
+        part = self.ctl / f".{name}.{self.rank}.part"
+        part.write_text(text)
+        os.replace(part, self.ctl / name)
 
     def wait_for(self, name: str) -> Optional[str]:
         """What another node published as `name`; None when the job is released first."""
@@ -270,6 +276,7 @@ def ray_head(node: Node) -> Any:
     finally:
         node.release()
         _kill(proc)
+        _kill(setup)
 
 
 def run_driver(node: Node, driver_env: dict, alive_s: float) -> Any:
@@ -303,15 +310,16 @@ def wait_for_nodes(node: Node, address: str, proc: subprocess.Popen, extra: dict
     poller = subprocess.Popen([sys.executable, "-m", "vrun.slurm_node", "wait-nodes", address, str(want), str(gpus),
                                str(left), job.run_dir, f"{env.job_id}:{job.attempt}"],
                               env=node.environ(extra), stdout=subprocess.PIPE, text=True)
-    while poller.poll() is None:
-        if proc.poll() is not None:
-            _stop(poller)
-            raise RuntimeError(f"the Ray head on {socket.gethostname()} exited {proc.returncode}")
-        other = node.failure()
-        if other:
-            _stop(poller)
-            raise RuntimeError(f"a node failed before the Ray cluster was up: {other}")
-        time.sleep(0.1)
+    try:
+        while poller.poll() is None:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the Ray head on {socket.gethostname()} exited {proc.returncode}")
+            other = node.failure()
+            if other:
+                raise RuntimeError(f"a node failed before the Ray cluster was up: {other}")
+            time.sleep(0.1)
+    finally:
+        _stop(poller)
     lines = (poller.stdout.read() or "").strip().splitlines()
     seen = json.loads(lines[-1]) if lines else []
     if poller.returncode == 0:

@@ -95,7 +95,7 @@ def sections(a: Run, b: Run) -> list[tuple[str, list]]:
         ("mesh", changes(pa.get("mesh") or {}, pb.get("mesh") or {})),
         ("batch", changes(flatten(pa.get("batch") or {}), flatten(pb.get("batch") or {}))),
         ("env", changes(env_view(pa), env_view(pb))),
-        ("slurm", changes(flatten((a.slurm or {}).get("spec") or {}), flatten((b.slurm or {}).get("spec") or {}))),
+        ("slurm", changes(flatten(submission(a.slurm)), flatten(submission(b.slurm)))),
         ("versions", changes({**versions(ma), **mlite(pa)}, {**versions(mb), **mlite(pb)})),
     ]
     return out
@@ -127,3 +127,11 @@ def _show(v) -> str:
     if v is None:
         return "null"
     return str(v)
+
+
+def submission(slurm: dict | None) -> dict:
+    """slurm_job.json's submission in one form (run dirs written before hold the field-per-knob form)."""
+    from vrun.slurm import Submission
+
+    spec = (slurm or {}).get("spec")
+    return Submission.load(spec).saved() if spec else {}
