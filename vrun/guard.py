@@ -201,10 +201,9 @@ def name_problems(resolved: dict, choices: Optional[dict] = None, seen: Optional
         for i, line in enumerate(get(resolved, key, None) or []):
             if not isinstance(line, str):
                 out.append(Problem(f"{key}[{i}]", _short(line), "a line of shell", f"{key}=['<command>']"))
-    for i, line in enumerate(get(resolved, "cluster.setup", None) or []):
-        if isinstance(line, str) and re.match(r"\s*#\s*SBATCH", line):
-            out.append(Problem(f"cluster.setup[{i}]", _short(line), "sbatch would read it as an option of the job",
-                               "sbatch options go in +cluster.additional_parameters.<option>=<value>"))
+            elif key == "cluster.setup" and re.match(r"\s*#\s*SBATCH", line):
+                out.append(Problem(f"{key}[{i}]", _short(line), "sbatch would read it as an option of the job",
+                                   "sbatch options go in +cluster.additional_parameters.<option>=<value>"))
     extra = get(resolved, "cluster.additional_parameters", None) or {}
     for k, v in extra.items():
         key, option = f"cluster.additional_parameters.{k}", str(k).replace("_", "-")
@@ -215,9 +214,9 @@ def name_problems(resolved: dict, choices: Optional[dict] = None, seen: Optional
             out.append(Problem(key, _short(v), "becomes an #SBATCH line: a lower-case option name and a one-line "
                                "value", "cluster.additional_parameters.<option>=<value>"))
         elif owned:
-            owner = SBATCH_OWNED[option if option in SBATCH_OWNED else owned[0]]
-            out.append(Problem(key, _short(v), f"--{owned[0] if option not in SBATCH_OWNED else option} is decided "
-                               f"by {owner}", f"drop {key}" + (
+            name = option if option in SBATCH_OWNED else owned[0]
+            owner = SBATCH_OWNED[name]
+            out.append(Problem(key, _short(v), f"--{name} is decided by {owner}", f"drop {key}" + (
                 f"; set {owner}" if owner.startswith(("cluster.", "mesh.")) else "")))
         elif option == "gres" and "gpu" in str(v):
             out.append(Problem(key, _short(v), "the GPUs per node come from the mesh (--gpus-per-node)",

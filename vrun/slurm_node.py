@@ -2,7 +2,7 @@
 
 Every node runs RunJob (tasks_per_node=1); submitit's JobEnvironment says which node it is. On each node:
 
-1. RunJob opens the node's Node: its control dir <run_dir>/.vrun/job-<id>-<attempt> (the run dir is on storage
+1. RunJob opens the node's Node: its control dir <run_dir>/.vrun/job-<id>-<attempt>[-r<restart>] (the run dir is on storage
    every node shares), its ports, the environment its children start with. Node 0 records the attempt.
 2. check_stack: the node's verl and verl_mlite must be those the plan was composed against.
 3. The entrypoint's record says what runs; every role first runs cluster.node_setup (unless released meanwhile).
@@ -104,7 +104,7 @@ class Node:
     nodes, its ports, how it starts children, and whether the job has been released."""
     job: RunJob
     env: Any            # submitit.JobEnvironment
-    ctl: Path           # <run_dir>/.vrun/job-<id>-<attempt>
+    ctl: Path           # <run_dir>/.vrun/job-<id>-<attempt>[-r<SLURM restart>]
     t_start: float      # time.monotonic() when the task started
     cluster: Cluster    # the run's cluster group, typed again from the job's plain values
 
@@ -112,8 +112,8 @@ class Node:
     def open(cls, job: RunJob, env: Any, t_start: float) -> "Node":
         # a requeue by SLURM itself (node failure, preemption) reruns the same job and attempt: its own dir
         restart = os.environ.get("SLURM_RESTART_COUNT", "0")
-        ctl = Path(job.run_dir) / ".vrun" / (f"job-{env.job_id}-{job.attempt}" + (f"-r{restart}" if restart != "0"
-                                                                                 else ""))
+        name = f"job-{env.job_id}-{job.attempt}" + ("" if restart == "0" else f"-r{restart}")
+        ctl = Path(job.run_dir) / ".vrun" / name
         ctl.mkdir(parents=True, exist_ok=True)
         return cls(job, env, ctl, t_start, cluster_of(job.cluster))
 
