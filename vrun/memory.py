@@ -2,23 +2,33 @@
 
 The model (README, "Memory estimate") — every figure is bytes per GPU on the busiest pipeline stage:
   layout       units [embedding, decoder layer × L, MTP layer × M, loss] split into PP contiguous chunks of
-               near-equal count (earlier stages take the remainder); the busiest stage is the largest sum.
-  weights      bf16, 2 B/param: dense params / TP, routed-expert params / (EP·ETP)
-  gradients    fp32 main grads, 4 B/param (Megatron keeps them in fp32)
-  optimizer    Adam: fp32 master weights + two moments, 12 B/param, on GPU for (1 − offload_fraction)
-  fsdp2        weights, gradients and optimizer states all sharded over the data-parallel group
-               (dense over DP·CP, experts over EDP), plus one unsharded layer being computed
-  dist_opt     weights and gradients replicated across data parallel; optimizer states sharded as above
+               near-equal count (earlier stages take the remainder); every stage is estimated (plan.json
+               memory.stages) and the busiest — highest peak, then highest training peak, then the later — is shown
+  per rank     dense params / TP, routed-expert params / (EP·ETP); "sharded" = dense / (DP·CP) + experts / EDP
+  fsdp2        (Megatron Lite's default for the launchers) parameter shards and their grads in fp32, 4 B per
+               sharded param (bf16, 2 B, for DeepSeek-V4: FSDP2_BF16_SHARDS); Adam (fp32 master + two moments,
+               12 B per sharded param) wholly on the host when offload_fraction > 0, else on the GPU;
+               transient: two unsharded bf16 layers (computed + prefetched, 2·2 B) and, in a layer's backward,
+               its unsharded bf16 grads and the fp32 reduce-scatter input (2 + 4 B) — per param of the biggest
+               layer on the rank (its routed experts / (EP·ETP) included)
+  dist_opt     bf16 weights (2 B) and fp32 grads (4 B) replicated across data parallel; Adam 12 B per sharded
+               param, offload_fraction of it on the host
   activations  T tokens per GPU (the per-GPU token budget), hidden h, top-k k, TP t (sequence parallel),
-               residual streams m (DeepSeek-V4's mHC carries 4, others 1):
-               full recompute: stored layer inputs L_stage·T·h·m·2/t B for PP in-flight micro-batches, plus
-               one layer being recomputed, T·h·(34 + 4k)/t B; no recompute: PP·L_stage·T·h·(34 + 4k)/t B
-  logits       last stage: T·vocab·4 B / t (fp32 logits for the loss; 2 B with cross_entropy_fusion)
+               residual streams m (DeepSeek-V4's mHC carries 4, others 1); 1F1B keeps PP − s micro-batches in
+               flight on stage s (0-based):
+               full recompute: stored layer inputs (PP − s)·L_stage·T·h·m·2/t B plus one layer being recomputed,
+               T·h·(34 + 4k)/t B; no recompute: (PP − s)·L_stage·T·h·(34 + 4k)/t B
+  logits       last stage: T·vocab·(2 + 4) B / t (the loss holds bf16 logits and an fp32 copy; 2 B with
+               cross_entropy_fusion)
   rollout      colocated vLLM takes gpu_memory_utilization of the GPU while the actor's residents stay:
                weights unless param_offload, gradients unless grad_offload (the plan passes param_offload: Megatron
                Lite offloads gradients with the parameters), optimizer unless optimizer_offload;
                what vLLM does inside its share (weights, KV cache, sequences): vrun/rollout.py
-  peak         max(training step, rollout phase)
+  peak         max(training step, rollout phase); training = params + grads + optimizer + activations + logits
+               + transient
+Checked against Megatron Lite's real model: tests/test_memory_oracle.py builds every stage of each model's
+default mesh (meta parameters, fake process group, its FSDP2 wrapping and AdamW) and compares params, grads
+and optimizer (GPU and host) per stage.
 Assumptions: no activation offload, no sequence-length imbalance between DP ranks, MTP layers cost as a
 decoder layer with experts, the optimizer keeps no extra buffers beyond the above.
 """
@@ -74,9 +84,45 @@ def stage_layout(pp: int, layers: int, mtp_layers: int) -> list[list]:
     return out
 
 
+# Megatron Lite's FSDP2 path (primitive/optimizers/fsdp2/optimizer.py, build_fsdp2_training_optimizer) promotes
+# the sharded parameters to fp32 (_DEFAULT_USE_FP32_SHARDS = True) and FSDP2 hands each gradient back in its sharded
+# parameter's dtype; model/deepseek_v4/lite/protocol.py passes use_fp32_shards=False: bf16 shards and grads there.
+FSDP2_BF16_SHARDS = frozenset({"deepseek_v4"})
+ADAM_BYTES = 12            # fp32 master copy + exp_avg + exp_avg_sq (fsdp2/adamw.py FP32AdamW; Megatron's dist_opt)
+
+
+def fsdp2_shard_bytes(family: Optional[str]) -> int:
+    return 2 if family in FSDP2_BF16_SHARDS else 4
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What one rank of one pipeline stage holds, bytes per GPU."""
+    stage: int
+    layers: int
+    params: float
+    grads: float
+    optimizer: float            # on the GPU
+    optimizer_host: float       # on the host (offloaded)
+    activations: float
+    logits: float
+    transient: float            # FSDP2's unsharded layers and the backward's gradient buffers
+    train_peak: float
+    residents: float            # what stays on the GPU while the rollout runs
+    peak: float
+
+    def summary(self) -> dict:
+        g = lambda b: round(b / GIB, 2)  # noqa: E731
+        return {"stage": self.stage, "layers": self.layers, "params_gib": g(self.params), "grads_gib": g(self.grads),
+                "optimizer_gib": g(self.optimizer), "optimizer_host_gib": g(self.optimizer_host),
+                "activations_gib": g(self.activations), "logits_gib": g(self.logits),
+                "transient_gib": g(self.transient), "train_peak_gib": g(self.train_peak),
+                "rollout_residents_gib": g(self.residents), "peak_gib": g(self.peak)}
+
+
 @dataclass
 class Estimate:
-    stage: int
+    stage: int                  # the busiest stage: the highest peak, then the highest training peak, then the last
     layers_on_stage: int
     weights: float
     grads: float
@@ -92,6 +138,9 @@ class Estimate:
     breakdown: dict = field(default_factory=dict)
     rollout_detail: Optional[object] = None     # vrun.rollout.RolloutEstimate (RL runs)
     assumptions: str = ""
+    optimizer_host: float = 0.0
+    transient: float = 0.0
+    stages: tuple = ()          # Stage per pipeline stage
 
     @property
     def fits(self) -> bool:
@@ -99,12 +148,14 @@ class Estimate:
 
     def summary(self) -> dict:
         g = lambda b: round(b / GIB, 1)  # noqa: E731
-        return {"stage": self.stage, "layers_on_stage": self.layers_on_stage, "weights_gib": g(self.weights),
-                "grads_gib": g(self.grads), "optimizer_gib": g(self.optimizer),
-                "activations_gib": g(self.activations), "logits_gib": g(self.logits),
+        return {"stage": self.stage, "busiest_stage": self.stage, "layers_on_stage": self.layers_on_stage,
+                "weights_gib": g(self.weights), "grads_gib": g(self.grads), "optimizer_gib": g(self.optimizer),
+                "optimizer_host_gib": g(self.optimizer_host), "activations_gib": g(self.activations),
+                "logits_gib": g(self.logits), "transient_gib": g(self.transient),
                 "train_peak_gib": g(self.train_peak), "rollout_gib": g(self.rollout),
                 "rollout_residents_gib": g(self.rollout_residents), "peak_gib": g(self.peak),
                 "gpu_mem_gib": g(self.gpu_mem), "fits": self.fits, "params": self.params_source,
+                "stages": [s.summary() for s in self.stages],
                 "rollout_phase": self.rollout_detail.summary() if self.rollout_detail is not None else None,
                 "assumptions": self.assumptions}
 
@@ -136,38 +187,52 @@ def _stages(p: Params, pp: int) -> tuple:
 def estimate(p: Params, mesh: Mesh, *, optimizer: str, hidden: int, vocab: int, top_k: int, tokens_per_gpu: int,
              recompute: bool, param_offload: bool, grad_offload: bool, optimizer_offload: bool,
              offload_fraction: float, gpu_mem_gib: float, rollout_fraction: float = 0.0,
-             cross_entropy_fusion: bool = False, residual_streams: int = 1) -> Estimate:
+             cross_entropy_fusion: bool = False, residual_streams: int = 1, family: Optional[str] = None) -> Estimate:
     frac = 1.0 if optimizer_offload else min(max(offload_fraction or 0.0, 0.0), 1.0)
     dense_dp, edp, ept = mesh.dp * mesh.cp, mesh.edp, mesh.ep * mesh.etp
     T = tokens_per_gpu
     per_layer_act = T * hidden * (34 + 4 * top_k) / mesh.tp
     rollout = rollout_fraction * gpu_mem_gib * GIB
-    best = None
+    sb = fsdp2_shard_bytes(family)
+    stages = []
     for s, (dense, expert, layers, loss, biggest) in enumerate(_stages(p, mesh.pp)):
         d_rank, e_rank = dense / mesh.tp, expert / ept
         sharded = d_rank / dense_dp + e_rank / edp
+        big = biggest[0] / mesh.tp + biggest[1] / ept      # one layer, unsharded, on this rank
         if optimizer == "fsdp2":
-            w = 2 * sharded + 2 * (biggest[0] / mesh.tp + biggest[1] / ept)
-            gr = 4 * sharded
+            w, gr = sb * sharded, sb * sharded
+            # fsdp2/adamw.py: with any offload_fraction > 0 (cpu_update) the fp32 masters are copied to the host
+            # and the moments are made beside them: all of the optimizer on the host, none on the GPU
+            host = ADAM_BYTES * sharded if frac > 0 else 0.0
+            opt = ADAM_BYTES * sharded - host
+            # FSDP2 (param_dtype bf16, forward_prefetch_depth 1): the layer computed and the one prefetched
+            # unsharded in bf16; in its backward the layer's unsharded bf16 grads and the reduce-scatter's fp32
+            # input (reduce_dtype float32) — for a MoE layer the expert grads at full size on the rank
+            transient = 2 * 2 * big + (2 + 4) * big if layers else 0.0
         else:
             w, gr = 2 * (d_rank + e_rank), 4 * (d_rank + e_rank)
-        opt = 12 * sharded * (1 - frac)
+            host = ADAM_BYTES * sharded * frac
+            opt = ADAM_BYTES * sharded - host
+            transient = 0.0
+        # 1F1B: stage s of PP keeps PP − s micro-batches in flight (the first all PP, the last one)
+        in_flight = mesh.pp - s
         if not layers:
             act = 0.0
         elif recompute:
-            act = mesh.pp * layers * T * hidden * residual_streams * 2 / mesh.tp + per_layer_act
+            act = in_flight * layers * T * hidden * residual_streams * 2 / mesh.tp + per_layer_act
         else:
-            act = mesh.pp * layers * per_layer_act
-        logits = T * vocab * (2 if cross_entropy_fusion else 4) / mesh.tp if loss else 0.0
-        train = w + gr + opt + act + logits
+            act = in_flight * layers * per_layer_act
+        # the loss holds the bf16 logits and their fp32 copy (2 + 4 B); fused cross entropy only bf16 chunks
+        logits = T * vocab * (2 if cross_entropy_fusion else 2 + 4) / mesh.tp if loss else 0.0
+        train = w + gr + opt + act + logits + transient
         residents = (0 if param_offload else w) + (0 if grad_offload else gr) + (0 if optimizer_offload else opt)
-        peak = max(train, rollout + residents)
-        if best is None or peak > best[0]:
-            best = (peak, s, layers, w, gr, opt, act, logits, train, residents)
-    peak, s, layers, w, gr, opt, act, logits, train, residents = best
-    return Estimate(stage=s, layers_on_stage=layers, weights=w, grads=gr, optimizer=opt, activations=act,
-                    logits=logits, train_peak=train, rollout=rollout, rollout_residents=residents, peak=peak,
-                    gpu_mem=gpu_mem_gib * GIB, params_source=p.source)
+        stages.append(Stage(s, layers, w, gr, opt, host, act, logits, transient, train, residents,
+                            max(train, rollout + residents)))
+    b = max(stages, key=lambda x: (x.peak, x.train_peak, x.stage))
+    return Estimate(stage=b.stage, layers_on_stage=b.layers, weights=b.params, grads=b.grads, optimizer=b.optimizer,
+                    activations=b.activations, logits=b.logits, train_peak=b.train_peak, rollout=rollout,
+                    rollout_residents=b.residents, peak=b.peak, gpu_mem=gpu_mem_gib * GIB, params_source=p.source,
+                    optimizer_host=b.optimizer_host, transient=b.transient, stages=tuple(stages))
 
 
 def stage_split(p: Params, mesh: Mesh) -> list[dict]:

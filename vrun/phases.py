@@ -16,8 +16,19 @@ def engine(entrypoint: Entrypoint, verl: dict) -> dict:
     return get(verl, entrypoint.engine, {}) or {}
 
 
+def impl_cfg(entrypoint: Entrypoint, verl: dict) -> dict:
+    """The impl_cfg the engine passes to Megatron Lite: verl_mlite's engine (engine/mlite_engine.py
+    `_build_impl_cfg`) overwrites mtp_enable with the model config's `mtp.enable` whenever verl's model config has an
+    `mtp` block (both supported verl versions do; its default is false)."""
+    out = dict(get(engine(entrypoint, verl), "impl_cfg") or {})
+    mtp = get(verl, f"{entrypoint.model}.mtp")
+    if isinstance(mtp, dict):
+        out["mtp_enable"] = bool(mtp.get("enable", False))
+    return out
+
+
 def mtp_enabled(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> bool:
-    v = get(engine(entrypoint, verl), "impl_cfg.mtp_enable")
+    v = impl_cfg(entrypoint, verl).get("mtp_enable")
     if v is None:  # ImplConfig's own default for the model
         v = mlite.interface().impl_cfg_mtp_enable_default.get(config.model.mlite_name, False)
     return bool(v)

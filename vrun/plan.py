@@ -283,10 +283,9 @@ def pipeline_stages(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh:
     from vrun import memory
 
     m = config.model
-    eng = get(verl, entrypoint.engine) or {}
     layers = len(params.dense_per_layer) if params is not None else m.arch.layers
     mtp = params.mtp_layers if params is not None else mlite.mtp_layers_built(
-        m.mlite_name, eng.get("impl_cfg") or {}, m.arch.mtp_layers or 0)
+        m.mlite_name, phases.impl_cfg(entrypoint, verl), m.arch.mtp_layers or 0)
     out = []
     for units in memory.stage_layout(mesh.pp, layers, mtp):
         idx = [u[1] for u in units if u[0] == "layer"]
@@ -300,8 +299,8 @@ def with_built_mtp(params, config: RunConfig, entrypoint: Entrypoint, verl: dict
     if params is None:
         return None
     m = config.model
-    eng = get(verl, entrypoint.engine) or {}
-    built = mlite.mtp_layers_built(m.mlite_name, eng.get("impl_cfg") or {}, params.mtp_layers or m.arch.mtp_layers or 0)
+    built = mlite.mtp_layers_built(m.mlite_name, phases.impl_cfg(entrypoint, verl),
+                                   params.mtp_layers or m.arch.mtp_layers or 0)
     return dataclasses.replace(params, mtp_layers=built)
 
 
@@ -319,7 +318,7 @@ def memory_inputs(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> dict
         param_offload=bool(eng.get("param_offload")), grad_offload=bool(eng.get("param_offload")),
         optimizer_offload=bool(eng.get("optimizer_offload")),
         offload_fraction=float(get(optim, "override_optimizer_config.offload_fraction") or 0.0),
-        gpu_mem_gib=gpu_mem(config), residual_streams=int(arch.hc_mult or 1),
+        gpu_mem_gib=gpu_mem(config), residual_streams=int(arch.hc_mult or 1), family=config.model.mlite_name,
         cross_entropy_fusion=bool(eng.get("cross_entropy_fusion") or get(eng, "impl_cfg.cross_entropy_fusion")),
         **entrypoint.token_inputs(verl))
 
