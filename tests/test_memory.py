@@ -32,17 +32,60 @@ def test_dist_opt_hand_computed():
     assert e.optimizer == pytest.approx(12 * (dense / 8 + expert / 4))
     # full recompute: 1 in-flight micro-batch × 5 layers × 4096 tokens × 1024 × 2 B + one layer's working set
     assert e.activations == pytest.approx(5 * 4096 * 1024 * 2 + 4096 * 1024 * (34 + 8))
-    assert e.logits == pytest.approx(4096 * 32000 * 4)
+    assert e.logits == pytest.approx(4096 * 32000 * (2 + 4))   # bf16 logits and their fp32 copy in the loss
+    assert e.transient == 0 and e.optimizer_host == 0
     assert e.peak == pytest.approx(e.weights + e.grads + e.optimizer + e.activations + e.logits)
 
 
 def test_fsdp2_shards_weights_and_grads():
-    """fsdp2: weights/grads sharded over DP (dense) and EDP (experts), plus the biggest layer unsharded."""
+    """fsdp2: fp32 shards and grads over DP (dense) and EDP (experts); the biggest layer unsharded twice in bf16
+    (computed + prefetched) and, in its backward, its bf16 grads and the fp32 reduce-scatter input: transient."""
     m = Mesh(1, 8, ep=2, cp=1)
     e = estimate(P, m, **{**BASE, "optimizer": "fsdp2"})
     sharded = 150e6 / 8 + 250e6 / 4
-    assert e.weights == pytest.approx(2 * sharded + 2 * (10e6 + 100e6 / 2))
+    assert e.weights == pytest.approx(4 * sharded)
     assert e.grads == pytest.approx(4 * sharded)
+    assert e.transient == pytest.approx((2 * 2 + 2 + 4) * (10e6 + 100e6 / 2))
+    assert e.optimizer == pytest.approx(12 * sharded) and e.optimizer_host == 0
+
+
+def test_fsdp2_deepseek_v4_keeps_bf16_shards():
+    """DeepSeek-V4's protocol passes use_fp32_shards=False: 2 B shards and grads, the same 12 B of Adam."""
+    m = Mesh(1, 8, ep=2, cp=1)
+    e = estimate(P, m, **{**BASE, "optimizer": "fsdp2", "family": "deepseek_v4"})
+    sharded = 150e6 / 8 + 250e6 / 4
+    assert e.weights == pytest.approx(2 * sharded) and e.grads == pytest.approx(2 * sharded)
+    assert e.optimizer == pytest.approx(12 * sharded)
+
+
+def test_fsdp2_any_offload_fraction_puts_adam_on_the_host():
+    """fsdp2's AdamW updates on the host whenever offload_fraction > 0: all its states there, none on the GPU."""
+    m = Mesh(1, 8, ep=2, cp=1)
+    e = estimate(P, m, **{**BASE, "optimizer": "fsdp2", "offload_fraction": 0.25})
+    assert e.optimizer == 0 and e.optimizer_host == pytest.approx(12 * (150e6 / 8 + 250e6 / 4))
+
+
+def test_1f1b_keeps_pp_minus_s_micro_batches_on_stage_s():
+    """PP4, no recompute: stage s stores (4 − s) micro-batches of its layers' activations."""
+    m = Mesh(1, 8, pp=4, ep=2, cp=1)
+    e = estimate(P, m, **{**BASE, "recompute": False})
+    per_layer = 4096 * 1024 * (34 + 8)
+    for st in e.stages:
+        assert st.activations == pytest.approx((4 - st.stage) * st.layers * per_layer)
+
+
+def test_busiest_stage_breaks_rollout_ties_by_training_peak():
+    """With everything offloaded the rollout ties every stage: the stage shown is the one with the highest
+    training peak (not the first), and plan.json lists every stage."""
+    kw = {**BASE, "optimizer": "fsdp2", "rollout_fraction": 0.9, "param_offload": True, "grad_offload": True,
+          "optimizer_offload": True}
+    e = estimate(P, Mesh(1, 8, pp=2, ep=2, cp=1), **kw)
+    assert len({st.peak for st in e.stages}) == 1
+    assert e.stage == max(e.stages, key=lambda st: st.train_peak).stage
+    summary = e.summary()
+    assert summary["busiest_stage"] == e.stage and len(summary["stages"]) == 2
+    assert set(summary["stages"][0]) >= {"params_gib", "grads_gib", "optimizer_gib", "optimizer_host_gib",
+                                         "activations_gib", "transient_gib", "peak_gib"}
 
 
 def test_rollout_phase_counts_residents():

@@ -26,6 +26,7 @@ import subprocess
 import pytest
 
 from conftest import MODELS, PY, ROOT, compose, needs_real_mlite, plan, real_mlite_root
+from vrun import phases
 from vrun.memory import stage_layout
 from vrun.mesh import Mesh, mesh_problems
 from vrun.schema import Arch
@@ -109,7 +110,9 @@ def layout_differences(plan_stages: list[dict], verdict: dict) -> list[str]:
 def defaults() -> dict:
     plans = {m: plan([f"model={m}", "mode=plan"] + (["algo=sft"] if m.startswith("deepseek") else []))
              for m in MODELS}
-    cases = [case(m, p.mesh, ranks=(0, p.mesh.world // 2, p.mesh.world - 1)) for m, p in plans.items()]
+    # the mtp_enable verl_mlite passes (the model config's mtp.enable overwrites impl_cfg's)
+    cases = [dict(case(m, p.mesh, ranks=(0, p.mesh.world // 2, p.mesh.world - 1)),
+                  mtp_enable=phases.mtp_enabled(p.config, p.entrypoint, p.verl)) for m, p in plans.items()]
     return {m: (p, v) for (m, p), v in zip(plans.items(), oracle(cases))}
 
 

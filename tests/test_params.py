@@ -154,13 +154,15 @@ def test_plan_reports_params_and_the_stage_split():
 
 
 def test_mtp_counts_on_the_last_stage_only_when_the_engine_builds_it():
-    """GLM-5.1 builds no MTP layer unless impl_cfg.mtp_enable (Megatron Lite's default); with it, the MTP layer
-    (its input projection and norms on top of a MoE layer) sits on the last stage."""
+    """GLM-5.1 builds no MTP layer unless verl's actor_rollout_ref.model.mtp.enable (verl_mlite overwrites
+    impl_cfg.mtp_enable with it; its default is false); with it, the MTP layer (its input projection and norms on
+    top of a MoE layer) sits on the last stage. impl_cfg.mtp_enable alone is overwritten: no MTP."""
     from conftest import plan
 
     off = plan(["model=glm5_1", "mesh=256gpu", "mode=plan"]).params
-    on = plan(["model=glm5_1", "mesh=256gpu", "mode=plan", "+engine.impl_cfg.mtp_enable=true"]).params
-    assert not off.mtp_built and on.mtp_built
+    on = plan(["model=glm5_1", "mesh=256gpu", "mode=plan", "verl.actor_rollout_ref.model.mtp.enable=true"]).params
+    ignored = plan(["model=glm5_1", "mesh=256gpu", "mode=plan", "+engine.impl_cfg.mtp_enable=true"]).params
+    assert not off.mtp_built and on.mtp_built and not ignored.mtp_built
     assert sum(s["dense"] + s["routed_expert"] for s in on.per_stage) == on.total
     assert on.per_stage[-1]["layers"] == 9 and on.per_stage[-1]["has_loss"]
 
