@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from vrun import mlite, rollout
+from vrun import memory, mlite, rollout
 from vrun.dotted import get
 from vrun.entrypoints import ROLLOUT, Entrypoint
 from vrun.schema import RunConfig
@@ -49,8 +49,23 @@ def rollout_inputs(entrypoint: Entrypoint, verl: dict, gpu_mem_gib: float) -> Op
                 kv_cache_dtype=get(r, "engine_kwargs.vllm.kv_cache_dtype"))
 
 
+def weight_formats(config: RunConfig, model_path: Optional[str] = None) -> rollout.Formats:
+    """The formats vLLM loads the weights in: the checkpoint's config.json when it declares them, else the model
+    group's record of the released checkpoint (model.weights)."""
+    found = rollout.checkpoint_formats(model_path)
+    if found is not None:
+        return found
+    w = config.model.weights
+    return rollout.Formats(w.dense, w.experts, f"model.weights ({w.source})" if w.source else "model.weights")
+
+
+def rollout_ep(verl: dict) -> int:
+    e = get(verl, f"{ROLLOUT}.expert_parallel_size") or 1
+    return e if isinstance(e, int) and e > 0 else 1
+
+
 def rollout_for(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rparams: tuple,
-                gpu_mem_gib: float) -> Optional[rollout.RolloutEstimate]:
+                gpu_mem_gib: float, model_path: Optional[str] = None) -> Optional[rollout.RolloutEstimate]:
     inputs = rollout_inputs(entrypoint, verl, gpu_mem_gib)
     if inputs is None or rollout.kv_missing(config.model.arch.facts()):
         return None
@@ -58,7 +73,8 @@ def rollout_for(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rpa
     d = get(verl, f"{ROLLOUT}.data_parallel_size") or 1
     if not isinstance(t, int) or t < 1 or not isinstance(d, int) or d < 1 or mesh.world % (t * d):
         return None
-    return rollout.estimate(config.model.arch.facts(), rparams, world=mesh.world, rollout_tp=t, rollout_dp=d, **inputs)
+    return rollout.estimate(config.model.arch.facts(), rparams, world=mesh.world, rollout_tp=t, rollout_dp=d,
+                            formats=weight_formats(config, model_path), rollout_ep=rollout_ep(verl), **inputs)
 
 
 def assumptions(inputs: dict, r: Optional[rollout.RolloutEstimate]) -> str:
@@ -66,42 +82,72 @@ def assumptions(inputs: dict, r: Optional[rollout.RolloutEstimate]) -> str:
            if on]
     if not inputs["optimizer_offload"] and inputs["offload_fraction"]:
         off.append(f"{inputs['offload_fraction']:.0%} of optimizer")
-    parts = [f"bf16 weights, fp32 grads, Adam {inputs['optimizer']}",
+    if inputs["optimizer"] == "fsdp2":
+        b = "fp32" if memory.fsdp2_shard_bytes(inputs.get("family")) == 4 else "bf16"
+        held = f"{b} FSDP2 shards and grads, Adam fsdp2 (fp32, on the host when any offload_fraction)"
+    else:
+        held = f"bf16 weights, fp32 grads, Adam {inputs['optimizer']}"
+    parts = [held,
              f"offloaded: {', '.join(off) or 'nothing'}",
              f"recompute {'full' if inputs['recompute'] else 'none'}",
              "approximated: activations (34+4k)·h B/token/layer, no sequence imbalance"]
     if r is not None:
-        parts.append(f"rollout {'fp8' if r.weight_bytes == 1 else 'bf16'} weights, 2 GiB vLLM reserve (estimate)")
+        parts.append(f"rollout {r.formats.label()} weights ({r.formats.source}), 2 GiB vLLM reserve (estimate)")
         if r.kv.estimate:
             parts.append(f"KV: {r.kv.formula}")
     return "; ".join(parts)
 
 
-def attach(est, config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rparams: tuple, inputs: dict):
+def attach(est, config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rparams: tuple, inputs: dict,
+           model_path: Optional[str] = None):
     """The training estimate with its rollout phase and its assumptions."""
-    r = rollout_for(config, entrypoint, verl, mesh, rparams, inputs["gpu_mem_gib"])
+    r = rollout_for(config, entrypoint, verl, mesh, rparams, inputs["gpu_mem_gib"], model_path)
     return dataclasses.replace(est, rollout_detail=r, assumptions=assumptions(inputs, r))
 
 
+def rollout_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rparams: tuple, gpu_mem_gib: float,
+                model_path: Optional[str] = None) -> Optional[rollout.RolloutEstimate]:
+    """The smallest rollout replica (TP·DP) that holds the weights and the replica's share of the step (else one
+    sequence), among those vLLM and the model allow on this cluster; None when none holds a sequence."""
+    inputs = rollout_inputs(entrypoint, verl, gpu_mem_gib)
+    if inputs is None:
+        return None
+    return rollout.smallest_fit(config.model.arch.facts(), rparams, world=mesh.world,
+                                gpus_per_node=mesh.gpus_per_node, formats=weight_formats(config, model_path),
+                                rollout_ep=rollout_ep(verl), **inputs)
+
+
 def rollout_problems(r: Optional[rollout.RolloutEstimate], key: str = f"{ROLLOUT}.gpu_memory_utilization",
-                     tp_key: str = f"{ROLLOUT}.tensor_model_parallel_size") -> list:
-    """A rollout that cannot hold one prompt+response is an error (preflight refuses it); one that cannot hold
-    a replica's share of the step at once is a warning (vLLM queues the rest)."""
+                     tp_key: str = f"{ROLLOUT}.tensor_model_parallel_size",
+                     fix: Optional[rollout.RolloutEstimate] = None, allow_overrun: bool = False) -> list:
+    """A replica whose weights alone exceed vLLM's share of the GPU is an error (certain: weights are counted, not
+    estimated). One that cannot hold a single prompt+response by the estimate (reserve and KV formula) is refused
+    too, unless run.allow_memory_overrun (then a warning). One that cannot hold a replica's share of the step at
+    once is a warning (vLLM queues the rest). The fix names the smallest replica that fits, as overrides."""
     from vrun.problems import Problem
 
     if r is None:
         return []
     g = lambda x: f"{x / rollout.GIB:.1f}"  # noqa: E731
+    size = f"rollout replica TP{r.tp}·DP{r.dp} ({r.tp * r.dp} GPUs)"
+    if fix is not None and (fix.tp, fix.dp) != (r.tp, r.dp):
+        fits = f"{fix.fits} of {fix.step_share} sequences at once" if fix.holds_share else \
+            f"{fix.fits} sequences at once, fewer than the step's {fix.step_share}"
+        cure = f"{rollout.overrides(fix)} (weights {g(fix.weights)} GiB per GPU, {fits})"
+    else:
+        cure = f"more GPUs, a higher {key.rsplit('.', 1)[-1]} or fp8 rollout (actor_rollout_ref.rollout.quantization=fp8)"
+    if r.weights > r.budget:
+        return [Problem(tp_key, r.tp, f"{size}: vLLM's weights alone are {g(r.weights)} GiB per GPU "
+                        f"({r.formats.label()}), over its {g(r.budget)} GiB (gpu_memory_utilization {r.utilization:g})",
+                        cure)]
     if not r.holds_one:
-        return [Problem(key, r.utilization,
-                        f"vLLM's {g(r.budget)} GiB per GPU minus weights {g(r.weights)} GiB (TP{r.tp}) and the "
-                        f"{g(r.reserve)} GiB reserve leaves {g(r.kv_cache)} GiB of KV cache, less than one "
-                        f"{r.seq_len}-token prompt+response ({g(r.per_sequence)} GiB)",
-                        f"a larger replica ({tp_key} / actor_rollout_ref.rollout.data_parallel_size), a higher "
-                        "gpu_memory_utilization, fp8 rollout, or mesh=auto",
-                        warning=True)]
+        return [Problem(tp_key, r.tp, f"{size}: vLLM's {g(r.budget)} GiB per GPU minus weights {g(r.weights)} GiB "
+                        f"and the {g(r.reserve)} GiB reserve (estimate) leaves {g(r.kv_cache)} GiB of KV cache, less "
+                        f"than one {r.seq_len}-token prompt+response ({g(r.per_sequence)} GiB)",
+                        cure + ("" if allow_overrun else "; or run.allow_memory_overrun=true to plan anyway"),
+                        warning=allow_overrun)]
     if not r.holds_share:
-        return [Problem(tp_key, r.tp, f"the KV cache holds {r.fits} sequences per replica at once, fewer than the "
-                        f"{r.step_share} of the step each of {r.replicas} replicas generates (vLLM queues the rest)",
-                        f"a larger {tp_key} or gpu_memory_utilization", warning=True)]
+        return [Problem(tp_key, r.tp, f"{size}: the KV cache holds {r.fits} sequences per replica at once, fewer "
+                        f"than the {r.step_share} of the step each of {r.replicas} replicas generates (vLLM queues "
+                        "the rest)", cure, warning=True)]
     return []

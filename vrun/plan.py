@@ -9,6 +9,7 @@ verl imports here.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -207,9 +208,12 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
         warnings.append(Problem("verl_mlite", None, "not importable: planned against the project's record of "
                                 f"its config (Megatron-LM {mlite.record()['megatron_lm_commit'][:8]})",
                                 "export MLITE_ROOT=/path/to/Megatron-LM for preflight and train", warning=True))
-    est = memory_estimate(config, ep, resolved, mesh, params, counts) if params is not None else None
+    est = memory_estimate(config, ep, resolved, mesh, params, counts, path) if params is not None else None
     if est is not None:
-        warnings += phases.rollout_problems(est.rollout_detail)
+        found = memory_problems(config, ep, resolved, mesh, params, counts, path, est)
+        if [x for x in found if not x.warning]:
+            raise PlanError(problems + found)
+        warnings += found
         missing = rollout.kv_missing(config.model.arch.facts()) if ep.has_rollout else []
         if missing:
             warnings.append(Problem(f"model.arch.{missing[0]}", None, f"the rollout's KV cache formula for "
@@ -217,13 +221,6 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
                                     "estimate", f"set model.arch.{missing[0]} (the checkpoint's config.json has it)",
                                     warning=True))
         counts = dataclasses.replace(counts, per_stage=tuple(memory.stage_split(params, mesh)))
-    if est is not None and not est.fits:
-        warnings.append(Problem("memory", f"{est.peak / GIB:.1f}GiB", f"the estimate exceeds the "
-                                f"{est.gpu_mem / GIB:g} GiB per GPU of {config.cluster.gpu} (cluster.gpu / "
-                                "cluster.gpu_mem_gib) "
-                                f"(stage {est.stage}: {est.layers_on_stage} layers)",
-                                "a larger PP·EP mesh, more offload, a smaller token budget, or mesh=auto",
-                                warning=True))
     return Plan(config=config, entrypoint=ep, mesh=mesh, run_dir=run_dir, verl=resolved, request=req, argv=argv,
                 env=env, env_unset=unset, model_path=path, model_path_source=path_from, mlite=source,
                 warnings=warnings, memory=est, memory_note=params_note, search=search, checkpoint=ckpt, params=counts,
@@ -333,10 +330,45 @@ def gpu_mem(config: RunConfig) -> float:
 
 
 def memory_estimate(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
-                    counts: Optional[ParamCounts] = None) -> Estimate:
+                    counts: Optional[ParamCounts] = None, model_path: Optional[str] = None) -> Estimate:
     inputs = memory_inputs(config, entrypoint, verl)
     est = memory.estimate(params, mesh, **inputs)
-    return phases.attach(est, config, entrypoint, verl, mesh, rollout_params(params, counts), inputs)
+    return phases.attach(est, config, entrypoint, verl, mesh, rollout_params(params, counts), inputs, model_path)
+
+
+def memory_problems(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
+                    counts: Optional[ParamCounts], model_path: Optional[str], est: Estimate) -> list:
+    """The memory verdicts: the rollout replica's (vrun.phases.rollout_problems) and the training step's. A stage
+    whose parameters, gradients and optimizer states alone exceed the GPU cannot run: an error. A peak estimate
+    over the GPU is refused too unless run.allow_memory_overrun (then a warning)."""
+    allow = bool(config.run.allow_memory_overrun)
+    out = []
+    r = est.rollout_detail
+    if r is not None and not r.holds_share:
+        fix = phases.rollout_fix(config, entrypoint, verl, mesh, rollout_params(params, counts), est.gpu_mem / GIB,
+                                 model_path)
+        out += phases.rollout_problems(r, fix=fix, allow_overrun=allow)
+    states = max(s.params + s.grads + s.optimizer for s in est.stages) if est.stages else 0.0
+    where = f"(cluster.gpu {config.cluster.gpu} / cluster.gpu_mem_gib)"
+    cure = "a larger PP·EP mesh, more offload, a smaller token budget, or mesh=auto"
+    if states > est.gpu_mem:
+        out.append(Problem("memory", f"{states / GIB:.1f}GiB", f"stage {est.stage}'s parameters, gradients and "
+                           f"optimizer states alone exceed the {est.gpu_mem / GIB:g} GiB per GPU {where}", cure))
+    elif est.rollout + est.rollout_residents > est.gpu_mem:
+        u = est.rollout / est.gpu_mem
+        room = max(est.gpu_mem - est.rollout_residents, 0) / est.gpu_mem
+        out.append(Problem("actor_rollout_ref.rollout.gpu_memory_utilization", round(u, 3), f"vLLM's "
+                           f"{est.rollout / GIB:.1f} GiB and the actor's {est.rollout_residents / GIB:.1f} GiB left on "
+                           f"the GPU exceed its {est.gpu_mem / GIB:g} GiB {where}",
+                           f"gpu_memory_utilization at most {math.floor(room * 100) / 100:g}, or offload the actor "
+                           "(engine.param_offload / engine.optimizer_offload)"))
+    elif est.train_peak > est.gpu_mem:
+        out.append(Problem("memory", f"{est.peak / GIB:.1f}GiB", f"the training estimate exceeds the "
+                           f"{est.gpu_mem / GIB:g} GiB per GPU {where} by {(est.train_peak - est.gpu_mem) / GIB:.1f} GiB "
+                           f"(busiest stage {est.stage}: {est.layers_on_stage} layers)",
+                           cure + ("" if allow else "; or run.allow_memory_overrun=true to plan anyway"),
+                           warning=allow))
+    return out
 
 
 def rollout_params(params, counts: Optional[ParamCounts]) -> tuple:

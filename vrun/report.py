@@ -95,9 +95,11 @@ def memory_rows(plan: Plan) -> list[str]:
         rows.append(f"memory  no estimate: {plan.memory_note}")
         return rows
     g = lambda x: f"{x / GIB:.1f}"  # noqa: E731
-    rows.append(f"memory  per GPU, stage {e.stage} ({e.layers_on_stage} layers): weights {g(e.weights)} + grads "
-                f"{g(e.grads)} + optimizer {g(e.optimizer)} + activations {g(e.activations)} + logits "
-                f"{g(e.logits)} = {g(e.train_peak)} GiB training")
+    which = f"busiest stage {e.stage} of {len(e.stages)}" if len(e.stages) > 1 else f"stage {e.stage}"
+    rows.append(f"memory  per GPU, {which} ({e.layers_on_stage} layers): params {g(e.weights)} + grads "
+                f"{g(e.grads)} + optimizer {g(e.optimizer)} (host {g(e.optimizer_host)}) + activations "
+                f"{g(e.activations)} + logits {g(e.logits)} + transient {g(e.transient)} = {g(e.train_peak)} GiB "
+                "training")
     r = e.rollout_detail
     if r is not None:
         rows.append(f"        rollout phase: vLLM {g(r.budget)} GiB = weights {g(r.weights)} (TP{r.tp}·DP{r.dp}) + "
@@ -107,9 +109,10 @@ def memory_rows(plan: Plan) -> list[str]:
             (f" + {r.kv.per_sequence / 2 ** 20:.1f} MiB/sequence" if r.kv.per_sequence else "")
         rows.append(f"        KV      {per_tok} per GPU ({r.kv.formula}); {r.fits} of the step's {r.step_share} "
                     f"sequences per replica fit at once ({r.seq_len} tokens each)")
-    verdict = "(fits)" if e.fits else "(DOES NOT FIT)"
     if r is not None and not r.holds_one:
-        verdict += "; the rollout does NOT fit (see the warning)"
+        verdict = "(the rollout does NOT fit: see the warning)"
+    else:
+        verdict = "(fits)" if e.fits else "(DOES NOT FIT)"
     rows.append(f"        peak {g(e.peak)} of {g(e.gpu_mem)} GiB per GPU {verdict}"
                 f" = max(training {g(e.train_peak)}, rollout {g(e.rollout)} + residents {g(e.rollout_residents)})")
     if plan.params is not None:

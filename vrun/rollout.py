@@ -5,11 +5,23 @@ vLLM wakes with gpu_memory_utilization·GPU of its own while the actor keeps wha
 is TP·DP GPUs (verl's tensor_model_parallel_size · data_parallel_size): attention and other dense weights split
 over TP, routed experts over TP·DP (vLLM's fused MoE, as EP or ETP), each DP rank runs its own sequences.
   weights/GPU   rollout parameters (no MTP: vLLM loads it only for speculative decoding; the vision tower when
-                the model has one) · bytes of the rollout dtype (1 under fp8 quantization):
-                dense / TP + routed experts / (TP·DP)
-  reserve       vLLM's activations and CUDA graphs: 2 GiB (an estimate; vLLM measures it at start)
-  KV cache      budget − weights − reserve
-  per sequence  (prompt + response) · KV bytes per token per GPU + state per sequence per GPU
+                the model has one) in the format vLLM loads them (`Formats`: the released checkpoint's, recorded in
+                the model group as model.weights; a checkpoint's config.json quantization_config / expert_dtype
+                wins; rollout.quantization=fp8 quantizes what is wider):
+                dense / TP · bytes(dense format) + routed experts / (TP·DP) · bytes(expert format)
+                Routed experts split over TP·DP with expert parallelism off or on: vLLM's
+                FusedMoEParallelConfig.make (vllm/model_executor/layers/fused_moe/config.py) flattens TP across DP
+                for MoE layers when enable_expert_parallel is off (each rank a 1/(TP·DP) slice of every expert's
+                FFN width) and places whole experts on TP·DP ranks when it is on (verl sets it when
+                rollout.expert_parallel_size > 1, and requires expert_parallel_size = TP·DP)
+  budget        gpu_memory_utilization · GPU: what vLLM's worker may use for everything (vllm/v1/worker/
+                gpu_worker.py determine_available_memory: KV cache = requested memory − weights − the profiled
+                activation peak − non-torch memory)
+  reserve       the profiled activation peak, non-torch memory and CUDA graphs: 2 GiB (an ESTIMATE; vLLM
+                measures it at start)
+  KV cache      budget − weights − reserve, in whole blocks of `block_size` tokens per sequence
+                (vllm/v1/core/kv_cache_utils.py: blocks = available // page size; a sequence takes whole blocks)
+  per sequence  ceil((prompt + response) / block) · block · KV bytes per token per GPU + state per sequence
   fits          DP · floor(KV cache / per sequence) sequences per replica at once
   step share    train_batch_size · n / replicas (replicas = GPUs / (TP·DP))
 
@@ -37,6 +49,13 @@ from typing import Optional
 
 GIB = 1024 ** 3
 RESERVE = 2 * GIB
+BLOCK_TOKENS = 16       # vLLM's default KV block size on CUDA (CacheConfig.block_size)
+MLA_BLOCK_TOKENS = 64   # FlashMLA's block size (vLLM forces 64 for MLA backends)
+# bytes per parameter of each weight format vLLM loads, scales included: fp8 with one fp32 scale per 128×128
+# block (DeepSeek-style block quantization), fp4 as MXFP4 (one e8m0 scale per 32), int4 with a bf16 scale per
+# group of 32 (compressed-tensors W4A16)
+FORMAT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0 + 4 / (128 * 128), "fp4": 0.5 + 1 / 32,
+                "int4": 0.5 + 2 / 32}
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4, "fp32": 4,
                "float": 4, "auto": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
@@ -90,6 +109,81 @@ def kv_bytes(arch: dict, rollout_tp: int, kv_dtype_bytes: int, seq_len: int) -> 
 
 
 @dataclass(frozen=True)
+class Formats:
+    """The weight formats vLLM loads the rollout model in: dense parts and routed experts."""
+    dense: str = "bf16"
+    experts: str = "bf16"
+    source: str = "model group"
+
+    def bytes(self) -> tuple[float, float]:
+        return FORMAT_BYTES.get(self.dense, 2.0), FORMAT_BYTES.get(self.experts, 2.0)
+
+    def label(self) -> str:
+        return self.dense if self.dense == self.experts else f"{self.dense} dense + {self.experts} experts"
+
+    def with_rollout_quantization(self, quantization: Optional[str]) -> "Formats":
+        """verl's rollout.quantization (fp8 on the fly) quantizes whatever is wider than it."""
+        if not quantization:
+            return self
+        q = "fp8" if "8" in str(quantization) else str(quantization).lower()
+        narrow = lambda f: f if FORMAT_BYTES.get(f, 2.0) <= FORMAT_BYTES.get(q, 1.0) else q  # noqa: E731
+        return Formats(narrow(self.dense), narrow(self.experts), f"{self.source}, rollout.quantization={quantization}")
+
+
+def _format_of(name) -> Optional[str]:
+    s = str(name or "").lower()
+    if "fp4" in s or "nvfp4" in s:
+        return "fp4"
+    if "int4" in s or "w4a16" in s:
+        return "int4"
+    if "fp8" in s or "e4m3" in s:
+        return "fp8"
+    return None
+
+
+def formats_from_config(cfg: dict) -> Optional[Formats]:
+    """The formats a checkpoint's config.json declares (quantization_config, DeepSeek-V4's expert_dtype), or None
+    when it declares none (bf16 weights then)."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    q = cfg.get("quantization_config") or text.get("quantization_config")
+    expert = _format_of(cfg.get("expert_dtype") or text.get("expert_dtype"))
+    if not isinstance(q, dict):
+        return Formats("bf16", expert, "checkpoint config.json expert_dtype") if expert else None
+    method = str(q.get("quant_method") or "").lower()
+    bits = set()
+    for g in (q.get("config_groups") or {}).values():
+        w = g.get("weights") if isinstance(g, dict) else None
+        if isinstance(w, dict) and w.get("num_bits"):
+            bits.add(int(w["num_bits"]))
+    if method == "mxfp4":
+        dense, experts = "bf16", "fp4"
+    elif method == "compressed-tensors" and bits == {4}:
+        dense, experts = "bf16", "int4"     # W4A16 on the routed experts (the ignore list keeps the rest)
+    else:
+        dense = _format_of(method) or _format_of(q.get("quant_algo")) or ("fp8" if 8 in bits else None)
+        if dense is None:
+            return None
+        experts = dense
+    return Formats(dense, expert or experts, "checkpoint config.json quantization_config")
+
+
+def checkpoint_formats(path: Optional[str]) -> Optional[Formats]:
+    """Formats from the config.json of a checkpoint directory; None without one."""
+    import json
+    import os
+
+    if not path:
+        return None
+    f = os.path.join(os.path.expanduser(path), "config.json")
+    try:
+        with open(f) as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return formats_from_config(cfg) if isinstance(cfg, dict) else None
+
+
+@dataclass(frozen=True)
 class RolloutEstimate:
     tp: int
     dp: int
@@ -103,8 +197,10 @@ class RolloutEstimate:
     per_sequence: float         # bytes per full prompt+response per GPU
     fits: int                   # sequences per replica at once
     step_share: int             # the step's sequences per replica
-    weight_bytes: float         # per parameter
+    weight_bytes: float         # per parameter (the dense parts')
     utilization: float = 0.0    # gpu_memory_utilization
+    formats: Formats = Formats()
+    ep: int = 1                 # rollout expert_parallel_size (1: off)
 
     @property
     def holds_one(self) -> bool:
@@ -122,33 +218,43 @@ class RolloutEstimate:
                 "state_bytes_per_sequence": round(self.kv.per_sequence), "kv_formula": self.kv.formula,
                 "kv_formula_is_estimate": self.kv.estimate, "sequence_tokens": self.seq_len,
                 "sequences_fit": self.fits, "step_sequences_per_replica": self.step_share,
-                "weight_bytes_per_param": self.weight_bytes}
+                "weight_bytes_per_param": self.weight_bytes, "weight_formats": self.formats.label(),
+                "weight_formats_source": self.formats.source, "expert_parallel_size": self.ep}
 
 
 def estimate(arch: dict, rollout_params: tuple, *, world: int, rollout_tp: int, gpu_mem_gib: float,
              utilization: float, seq_len: int, step_sequences: int, dtype: str = "bfloat16",
              quantization: Optional[str] = None, kv_cache_dtype: Optional[str] = None,
-             rollout_dp: int = 1) -> RolloutEstimate:
+             rollout_dp: int = 1, formats: Optional[Formats] = None, rollout_ep: int = 1) -> RolloutEstimate:
     """rollout_params: (dense, routed experts) parameters vLLM loads."""
-    wb = 1 if quantization else DTYPE_BYTES.get(str(dtype).lower(), 2)
+    if formats is None:
+        d = "fp32" if DTYPE_BYTES.get(str(dtype).lower(), 2) == 4 else "bf16"
+        formats = Formats(d, d, "rollout.dtype")
+    formats = formats.with_rollout_quantization(quantization)
+    db, eb = formats.bytes()
     kb = DTYPE_BYTES.get(str(kv_cache_dtype or dtype).lower(), 2)
     budget = utilization * gpu_mem_gib * GIB
     dense, routed = rollout_params
-    weights = (dense / rollout_tp + routed / (rollout_tp * rollout_dp)) * wb
+    weights = dense / rollout_tp * db + routed / (rollout_tp * rollout_dp) * eb
     kv = kv_bytes(arch, rollout_tp, kb, seq_len)
     left = max(budget - weights - RESERVE, 0.0)
-    per_seq = seq_len * kv.per_token + kv.per_sequence
+    block = MLA_BLOCK_TOKENS if (arch.get("attention") or "") in ("mla", "mla_dsa") else BLOCK_TOKENS
+    per_seq = -(-seq_len // block) * block * kv.per_token + kv.per_sequence
     replicas = max(world // (rollout_tp * rollout_dp), 1)
     return RolloutEstimate(tp=rollout_tp, dp=rollout_dp, replicas=replicas, budget=budget, weights=weights, reserve=RESERVE,
                            kv_cache=left, kv=kv, seq_len=seq_len, per_sequence=per_seq,
                            fits=rollout_dp * int(left // per_seq) if per_seq > 0 else 0,
-                           step_share=-(-step_sequences // replicas), weight_bytes=wb, utilization=utilization)
+                           step_share=-(-step_sequences // replicas), weight_bytes=db, utilization=utilization,
+                           formats=formats, ep=rollout_ep)
 
 
-def choices(world: int, gpus_per_node: int, arch: dict) -> list[tuple[int, int]]:
-    """(TP, DP) replicas within the model's rules: TP within a node, dividing DeepSeek-V4's o_groups and the
-    attention heads; the replica (TP·DP GPUs) tiles the GPUs, within a node or whole nodes."""
+def choices(world: int, gpus_per_node: int, arch: dict, expert_parallel: bool = False) -> list[tuple[int, int]]:
+    """(TP, DP) replicas within the model's and vLLM's rules: TP within a node, dividing DeepSeek-V4's o_groups
+    and the attention heads; the routed experts' FFN width divides over TP·DP when expert parallelism is off
+    (vLLM flattens TP across DP for MoE layers), the routed experts over TP·DP when it is on; the replica
+    (TP·DP GPUs) tiles the GPUs, within a node or whole nodes."""
     out = []
+    ffn, experts = arch.get("expert_ffn_hidden"), arch.get("routed_experts")
     for t in range(1, gpus_per_node + 1):
         if gpus_per_node % t or world % t:
             continue
@@ -160,17 +266,47 @@ def choices(world: int, gpus_per_node: int, arch: dict) -> list[tuple[int, int]]
             r = t * d
             if world % r or (r > gpus_per_node and r % gpus_per_node) or (r < gpus_per_node and gpus_per_node % r):
                 continue
+            if expert_parallel and experts and experts % r:
+                continue
+            if not expert_parallel and ffn and experts and ffn % r:
+                continue
             out.append((t, d))
     return out
 
 
 def choose(arch: dict, rollout_params: tuple, *, world: int, gpus_per_node: int,
            configured: Optional[tuple] = None, allowed: Optional[list] = None, **kw) -> list[RolloutEstimate]:
-    """Every valid rollout replica, best first: holds a single sequence, holds the replica's share of the step,
-    the fewest GPUs per replica (more replicas; when none holds a sequence, the most), the configured (TP, DP),
-    then the smaller TP."""
+    """Every valid rollout replica, best first (RANKING)."""
     opts = [estimate(arch, rollout_params, world=world, rollout_tp=t, rollout_dp=d, **kw)
-            for t, d in (allowed if allowed is not None else choices(world, gpus_per_node, arch))]
-    return sorted(opts, key=lambda r: (not r.holds_one, not r.holds_share,
-                                       r.tp * r.dp if r.holds_one else -r.tp * r.dp,
-                                       0 if r.holds_one else r.weights, (r.tp, r.dp) != configured, r.tp))
+            for t, d in (allowed if allowed is not None else choices(world, gpus_per_node, arch,
+                                                                     kw.get("rollout_ep", 1) > 1))]
+    return sorted(opts, key=lambda r: rank_key(r, configured))
+
+
+# the rollout replica's ranking, in order: holds a single sequence, holds the replica's share of the step, the
+# fewest GPUs per replica (more replicas; when none holds a sequence, the most), the larger KV margin (sequences
+# that fit at once, then KV bytes), the configured (TP, DP), the smaller TP
+RANKING = ("holds one sequence", "holds the step's share", "fewest GPUs per replica", "larger KV margin",
+           "the configured TP·DP", "smaller TP")
+
+
+def rank_key(r: RolloutEstimate, configured: Optional[tuple] = None) -> tuple:
+    size = r.tp * r.dp
+    return (not r.holds_one, not r.holds_share, size if r.holds_one else -size,
+            (-r.fits, -r.kv_cache) if r.holds_one else (r.weights, 0), (r.tp, r.dp) != configured, r.tp)
+
+
+def smallest_fit(arch: dict, rollout_params: tuple, *, world: int, gpus_per_node: int, **kw) -> Optional[RolloutEstimate]:
+    """The smallest replica (fewest GPUs, then the larger KV margin) that holds the weights and the replica's share
+    of the step's sequences; else the smallest that holds one sequence; None when none does."""
+    opts = choose(arch, rollout_params, world=world, gpus_per_node=gpus_per_node, **kw)
+    return opts[0] if opts and opts[0].holds_one else None
+
+
+def overrides(r: RolloutEstimate) -> str:
+    """The rollout replica as overrides a user can paste."""
+    k = "verl.actor_rollout_ref.rollout"
+    out = f"{k}.tensor_model_parallel_size={r.tp} {k}.data_parallel_size={r.dp}"
+    if r.ep > 1:
+        out += f" {k}.expert_parallel_size={r.tp * r.dp}"
+    return out

@@ -112,6 +112,13 @@ class Arch:
 
 
 @dataclass
+class WeightFormats:
+    dense: str = "bf16"
+    experts: str = "bf16"
+    source: str = ""
+
+
+@dataclass
 class Model:
     name: str = MISSING
     # Megatron Lite model family (engine.model_name): deepseek_v4, glm5, kimi_k2, qwen3_5
@@ -124,6 +131,9 @@ class Model:
     tp_allowed: List[int] = MISSING
     etp_allowed: List[int] = MISSING
     arch: Arch = field(default_factory=Arch)
+    # the released checkpoint's weight formats, as vLLM loads them for the rollout (vrun/rollout.py Formats):
+    # bf16, fp8 (block-scaled), fp4 (MXFP4) or int4; a checkpoint's config.json quantization_config wins
+    weights: WeightFormats = field(default_factory=lambda: WeightFormats())
     # environment the model's runtime needs (vLLM switches and the like)
     env: Dict[str, str] = field(default_factory=dict)
     # Python modules the training runtime needs besides verl/verl_mlite (checked in preflight)
