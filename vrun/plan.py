@@ -336,6 +336,10 @@ def memory_estimate(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh:
     return phases.attach(est, config, entrypoint, verl, mesh, rollout_params(params, counts), inputs, model_path)
 
 
+def inputs_optimizer(config: RunConfig, entrypoint: Entrypoint, verl: dict):
+    return get(get(verl, entrypoint.engine, {}), "impl_cfg.optimizer")
+
+
 def memory_problems(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
                     counts: Optional[ParamCounts], model_path: Optional[str], est: Estimate) -> list:
     """The memory verdicts: the rollout replica's (vrun.phases.rollout_problems) and the training step's. A stage
@@ -351,9 +355,11 @@ def memory_problems(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh:
     states = max(s.params + s.grads + s.optimizer for s in est.stages) if est.stages else 0.0
     where = f"(cluster.gpu {config.cluster.gpu} / cluster.gpu_mem_gib)"
     cure = "a larger PP·EP mesh, more offload, a smaller token budget, or mesh=auto"
-    if states > est.gpu_mem:
-        out.append(Problem("memory", f"{states / GIB:.1f}GiB", f"stage {est.stage}'s parameters, gradients and "
-                           f"optimizer states alone exceed the {est.gpu_mem / GIB:g} GiB per GPU {where}", cure))
+    # certain only where the real build checks the count (fsdp2: tests/test_memory_oracle.py); dist_opt's is a formula
+    if states > est.gpu_mem and inputs_optimizer(config, entrypoint, verl) == "fsdp2":
+        out.append(Problem("memory", f"{states / GIB:.1f}GiB", f"the parameter shards, gradients and optimizer "
+                           f"states alone exceed the {est.gpu_mem / GIB:g} GiB per GPU {where} on a pipeline "
+                           "stage", cure))
     elif est.rollout + est.rollout_residents > est.gpu_mem:
         u = est.rollout / est.gpu_mem
         room = max(est.gpu_mem - est.rollout_residents, 0) / est.gpu_mem
@@ -379,6 +385,31 @@ def rollout_params(params, counts: Optional[ParamCounts]) -> tuple:
     return (params.total - params.mtp_dense - params.mtp_expert - routed, routed)
 
 
+def nothing_fits(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mesh, verl: dict, params,
+                 inputs: dict, best, best_overrides: str, tps) -> Problem:
+    """mesh=auto when no mesh of the GPUs fits by the estimate: the lowest-peak mesh, and the fewest nodes (doubling)
+    on which the search finds a mesh that fits."""
+    from vrun import search
+
+    gpn = mesh.gpus_per_node
+    fix = "more GPUs (mesh.nnodes), more offload, or a smaller token budget"
+    n = mesh.nnodes
+    for _ in range(6):
+        n *= 2
+        world = n * gpn
+        tp_opts = rollout.choices(world, gpn, config.model.arch.facts(), phases.rollout_ep(verl) > 1) \
+            if tps is not None else None
+        found = search.rank(search.valid_meshes(rules, n, gpn, verl, entrypoint, tp_opts),
+                            lambda m: memory.estimate(params, m, **inputs))
+        if found and found[0].fits:
+            fix = f"mesh.nnodes={n} ({world} GPUs: {found[0].mesh.overrides()} peaks at " \
+                  f"{found[0].estimate.peak / GIB:.1f} GiB)"
+            break
+    return Problem("mesh", "auto", f"no mesh of {mesh.nnodes}×{gpn}={mesh.world} GPUs fits {config.model.name} in "
+                   f"{best.estimate.gpu_mem / GIB:g} GiB per GPU by the estimate; the lowest peak is "
+                   f"{best.estimate.peak / GIB:.1f} GiB with {best_overrides}", fix)
+
+
 def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mesh, verl: dict, params, note: str,
               counts: Optional[ParamCounts], problems: list) -> tuple[Mesh, Optional[tuple], MeshSearch]:
     """mesh=auto: every valid training mesh ranked by the estimate, and the rollout TP chosen beside it (a second,
@@ -395,8 +426,9 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
     rkey = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     pinned = get(config.verl, rkey)
     tps = None
+    ep_on = phases.rollout_ep(verl) > 1
     if rollout_on:
-        tps = rollout.choices(world, gpn, arch)
+        tps = rollout.choices(world, gpn, arch, ep_on)
         if pinned is not None:
             tps = [x for x in tps if x[0] == pinned]
     valid = search.valid_meshes(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
@@ -410,7 +442,8 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
         rin = phases.rollout_inputs(entrypoint, verl, inputs["gpu_mem_gib"])
         configured = (get(verl, rkey), get(verl, "actor_rollout_ref.rollout.data_parallel_size"))
         ropts = rollout.choose(arch, rollout_params(params, counts), world=world, gpus_per_node=gpn,
-                               configured=configured, allowed=tps, **rin)
+                               configured=configured, allowed=tps, formats=phases.weight_formats(config),
+                               rollout_ep=2 if ep_on else 1, **rin)
     seconds = time.perf_counter() - t
     if not ranked:
         why = search.binding_constraint(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
@@ -420,13 +453,21 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
                                             why.fix if why else "change mesh.nnodes / mesh.gpus_per_node or the "
                                             "batch sizes")])
     rtp, rdp = (ropts[0].tp, ropts[0].dp) if ropts else (tps[0] if tps else (None, None))
-    choice = (rtp, rdp) if rollout_on and pinned is None and rtp is not None else None
-    rsuffix = f" rollout TP{rtp}·DP{rdp}" if rollout_on and rtp is not None else ""
-    top = [{"overrides": c.mesh.overrides() + rsuffix, "dp": c.mesh.dp, "edp": c.mesh.edp, "rollout_tp": rtp,
+    choice = (rtp, rdp, (rtp * rdp if rtp * rdp > 1 else 1) if ep_on else None) \
+        if rollout_on and pinned is None and rtp is not None else None
+    rkeys = "verl.actor_rollout_ref.rollout"
+    rsuffix = (rollout.overrides(ropts[0]) if ropts else f"{rkeys}.tensor_model_parallel_size={rtp} "
+               f"{rkeys}.data_parallel_size={rdp}") if rollout_on and rtp is not None else ""
+    top = [{"overrides": " ".join(x for x in (c.mesh.overrides(), rsuffix) if x), "dp": c.mesh.dp,
+            "edp": c.mesh.edp, "rollout_tp": rtp,
             "peak_gib": round(c.estimate.peak / GIB, 1) if c.estimate is not None else None, "fits": c.fits}
            for c in ranked[:6]]
+    if not ranked[0].fits and not config.run.allow_memory_overrun:
+        raise PlanError(problems + [nothing_fits(config, entrypoint, rules, mesh, verl, params, inputs, ranked[0],
+                                                 top[0]["overrides"], tps)])
     rollout_rank = [{"tp": r.tp, "dp": r.dp, "replicas": r.replicas, "sequences_fit": r.fits,
-                     "step_sequences_per_replica": r.step_share} for r in ropts[:4]]
+                     "step_sequences_per_replica": r.step_share, "overrides": rollout.overrides(r)}
+                    for r in ropts[:4]]
     return ranked[0].mesh, choice, search.MeshSearch(
         valid_meshes=len(valid), search_ms=round(seconds * 1000, 1), chosen=top[0], alternatives=tuple(top[1:]),
         rollout_tp_choices=tuple(rollout_rank), memory="estimated" if params is not None else note)

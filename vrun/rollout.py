@@ -245,7 +245,7 @@ def estimate(arch: dict, rollout_params: tuple, *, world: int, rollout_tp: int, 
                            kv_cache=left, kv=kv, seq_len=seq_len, per_sequence=per_seq,
                            fits=rollout_dp * int(left // per_seq) if per_seq > 0 else 0,
                            step_share=-(-step_sequences // replicas), weight_bytes=db, utilization=utilization,
-                           formats=formats, ep=rollout_ep)
+                           formats=formats, ep=rollout_tp * rollout_dp if rollout_ep > 1 else 1)
 
 
 def choices(world: int, gpus_per_node: int, arch: dict, expert_parallel: bool = False) -> list[tuple[int, int]]:

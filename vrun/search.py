@@ -1,8 +1,8 @@
 """mesh=auto and mesh suggestions: enumerate every mesh that passes the plan's checks, rank them.
 
-Objective (in order): fits in GPU memory by the estimate (vrun.memory); then least communication — smaller
-TP, smaller CP, expert parallelism within a node (EP·ETP ≤ GPUs per node), fewer pipeline stages; then the
-lower memory peak. Pure functions of their inputs.
+Objective (RANKING, in order): fits in GPU memory by the estimate (vrun.memory) — and among meshes that do
+not, the lower peak first; then least communication — smaller TP, smaller CP, expert parallelism within a node
+(EP·ETP ≤ GPUs per node), fewer pipeline stages; then the lower memory peak. Pure functions of their inputs.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Optional
 
 from vrun.mesh import KNOBS, Mesh, Rules, divisors
+from vrun.rollout import RANKING as ROLLOUT_RANKING
 
 
 @dataclass(frozen=True)
@@ -21,10 +22,27 @@ class Candidate:
     def fits(self) -> bool:
         return self.estimate is None or self.estimate.fits
 
+    @property
+    def peak(self) -> float:
+        return self.estimate.peak if self.estimate is not None else 0.0
+
     def key(self):
-        m = self.mesh
-        peak = self.estimate.peak if self.estimate is not None else 0
-        return (not self.fits, m.tp, m.cp, m.ep * m.etp > m.gpus_per_node, m.pp, peak, -m.ep, m.etp)
+        return tuple(value(self) for _, value in RANKING)
+
+
+# mesh=auto's ranking: (what it prefers, the candidate's value; smaller first), applied in order. One list: a
+# ranking by another measure (step time) replaces or inserts entries here.
+RANKING: tuple = (
+    ("fits in memory", lambda c: not c.fits),
+    ("when it does not fit, the lower peak", lambda c: 0.0 if c.fits else c.peak),
+    ("smaller TP", lambda c: c.mesh.tp),
+    ("smaller CP", lambda c: c.mesh.cp),
+    ("EP·ETP within a node", lambda c: c.mesh.ep * c.mesh.etp > c.mesh.gpus_per_node),
+    ("fewer PP stages", lambda c: c.mesh.pp),
+    ("lower peak", lambda c: c.peak),
+    ("more EP", lambda c: -c.mesh.ep),
+    ("smaller ETP", lambda c: c.mesh.etp),
+)
 
 
 @dataclass(frozen=True)
@@ -38,8 +56,8 @@ class MeshSearch:
     alternatives: tuple            # the next best meshes after the chosen one
     rollout_tp_choices: tuple      # the best rollout (TP, DP) first; empty without a rollout or an estimate
     memory: str                    # "estimated", or why no estimate ranked the meshes
-    objective: ClassVar[str] = ("fits in memory, then smaller TP, smaller CP, EP within a node, fewer PP stages; "
-                                "rollout TP: holds a sequence, holds the replica's share, the configured TP, smaller")
+    objective: ClassVar[str] = ("mesh: " + ", then ".join(name for name, _ in RANKING) + "; rollout TP·DP: "
+                                + ", then ".join(ROLLOUT_RANKING))
 
     def summary(self) -> dict:
         return {"valid_meshes": self.valid_meshes, "search_ms": self.search_ms, "chosen": self.chosen,

@@ -62,6 +62,8 @@ def mesh_values(entrypoint: Entrypoint, mesh: Mesh, rollout: Optional[tuple] = N
         [("trainer.nnodes", mesh.nnodes), ("trainer.n_gpus_per_node", mesh.gpus_per_node)]
     if rollout is not None:
         out += [(f"{ROLLOUT}.tensor_model_parallel_size", rollout[0]), (f"{ROLLOUT}.data_parallel_size", rollout[1])]
+        if len(rollout) > 2 and rollout[2] is not None:  # expert parallelism on: verl requires EP = TP·DP
+            out.append((f"{ROLLOUT}.expert_parallel_size", rollout[2]))
     return out
 
 
