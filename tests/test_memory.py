@@ -140,18 +140,23 @@ def test_params_from_arch_needs_the_ffn_width():
     assert p is None and "expert_ffn_hidden" in why
 
 
-def test_preflight_fails_on_overrun_unless_allowed():
-    """Over the declared GPU memory: preflight fails, unless run.allow_memory_overrun=true (then it warns)."""
-    from conftest import plan
+def test_overrun_is_refused_at_plan_time_unless_allowed():
+    """Shards, grads and optimizer alone over the GPU (fsdp2, counted as the real build does): an error, no knob.
+    A peak estimate over the GPU: refused in one line with the margin and run.allow_memory_overrun=true;
+    allowed, the plan warns and preflight warns."""
+    from conftest import plan, problems_of
     from vrun import preflight
 
-    ov = ["model=kimi_k2_6", "mesh=8gpu", "mesh.cp=1", "mode=plan", "cluster.gpu_mem_gib=40"]
-    p = plan(ov)
-    assert not p.memory.fits and any("exceeds the 40 GiB" in w.line() for w in p.warnings)
-    (problem,) = [x for x in preflight.memory_problems(p) if x.key == "memory"]
-    assert not problem.warning and "run.allow_memory_overrun=true" in problem.fix
-    allowed = preflight.memory_problems(plan(ov + ["run.allow_memory_overrun=true"]))
-    assert allowed and all(x.warning for x in allowed)
+    (certain,) = problems_of(["model=kimi_k2_6", "mesh=8gpu", "mesh.cp=1", "mode=plan", "cluster.gpu_mem_gib=40"])
+    assert "alone exceed the 40 GiB" in certain and "allow_memory_overrun" not in certain
+    ov = ["model=kimi_k2_6", "mode=plan", "cluster.gpu_mem_gib=70"]
+    (line,) = problems_of(ov)
+    assert "the training estimate exceeds the 70 GiB" in line and " by " in line
+    assert "run.allow_memory_overrun=true" in line
+    p = plan(ov + ["run.allow_memory_overrun=true"])
+    assert not p.memory.fits and any(w.key == "memory" for w in p.warnings)
+    found = preflight.memory_problems(p)
+    assert found and all(x.warning for x in found)
 
 
 def test_estimate_depends_on_world_tp_pp_and_ep_etp_only():
