@@ -95,9 +95,14 @@ def mesh_search():
     gpus = [8, 64, 256, 512, 1024]
     print("mesh search with the rollout replica (ms; valid meshes; rollout TP·DP chosen), goal < 100 ms")
     print("  " + " " * 30 + "  ".join(f"{g:>20}" for g in gpus))
+    # the search itself is timed: meshes that do not fit are ranked, not refused (run.allow_memory_overrun), and
+    # DeepSeek-V4-Pro gets a rollout replica that holds its weights (the launcher's TP8 is refused)
+    extra = {"deepseek_v4_pro": ["verl.actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                                 "+verl.actor_rollout_ref.rollout.data_parallel_size=16"]}
     for model in models:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-            config = schema.typed(compose("run", [f"model={model}", "mode=plan"]))
+            config = schema.typed(compose("run", [f"model={model}", "mode=plan", "run.allow_memory_overrun=true"]
+                                          + extra.get(model, [])))
         p = planning.make_plan(config, tempfile.mkdtemp(), environ=ENV)
         params, note, _, counts = planning.model_params(config, p.entrypoint, None, [], p.verl)
         rules = planning.rules_of(config, p.entrypoint, p.verl)

@@ -191,7 +191,9 @@ def test_memory_estimate_moves_gradients_with_parameters():
     from vrun.plan import memory_inputs
 
     for params, grads in ((True, False), (False, True)):
-        p = plan(["model=kimi_k2_6", "mode=plan", f"engine.param_offload={params}", f"engine.grad_offload={grads}"])
+        # without param_offload vLLM and the actor's residents exceed 80 GiB by the estimate: allowed here
+        p = plan(["model=kimi_k2_6", "mode=plan", f"engine.param_offload={params}", f"engine.grad_offload={grads}",
+                  "run.allow_memory_overrun=true"])
         inputs = memory_inputs(p.config, p.entrypoint, p.verl)
         assert inputs["param_offload"] is params and inputs["grad_offload"] is params
 

@@ -11,7 +11,7 @@ def test_plan_prints_the_table_and_writes_the_run_dir(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "dense   TP1 · CP8 · PP8 · DP4 = 256" in out and "expert  ETP1 · EP8 · PP8 · EDP4 = 256" in out
-    assert "128 prompts × n 16 = 2048 samples/step" in out and "vllm TP2·DP1 × 128 replicas" in out
+    assert "128 prompts × n 16 = 2048 samples/step" in out and "vllm TP8·DP8 × 4 replicas" in out
     plan = json.loads((tmp_path / "r" / "plan.json").read_text())
     assert plan["mesh"] == {"world": 256, "nnodes": 32, "gpus_per_node": 8, "tp": 1, "cp": 8, "pp": 8, "dp": 4,
                             "ep": 8, "etp": 1, "edp": 4, "vpp": 1}

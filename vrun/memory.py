@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from vrun.mesh import Mesh
 
@@ -95,9 +95,8 @@ def fsdp2_shard_bytes(family: Optional[str]) -> int:
     return 2 if family in FSDP2_BF16_SHARDS else 4
 
 
-@dataclass(frozen=True)
-class Stage:
-    """What one rank of one pipeline stage holds, bytes per GPU."""
+class Stage(NamedTuple):
+    """What one rank of one pipeline stage holds, bytes per GPU (a named tuple: the mesh search makes many)."""
     stage: int
     layers: int
     params: float

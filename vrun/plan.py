@@ -365,9 +365,11 @@ def memory_problems(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh:
         room = max(est.gpu_mem - est.rollout_residents, 0) / est.gpu_mem
         out.append(Problem("actor_rollout_ref.rollout.gpu_memory_utilization", round(u, 3), f"vLLM's "
                            f"{est.rollout / GIB:.1f} GiB and the actor's {est.rollout_residents / GIB:.1f} GiB left on "
-                           f"the GPU exceed its {est.gpu_mem / GIB:g} GiB {where}",
+                           f"the GPU (estimate) exceed its {est.gpu_mem / GIB:g} GiB {where} by "
+                           f"{(est.rollout + est.rollout_residents - est.gpu_mem) / GIB:.1f} GiB",
                            f"gpu_memory_utilization at most {math.floor(room * 100) / 100:g}, or offload the actor "
-                           "(engine.param_offload / engine.optimizer_offload)"))
+                           "(engine.param_offload / engine.optimizer_offload)"
+                           + ("" if allow else "; or run.allow_memory_overrun=true to plan anyway"), warning=allow))
     elif est.train_peak > est.gpu_mem:
         out.append(Problem("memory", f"{est.peak / GIB:.1f}GiB", f"the training estimate exceeds the "
                            f"{est.gpu_mem / GIB:g} GiB per GPU {where} by {(est.train_peak - est.gpu_mem) / GIB:.1f} GiB "
