@@ -164,3 +164,19 @@ def test_estimate_depends_on_world_tp_pp_and_ep_etp_only():
     a = estimate(P, Mesh(2, 8, pp=2, ep=4, etp=1, cp=1), **BASE)
     b = estimate(P, Mesh(2, 8, pp=2, ep=2, etp=2, cp=4), **BASE)
     assert a.peak == b.peak and a.weights == b.weights and a.optimizer == b.optimizer
+
+
+def test_plan_json_has_every_stage_and_the_table_names_the_busiest():
+    """GLM-5.1 on 256 GPUs (everything offloaded, the rollout ties every stage): plan.json's memory.stages has the
+    8 stages with their parts, memory.busiest_stage is the last (the loss's logits), and the table says so."""
+    from conftest import plan
+    from vrun.report import plan_json, table
+
+    p = plan(["model=glm5_1", "mesh=256gpu", "algo=grpo", "mode=plan"])
+    mem = plan_json(p)["memory"]
+    assert len(mem["stages"]) == 8 and mem["busiest_stage"] == 7
+    for s in mem["stages"]:
+        assert s["params_gib"] > 0 and s["optimizer_gib"] == 0 and s["optimizer_host_gib"] > s["params_gib"]
+        assert s["peak_gib"] >= s["params_gib"] + s["grads_gib"] + s["activations_gib"] + s["transient_gib"] - 0.1
+    assert mem["stages"][7]["logits_gib"] > 0 and mem["stages"][0]["logits_gib"] == 0
+    assert "memory  per GPU, busiest stage 7 of 8 (9 layers)" in table(p)

@@ -50,7 +50,7 @@ def test_estimate_arithmetic():
     sequence in whole KV blocks (MLA: 64 tokens, so 1000 tokens take 1024)."""
     a = arch("kimi_k2_6")
     r = rollout.estimate(a, (10e9, 100e9), world=16, rollout_tp=4, rollout_dp=2, gpu_mem_gib=80, utilization=0.5,
-                         seq_len=1000, step_sequences=100)
+                         seq_len=1000, step_sequences=512)
     assert r.weights == pytest.approx((10e9 / 4 + 100e9 / 8) * 2)
     assert r.kv_cache == pytest.approx(40 * GIB - r.weights - 2 * GIB)
     assert r.fits == 2 * int(r.kv_cache // (1024 * 61 * 576 * 2))
@@ -249,3 +249,16 @@ def test_auto_keeps_a_rollout_tp_given_on_the_command_line():
               "verl.actor_rollout_ref.rollout.tensor_model_parallel_size=4"])
     assert p.verl["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 4
     assert {c["tp"] for c in p.search.rollout_tp_choices} == {4}
+
+
+def test_equal_sized_replicas_go_to_the_larger_kv_margin():
+    """Among replicas of the same size that hold the step's share, the one holding more sequences at once ranks
+    first (and the ranking's names are one list)."""
+    a = arch("glm5_1")
+    kw = dict(world=256, gpus_per_node=8, gpu_mem_gib=80, utilization=0.8, seq_len=3072, step_sequences=512)
+    opts = rollout.choose(a, (19e9, 725e9), **kw)
+    best = opts[0]
+    same = [r for r in opts if r.tp * r.dp == best.tp * best.dp and r.holds_share]
+    assert best.fits == max(r.fits for r in same) and len(same) > 1
+    assert best.tp > min(r.tp for r in same)     # the KV margin, not the smaller TP, decides
+    assert rollout.RANKING[3] == "larger KV margin"
