@@ -12,7 +12,11 @@ The model (README, "Memory estimate") — every figure is bytes per GPU on the b
                its unsharded bf16 grads and the fp32 reduce-scatter input (2 + 4 B) — per param of the biggest
                layer on the rank (its routed experts / (EP·ETP) included)
   dist_opt     bf16 weights (2 B) and fp32 grads (4 B) replicated across data parallel; Adam 12 B per sharded
-               param, offload_fraction of it on the host
+               param, offload_fraction of it on the host. Checked against the source, not built (megatron-core's
+               DistributedOptimizer assumes CUDA): primitive/optimizers/megatron_wrap.py builds megatron-core's
+               DDP with grad_reduce_in_fp32=True (an fp32 grad buffer for every local param), bf16=True and
+               use_distributed_optimizer=True (fp32 main params and both moments sharded over DP), and passes
+               offload_fraction as optimizer_offload_fraction
   activations  T tokens per GPU (the per-GPU token budget), hidden h, top-k k, TP t (sequence parallel),
                residual streams m (DeepSeek-V4's mHC carries 4, others 1); 1F1B keeps PP − s micro-batches in
                flight on stage s (0-based):
