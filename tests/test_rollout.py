@@ -50,7 +50,7 @@ def test_estimate_arithmetic():
     sequence in whole KV blocks (MLA: 64 tokens, so 1000 tokens take 1024)."""
     a = arch("kimi_k2_6")
     r = rollout.estimate(a, (10e9, 100e9), world=16, rollout_tp=4, rollout_dp=2, gpu_mem_gib=80, utilization=0.5,
-                         seq_len=1000, step_sequences=512)
+                         seq_len=1000, step_sequences=100)
     assert r.weights == pytest.approx((10e9 / 4 + 100e9 / 8) * 2)
     assert r.kv_cache == pytest.approx(40 * GIB - r.weights - 2 * GIB)
     assert r.fits == 2 * int(r.kv_cache // (1024 * 61 * 576 * 2))
