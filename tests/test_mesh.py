@@ -25,8 +25,10 @@ def keys(problems):
                                           ("256gpu", "glm5_1"), ("256gpu", "kimi_k2_6"),
                                           ("512gpu", "deepseek_v4_pro")])
 def test_launcher_presets_pass(preset, model):
-    """The launchers' own meshes plan for their models."""
-    assert problems_of([f"model={model}", f"mesh={preset}", "mode=plan"]) == []
+    """The launchers' own meshes plan for their models (DeepSeek-V4-Pro's launcher is SFT: under RL its rollout
+    replica would not hold the weights)."""
+    sft = ["algo=sft"] if model == "deepseek_v4_pro" else []
+    assert problems_of([f"model={model}", f"mesh={preset}", "mode=plan"] + sft) == []
 
 
 def test_launcher_formula_wrongly_rejects_valid_mesh():
@@ -34,8 +36,10 @@ def test_launcher_formula_wrongly_rejects_valid_mesh():
     m = Mesh(1, 8, tp=2, ep=8, cp=1, pp=1)
     assert not launcher_formula_ok(m)
     assert mesh_problems(m, KIMI, ANY, ANY, "kimi_k2_6") == []
-    assert problems_of(["model=kimi_k2_6", "mesh=8gpu", "mesh.tp=2", "mesh.cp=1", "mode=plan",
-                        "verl.actor_rollout_ref.rollout.tensor_model_parallel_size=2"]) == []
+    # (8 GPUs cannot hold Kimi's weights: the plan's memory verdicts refuse it, its mesh checks do not)
+    found = problems_of(["model=kimi_k2_6", "mesh=8gpu", "mesh.tp=2", "mesh.cp=1", "mode=plan",
+                         "verl.actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    assert [x for x in found if not x.startswith("error: memory=") and "alone" not in x] == []
 
 
 def test_launcher_formula_wrongly_accepts_invalid_mesh():
