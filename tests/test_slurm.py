@@ -123,7 +123,7 @@ def test_grpo_preflight_brings_up_ray_on_both_nodes(shared):
 
 def test_sft_torchrun_on_both_nodes(shared):
     """SFT: torchrun on each node with consistent ranks and master; a gloo all-reduce across the nodes."""
-    proc = run(shared, "model=deepseek_v4_flash", "algo=sft", *TWO_NODES, "mode=train",
+    proc = run(shared, "model=qwen3_5_35b", "algo=sft", *TWO_NODES, "mode=train",
                "run.sft_entry=[vrun_dist_probe]")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     d = only_dir(shared)
@@ -203,7 +203,7 @@ def test_sft_master_that_fails_releases_the_other_nodes(shared):
     """SFT: node 0 fails before publishing its address; the other node stops waiting instead of holding the
     allocation until the time limit."""
     t = time.monotonic()
-    proc = run(shared, "model=deepseek_v4_flash", "algo=sft", *TWO_NODES, "mode=train",
+    proc = run(shared, "model=qwen3_5_35b", "algo=sft", *TWO_NODES, "mode=train",
                "run.sft_entry=[vrun_dist_probe]", "+cluster.node_setup=['if [ \"$SLURM_NODEID\" = 0 ]; then exit 4; fi']")
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert "cluster.node_setup failed on node 0 (n0) with exit code 4" in proc.stderr, proc.stderr[-2000:]
