@@ -58,6 +58,8 @@ FACTORS = {
 }
 # the mean prompt and response as a share of their maxima when nothing better is known (a calibration replaces it)
 MEAN_FRACTION = 0.5
+# a calibrated bound: the recorded runs' ratios, widened by this much each way (step-to-step variation)
+CALIBRATED_SPREAD = (0.9, 1.1)
 # vLLM's concurrent sequences per engine (verl's rollout.max_num_seqs default)
 MAX_NUM_SEQS = 256
 
@@ -139,14 +141,24 @@ class StepTime:
     factors: dict = field(default_factory=dict)
     scale: float = 1.0              # a calibration's measured/predicted ratio (1: none)
     calibration: str = ""           # "calibrated from 3 runs" or ""
+    ratios: tuple = ()              # the calibration's measured/predicted ratios (the bound then spans them)
 
     @property
     def low(self) -> float:
+        if self.ratios:
+            return self.model_middle * min(self.ratios) * CALIBRATED_SPREAD[0]
         return sum(p.low for p in self.phases.values()) * self.scale
 
     @property
     def high(self) -> float:
+        if self.ratios:
+            return self.model_middle * max(self.ratios) * CALIBRATED_SPREAD[1]
         return sum(p.high for p in self.phases.values()) * self.scale
+
+    @property
+    def model_middle(self) -> float:
+        """The uncalibrated middle: what a calibration's ratios are taken against."""
+        return sum(p.middle for p in self.phases.values())
 
     @property
     def central(self) -> float:
@@ -166,13 +178,19 @@ class StepTime:
             "rollout_at_mean": self.rollout_at_mean.summary() if self.rollout_at_mean else None,
             "rollout_at_max_response_length": self.rollout_at_max.summary() if self.rollout_at_max else None,
             "factors": {k: asdict(v) for k, v in self.factors.items()},
-            "calibration": {"scale": round(self.scale, 3), "from": self.calibration} if self.calibration else None,
+            "model_middle_s": round(self.model_middle, 2),
+            "calibration": {"scale": round(self.scale, 3), "from": self.calibration,
+                            "ratios": [round(r, 3) for r in self.ratios]} if self.calibration else None,
             "assumptions": list(self.assumptions),
         }
 
 
-def with_scale(st: StepTime, scale: float, how: str) -> StepTime:
-    return StepTime(st.phases, st.rollout_at_mean, st.rollout_at_max, st.assumptions, st.factors, scale, how)
+def calibrated(st: StepTime, ratios: list, how: str) -> StepTime:
+    """The estimate scaled by the median measured/predicted ratio of recorded runs, its bound spanning them."""
+    rs = sorted(ratios)
+    mid = rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2
+    return StepTime(st.phases, st.rollout_at_mean, st.rollout_at_max, st.assumptions, st.factors, mid, how,
+                    tuple(rs))
 
 
 def _bubble(w: Workload) -> float:
