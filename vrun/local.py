@@ -1,6 +1,7 @@
 """Hand-off on this machine: the plan's command, in the plan's environment.
 
-The environment is built here and the command inherits it, so whatever the command starts (Ray's local
+The child's output (stdout and stderr together) goes to the terminal and to <run dir>/job.log, where
+`python -m vrun status` reads verl's per-step timings back (vrun/joblog.py). The environment is built here and the command inherits it, so whatever the command starts (Ray's local
 instance, torchrun's ranks) starts from it: variables set, ROCR/HIP unset when CUDA_VISIBLE_DEVICES is set
 (a Ray runtime env can set variables but not unset them). Secrets pass by name only.
 """
@@ -10,7 +11,10 @@ import os
 import subprocess
 import sys
 
+from pathlib import Path
+
 from vrun import rundir
+from vrun.joblog import JOB_LOG
 from vrun.plan import Plan
 
 
@@ -24,12 +28,47 @@ def child_env(plan: Plan, environ: dict | None = None) -> dict:
 
 def train(plan: Plan) -> int:
     print(f"launch: {' '.join(plan.argv)}", flush=True)
-    proc = subprocess.Popen(plan.argv, env=child_env(plan), cwd=plan.run_dir)
+    proc = subprocess.Popen(plan.argv, env=child_env(plan), cwd=plan.run_dir, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
     rundir.record(plan.run_dir, "entrypoint_started", attempt=0, node=0, pid=proc.pid)
     try:
+        tee(proc.stdout, Path(plan.run_dir) / JOB_LOG)
         proc.wait()
     finally:
         rundir.record(plan.run_dir, "exited", attempt=0, node=0, rc=proc.poll())
+        learn(plan.run_dir)
     if proc.returncode:
         print(f"error: the run exited {proc.returncode}; see the output above and {plan.run_dir}", file=sys.stderr)
     return proc.returncode
+
+
+def tee(stream, path: Path) -> None:
+    """Copy the child's output to this process's stdout and to `path`, line by line, as it comes."""
+    out = sys.stdout.buffer
+    try:
+        log = open(path, "ab")
+    except OSError:
+        log = None
+    try:
+        for line in iter(stream.readline, b""):
+            out.write(line)
+            out.flush()
+            if log is not None:
+                try:
+                    log.write(line)
+                    log.flush()
+                except OSError:
+                    log = None
+    finally:
+        if log is not None:
+            log.close()
+
+
+def learn(run_dir: str) -> None:
+    """The run's measured step time into the calibration record (nothing when verl printed no step line)."""
+    try:
+        from vrun.runs import measured
+
+        measured.learn(Path(run_dir))
+    except Exception:  # noqa: BLE001 - learning never fails a finished run
+        pass

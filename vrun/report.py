@@ -28,11 +28,19 @@ def plan_json(plan: Plan) -> dict:
         "mesh_search": plan.search.summary() if plan.search is not None else None,
         "checkpoint": plan.checkpoint.summary() if plan.checkpoint is not None else None,
         "pipeline": plan.pipeline,
-        "time": plan.time.summary() if plan.time is not None else {"unavailable": plan.time_note},
+        "time": time_json(plan),
         "cost": plan.cost if plan.cost is not None else {"unavailable": plan.time_note},
         "params": plan.params.summary() if plan.params is not None else None,
         "warnings": [w.line() for w in plan.warnings],
     }
+
+
+def time_json(plan: Plan) -> dict:
+    from vrun import steptime_plan
+
+    if plan.time is None:
+        return {"unavailable": plan.time_note}
+    return {**plan.time.summary(), "kind": steptime_plan.kind(plan.config, plan.verl)}
 
 
 def write(plan: Plan, extra: Optional[dict] = None) -> None:
