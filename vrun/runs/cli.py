@@ -185,6 +185,9 @@ def log_files(r: state.Run, job_id: str | None = None) -> list:
 
 def cmd_logs(a) -> int:
     r = one_run(a.run)
+    if not r.on_slurm and (r.dir / "job.log").is_file():  # a local run's output, teed by vrun.local
+        sys.stdout.write((r.dir / "job.log").read_text(errors="replace"))
+        return 0
     if not r.on_slurm:
         raise Usage(f"error: run={r.dir}: a run on this machine (cluster={r.plan.get('cluster')}) writes no log "
                     "files: its output went to the terminal that started it; fix: for a kept log, run it with "
