@@ -40,6 +40,8 @@ def test_make_run_writes_plan_svg_and_prints_its_path(tmp_path):
     proc = runner("model=glm5_1", "mesh=256gpu", "algo=grpo", "mode=plan", f"hydra.run.dir={d}")
     assert proc.returncode == 0, proc.stderr
     assert f"picture {d}/plan.svg" in proc.stdout.splitlines()
+    step = [x for x in proc.stdout.splitlines() if x.startswith("step    ≈")]
+    assert len(step) == 1 and " s (rollout " in step[0] and "GPU-hours" in step[0], proc.stdout
     check_picture(d / "plan.svg", json.loads((d / "plan.json").read_text()))
 
 

@@ -3,7 +3,8 @@
 Three panels: per pipeline stage, the training and rollout phases' memory per GPU as stacked bars against the GPU's
 memory line; the step-time estimate per phase (low and high); the GPU grid (nodes × GPUs per node) coloured by
 pipeline stage with the rollout replicas outlined. Every artist the tests look for carries an SVG id (gid):
-`stage<S>-<phase>-<part>` for a bar segment, `gpu-limit`, `time-<phase>`, `gpu-<node>-<gpu>`, `replica-<i>`;
+`stage<S>-<phase>-<part>` for a bar segment, `gpu-limit`, `time-<phase>`, `gpu-cells` (a collection: one path per
+GPU), `rollout-replicas` (one path per replica);
 a sweep's overview: `point-<i>-memory`, `point-<i>-time`.
 
 A single run renders beside its plan when it is planned (Prerenderer: a child process imports matplotlib while
@@ -80,6 +81,8 @@ def _figure():
     import matplotlib
 
     matplotlib.use("Agg")
+    # text stays text in the SVG (no glyph outlines): smaller and several times faster to write
+    matplotlib.rcParams["svg.fonttype"] = "none"
     from matplotlib.figure import Figure
 
     return Figure
@@ -88,10 +91,12 @@ def _figure():
 def render(plan: dict, out: str) -> str:
     """Draw plan.json's picture into `out` (SVG). Returns the path."""
     Figure = _figure()
+    from matplotlib.collections import PatchCollection
     from matplotlib.patches import Patch, Rectangle
 
-    fig = Figure(figsize=(14, 9), layout="constrained")
-    grid = fig.add_gridspec(2, 2, height_ratios=[3, 2])
+    fig = Figure(figsize=(14, 9))
+    grid = fig.add_gridspec(2, 2, height_ratios=[3, 2], left=0.06, right=0.98, bottom=0.07, top=0.92, hspace=0.3,
+                            wspace=0.15)
     ax_mem, ax_time, ax_gpu = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[:, 1])
     model = (plan.get("model") or {}).get("name", "?")
     fig.suptitle(f"{model} · {plan.get('algo')} · {(plan.get('mesh') or {}).get('world')} GPUs — estimates "
@@ -135,20 +140,22 @@ def render(plan: dict, out: str) -> str:
 
     nodes, gpn, stage, replica = gpu_layout(plan)
     cmap = _stage_colours(max(stage) + 1 if stage else 1)
-    for r in range(nodes * gpn):
-        node, g = divmod(r, gpn)
-        cell = Rectangle((g, node), 0.92, 0.92, facecolor=cmap[stage[r]], edgecolor="none")
-        cell.set_gid(f"gpu-{node}-{g}")
-        ax_gpu.add_patch(cell)
-    for i, (first, last) in enumerate(_runs(replica)):
+    cells = [Rectangle((r % gpn, r // gpn), 0.92, 0.92) for r in range(nodes * gpn)]
+    grid_cells = PatchCollection(cells, facecolors=[cmap[s] for s in stage], edgecolors="none")
+    grid_cells.set_gid("gpu-cells")   # one path per GPU, rank order (node-major)
+    ax_gpu.add_collection(grid_cells)
+    boxes = []
+    for first, last in _runs(replica):
         n0, g0 = divmod(first, gpn)
         n1, g1 = divmod(last, gpn)
         if n0 == n1:
-            box = Rectangle((g0 - 0.03, n0 - 0.03), g1 - g0 + 0.98, 0.98, fill=False, edgecolor="black", linewidth=0.8)
+            boxes.append(Rectangle((g0 - 0.03, n0 - 0.03), g1 - g0 + 0.98, 0.98))
         else:
-            box = Rectangle((-0.03, n0 - 0.03), gpn + 0.02, n1 - n0 + 0.98, fill=False, edgecolor="black", linewidth=0.8)
-        box.set_gid(f"replica-{i}")
-        ax_gpu.add_patch(box)
+            boxes.append(Rectangle((-0.03, n0 - 0.03), gpn + 0.02, n1 - n0 + 0.98))
+    if boxes:
+        outlines = PatchCollection(boxes, facecolors="none", edgecolors="black", linewidths=0.8)
+        outlines.set_gid("rollout-replicas")   # one path per replica
+        ax_gpu.add_collection(outlines)
     ax_gpu.set_xlim(-0.2, gpn + 0.1)
     ax_gpu.set_ylim(nodes + 0.1, -0.2)
     ax_gpu.set_xlabel("GPU in node")
@@ -185,7 +192,8 @@ def render_overview(points: list, out: str) -> str:
     """A sweep's points: peak memory per GPU (bars, the GPU's line) and the step-time estimate (low–high)."""
     Figure = _figure()
 
-    fig = Figure(figsize=(max(8, len(points) * 0.25 + 4), 5), layout="constrained")
+    fig = Figure(figsize=(max(8, len(points) * 0.25 + 4), 5))
+    fig.subplots_adjust(bottom=0.35)
     ax = fig.add_subplot(111)
     ax2 = ax.twinx()
     limit = None
@@ -246,9 +254,16 @@ class Prerenderer:
 
 def _serve() -> int:
     """The Prerenderer's child: import first, then one request from stdin (EOF: nothing to draw)."""
-    _figure()
+    import io
+
+    Figure = _figure()
     import matplotlib.backends.backend_svg  # noqa: F401
+    import matplotlib.collections  # noqa: F401
     import matplotlib.patches  # noqa: F401
+
+    warm = Figure(figsize=(2, 1))  # fonts and the SVG writer loaded before the plan arrives
+    warm.add_subplot(111).bar([0], [1], label="x")
+    warm.savefig(io.StringIO(), format="svg")
 
     line = sys.stdin.readline()
     if not line.strip():
