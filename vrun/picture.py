@@ -256,6 +256,10 @@ def _serve() -> int:
     """The Prerenderer's child: import first, then one request from stdin (EOF: nothing to draw)."""
     import io
 
+    try:
+        os.nice(5)  # the plan in the parent comes first where CPUs are short
+    except OSError:
+        pass
     Figure = _figure()
     import matplotlib.backends.backend_svg  # noqa: F401
     import matplotlib.collections  # noqa: F401
