@@ -13,24 +13,29 @@ from vrun.mesh import Mesh
 
 def case_workload(name):
     """A published case's shapes as the plan would build them: counts from the facts, the memory and rollout
-    estimates of this project, NeMo RL's layout."""
-    arch, gpus, max_seq, avg_seq, samples, train_gbs, gen_tp, (tp, cp, ep, pp), _ = pub.CASES[name]
+    estimates of this project, the case's layout."""
+    c = pub.CASES[name]
+    arch, (tp, cp, ep, pp) = c.arch, c.train
     count, why = params.count(arch)
     assert count is not None, why
     routed = sum(x.routed for x in count.layers)
     dense = count.total - routed
-    mesh = Mesh(nnodes=gpus // 8, gpus_per_node=8, tp=tp, cp=cp, ep=ep, pp=pp)
+    mem = hardware.PARTS[c.part].mem_gib
+    mesh = Mesh(nnodes=c.gpus // 8, gpus_per_node=8, tp=tp, cp=cp, ep=ep, pp=pp)
     est = memory.estimate(params.to_memory_params(count, mtp=False, vision=False), mesh, optimizer="dist_opt",
                           hidden=arch["hidden"], vocab=arch["vocab"], top_k=arch["experts_per_token"],
-                          tokens_per_gpu=max_seq, recompute=False, param_offload=True, grad_offload=True,
-                          optimizer_offload=True, offload_fraction=1.0, gpu_mem_gib=80.0)
-    r = rollout.estimate(arch, (dense, routed), world=gpus, rollout_tp=gen_tp, gpu_mem_gib=80.0,
-                         utilization=pub.GPU_MEMORY_UTILIZATION, seq_len=max_seq, step_sequences=samples)
+                          tokens_per_gpu=c.max_seq, recompute=c.recompute, param_offload=True, grad_offload=True,
+                          optimizer_offload=True, offload_fraction=1.0, gpu_mem_gib=mem)
+    r = rollout.estimate(arch, (dense, routed), world=c.gpus, rollout_tp=c.gen_tp, gpu_mem_gib=mem,
+                         utilization=c.utilization, seq_len=c.max_seq, step_sequences=c.samples)
     attn, cap = steptime.attention_flops_per_key(arch)
+    response_mean = c.mean_response if c.mean_response is not None else c.avg_seq - pub.PROMPT_MEAN
+    response_max = c.max_seq - (c.max_prompt if c.max_prompt is not None else pub.PROMPT_MEAN)
     return steptime.Workload(
-        world=gpus, gpus_per_node=8, active_params=count.active, samples=samples, prompt_mean=pub.PROMPT_MEAN,
-        response_mean=avg_seq - pub.PROMPT_MEAN, response_max=max_seq - pub.PROMPT_MEAN, pp=pp,
-        micro_batches=max(1, train_gbs // mesh.dp), rollout_tp=gen_tp, rollout_dense=dense, rollout_routed=routed,
+        world=c.gpus, gpus_per_node=8, active_params=count.active, samples=c.samples, prompt_mean=pub.PROMPT_MEAN,
+        response_mean=response_mean, response_max=response_max, pp=pp,
+        micro_batches=max(1, c.train_gbs // mesh.dp), recompute=c.recompute, reference=c.reference,
+        rollout_tp=c.gen_tp, rollout_dense=dense, rollout_routed=routed,
         experts=arch["routed_experts"], top_k=arch["experts_per_token"], kv_per_token=r.kv.per_token,
         kv_per_sequence=r.kv.per_sequence, kv_fits=r.fits, attn_flops_per_key=attn, attn_keys_cap=cap,
         param_bytes=est.weights, grad_bytes=est.grads, optimizer_bytes=est.optimizer, param_offload=True,
@@ -38,8 +43,8 @@ def case_workload(name):
 
 
 def predictions():
-    h100 = hardware.PARTS["H100"]
-    return {name: (steptime.estimate(case_workload(name), h100), case[-1]) for name, case in pub.CASES.items()}
+    return {name: (steptime.estimate(case_workload(name), hardware.PARTS[c.part]), c.step_s)
+            for name, c in pub.CASES.items()}
 
 
 def test_published_cases_within_half_to_twice():
@@ -56,6 +61,8 @@ def test_cases_are_pinned_to_their_document():
     """Each case names the document version it came from; the factors are the module's one set."""
     assert pub.SOURCE["commit"] == "06beed91bac98a2c39a19435f6bbbbe71aa45720"
     assert pub.SOURCE["path"] == "docs/about/performance-summary.md"
+    for c in pub.CASES.values():
+        assert len(c.source["commit"]) == 40 and c.source["path"] and c.part in hardware.PARTS
     for f in steptime.FACTORS.values():
         assert 0 < f.low < f.high <= 1 and f.source
 
