@@ -149,7 +149,7 @@ def cost(st: StepTime, gpus: int, verl: dict, has_rollout: bool, price: Optional
 def time_line(st: StepTime, c: dict) -> str:
     """The plan table's one line."""
     parts = ", ".join(f"{name} {_range(st.phase(name))}" for name in st.phases)
-    per = f"{c['steps']} steps" if not c["steps_from"].startswith("per 100") else "per 100 steps"
+    per = f"{c['steps']:,} steps ({c['steps_from']})" if not c["steps_from"].startswith("per 100") else "per 100 steps"
     money = f" ≈ {c['price_low']:,.0f}–{c['price_high']:,.0f} at {c['gpu_hour_price']:g}/GPU-hour" \
         if "gpu_hour_price" in c else ""
     how = f"; {st.calibration}" if st.calibration else ""
@@ -166,4 +166,4 @@ def _num(x: float) -> str:
         return f"{x:,.0f}"
     if x >= 10:
         return f"{x:.0f}"
-    return f"{x:.1f}"
+    return f"{x:.1f}" if x >= 1 else f"{x:.2g}"
