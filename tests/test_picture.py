@@ -13,6 +13,14 @@ from vrun.runs import cli
 pytest.importorskip("matplotlib")
 
 
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    """A state dir of the test's own: no calibration record from elsewhere scales these estimates."""
+    d = tmp_path / "state"
+    monkeypatch.setenv("VRUN_STATE_DIR", str(d))
+    return d
+
+
 def ids(svg_path):
     root = ET.parse(svg_path).getroot()
     return [e.get("id") for e in root.iter() if e.get("id")]

@@ -11,6 +11,14 @@ from vrun import hardware, memory, params, rollout, steptime
 from vrun.mesh import Mesh
 
 
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    """A state dir of the test's own: no calibration record from elsewhere scales these estimates."""
+    d = tmp_path / "state"
+    monkeypatch.setenv("VRUN_STATE_DIR", str(d))
+    return d
+
+
 def case_workload(name):
     """A published case's shapes as the plan would build them: counts from the facts, the memory and rollout
     estimates of this project, the case's layout."""
