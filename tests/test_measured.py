@@ -27,7 +27,8 @@ def verl_lines():
 
     out = ["(TaskRunner pid=4242) INFO: loading checkpoint shards", "random noise step: not a step"]
     for step, (gen, total) in enumerate([(300.0, 420.0), (100.0, 200.0), (110.0, 210.0), (90.0, 190.0)], start=1):
-        data = {"timing_s/gen": np.float64(gen), "timing_s/old_log_prob": 10.5, "timing_s/update_actor": np.float32(60.0),
+        data = {"timing_s/gen": np.float64(gen), "timing_s/old_log_prob": 10.5,
+                "timing_s/update_actor": np.float32(60.0),
                 "timing_s/update_weights": 12, "timing_s/step": np.float64(total), "perf/throughput": 1234.5,
                 "perf/mfu/actor": np.float64(0.21), "actor/pg_loss": -0.01, "response_length/mean": 812.0}
         line = concat_dict_to_str(data, step=step)
@@ -92,7 +93,8 @@ def test_the_next_plan_of_the_kind_is_calibrated(tmp_path, state_dir, verl_lines
     capsys.readouterr()
     rec = json.loads((state_dir / calibration.FILE).read_text())
     (entries,) = rec.values()
-    assert entries[0]["measured_s"] == 200.0 and entries[0]["predicted_s"] == pytest.approx(first.time.model_middle, rel=1e-3)
+    assert entries[0]["measured_s"] == 200.0
+    assert entries[0]["predicted_s"] == pytest.approx(first.time.model_middle, rel=1e-3)
     nxt = plan(["model=qwen3_5_35b", "algo=grpo", "mode=plan"], str(tmp_path / "b"))
     assert nxt.time.calibration == "calibrated from 1 run"
     assert nxt.time.central == pytest.approx(200.0 * nxt.time.model_middle / first.time.model_middle, rel=1e-2)

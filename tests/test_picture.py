@@ -70,7 +70,8 @@ def test_sft_picture_has_no_rollout(tmp_path):
 
 def test_sweep_points_draw_nothing_until_shown(tmp_path, capsys):
     d = tmp_path / "s"
-    proc = runner("-m", "model=qwen3_5_35b", "mesh.pp=1,2", "mesh.ep=4", "mesh.cp=4", "mode=plan", f"hydra.sweep.dir={d}")
+    proc = runner("-m", "model=qwen3_5_35b", "mesh.pp=1,2", "mesh.ep=4", "mesh.cp=4", "mode=plan",
+                  f"hydra.sweep.dir={d}")
     assert proc.returncode == 0, proc.stderr
     points = sorted(p for p in d.iterdir() if (p / "plan.json").is_file())
     assert len(points) == 2 and not any((p / "plan.svg").exists() for p in points)

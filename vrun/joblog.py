@@ -19,7 +19,8 @@ from typing import Iterable, Optional
 JOB_LOG = "job.log"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 STEP = re.compile(r"(?:^|[\s)\]|])step:(\d+) - (.+)$")
-NUMBER = re.compile(r"^(?:np\.[a-z0-9_]+\(|numpy\.[a-z0-9_]+\()?\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*\)?$")
+# a plain number, or one inside numpy's repr: np.float64(1.5), numpy.int64(3)
+NUMBER = re.compile(r"^(?:(?:np|numpy)\.[a-z0-9_]+\()?\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*\)?$")
 # the metrics kept (the rest of a step's line is not needed)
 KEYS = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights",
         "timing_s/step", "timing_s/reward", "perf/throughput", "perf/time_per_step", "perf/mfu/actor", "train/mfu")

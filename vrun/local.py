@@ -1,8 +1,9 @@
 """Hand-off on this machine: the plan's command, in the plan's environment.
 
 The child's output (stdout and stderr together) goes to the terminal and to <run dir>/job.log, where
-`python -m vrun status` reads verl's per-step timings back (vrun/joblog.py). The environment is built here and the command inherits it, so whatever the command starts (Ray's local
-instance, torchrun's ranks) starts from it: variables set, ROCR/HIP unset when CUDA_VISIBLE_DEVICES is set
+`python -m vrun status` reads verl's per-step timings back (vrun/joblog.py). The environment is built here
+and the command inherits it, so whatever the command starts (Ray's local instance, torchrun's ranks) starts
+from it: variables set, ROCR/HIP unset when CUDA_VISIBLE_DEVICES is set
 (a Ray runtime env can set variables but not unset them). Secrets pass by name only.
 """
 from __future__ import annotations

@@ -56,7 +56,8 @@ def stage_memory(plan: dict) -> list[dict]:
     for s in per:
         w = (s.get("per_rank") or 0) / (ref.get("per_rank") or 1)
         layers = (s.get("layers") or 0) / (ref.get("layers") or 1)
-        train = {"weights": mem["weights_gib"] * w, "grads": mem["grads_gib"] * w, "optimizer": mem["optimizer_gib"] * w,
+        train = {"weights": mem["weights_gib"] * w, "grads": mem["grads_gib"] * w,
+                 "optimizer": mem["optimizer_gib"] * w,
                  "activations": mem["activations_gib"] * layers,
                  "logits": mem["logits_gib"] if s.get("has_loss") and ref.get("has_loss") else 0.0}
         out.append({"stage": int(s.get("stage", len(out))), "training": train,
@@ -117,7 +118,8 @@ def render(plan: dict, out: str) -> str:
     if limit:
         line = ax_mem.axhline(limit, color="black", linestyle="--", linewidth=1)
         line.set_gid("gpu-limit")
-        ax_mem.text(0.0, limit, f" GPU memory {limit:g} GiB", va="bottom", fontsize=8, transform=ax_mem.get_yaxis_transform())
+        ax_mem.text(0.0, limit, f" GPU memory {limit:g} GiB", va="bottom", fontsize=8,
+                    transform=ax_mem.get_yaxis_transform())
     ax_mem.set_xticks([s["stage"] for s in stages], [f"PP{s['stage']}" for s in stages], fontsize=7)
     ax_mem.set_ylabel("GiB per GPU (estimate)")
     ax_mem.set_title("memory per stage: training (left) · rollout (right)", fontsize=9)

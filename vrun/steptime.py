@@ -173,7 +173,8 @@ class StepTime:
     def summary(self) -> dict:
         return {
             "estimate": True,
-            "step_low_s": round(self.low, 1), "step_high_s": round(self.high, 1), "step_middle_s": round(self.central, 1),
+            "step_low_s": round(self.low, 1), "step_high_s": round(self.high, 1),
+            "step_middle_s": round(self.central, 1),
             "phases": {k: self.phase(k).summary() for k in self.phases},
             "rollout_at_mean": self.rollout_at_mean.summary() if self.rollout_at_mean else None,
             "rollout_at_max_response_length": self.rollout_at_max.summary() if self.rollout_at_max else None,

@@ -13,7 +13,8 @@ gpu_memory_utilization 0.6 (NeMo RL's default), parameters and optimizer moved o
 recompute, no KL term.
 
 The architectures (not among this project's five model groups) are the checkpoints' config.json facts:
-DeepSeek-V3 (deepseek-ai/DeepSeek-V3), Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-32B (Qwen/…), Llama-3.1-8B (meta-llama/…).
+DeepSeek-V3 (deepseek-ai/DeepSeek-V3), Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-32B (Qwen/…), Llama-3.1-8B
+(meta-llama/…).
 verl's own DeepSeek-V3 figure (docs/perf/dpsk.md) is the last case, with its sources beside it.
 No published end-to-end step time was found for this project's own five models (GLM-5.1, Kimi-K2.6, Qwen3.5-35B-A3B,
 DeepSeek-V4 Flash/Pro) under verl or NeMo RL.
@@ -69,7 +70,8 @@ class Case:
 # table (TP8 PP12 EP8, offload fraction 1) and the example script's defaults (train_batch_size 96, n 8, prompt
 # 2048, response 8192, vLLM TP32 at 0.6, KL loss on, full recompute). The script is the stored version at the
 # commit below, which may postdate the measurement.
-VERL_DPSK = {"repo": "verl-project/verl", "path": "docs/perf/dpsk.md", "commit": "e677ce1f42274dc95df2efa0b8551bf5e0169751",
+VERL_DPSK = {"repo": "verl-project/verl", "path": "docs/perf/dpsk.md",
+             "commit": "e677ce1f42274dc95df2efa0b8551bf5e0169751",
              "script": "examples/grpo_trainer/run_deepseek_v3_671b_vllm_megatron.sh",
              "script_commit": "01143cbaacfd8085bc8a56f08c910b5f2403a100"}
 
