@@ -47,10 +47,10 @@ class Factor:
 FACTORS = {
     "train_mfu": Factor(0.08, 0.47, "low: Megatron Lite's bench, Qwen3.5-35B-A3B proxy on 8×H100, 80.4 TFLOPs/GPU "
                         "= 8% of 989 (Megatron-LM dev d48bd6be experimental/lite/examples/bench/README.md); high: "
-                        "Megatron-Core's 47% MFU on H100 (Megatron-LM README, GPT-175B)"),
-    "decode_mbu": Factor(0.30, 0.70, "model-bandwidth utilisation of a decode step: ~60% at batch 1 on A100/H100 "
-                         "(Databricks, 'LLM Inference Performance Engineering: Best Practices', 2023); wider for "
-                         "MoE routing and TP collectives"),
+                        "up to 47% MFU on H100 (Megatron-LM README, GPT weak scaling)"),
+    "decode_mbu": Factor(0.25, 0.60, "model-bandwidth utilisation of a decode step measured with TensorRT-LLM at "
+                         "batch 1–16: 60% at TP2 (H100, A100), 40% at TP4, 25% at TP8 (Databricks, 'LLM Inference "
+                         "Performance Engineering: Best Practices', 2023-10, figures 2–3)"),
     "network": Factor(0.50, 0.90, "share of the NIC line rate a bulk transfer reaches (NCCL all-gather bus "
                       "bandwidth, nccl-tests on DGX H100: ~360 of 400 GB/s per node)"),
     "pcie": Factor(0.50, 0.80, "pinned host-device copies reach ~50 of 64 GB/s on PCIe Gen5 x16 (NVIDIA "
