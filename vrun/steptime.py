@@ -51,10 +51,10 @@ FACTORS = {
     "decode_mbu": Factor(0.25, 0.60, "model-bandwidth utilisation of a decode step measured with TensorRT-LLM at "
                          "batch 1–16: 60% at TP2 (H100, A100), 40% at TP4, 25% at TP8 (Databricks, 'LLM Inference "
                          "Performance Engineering: Best Practices', 2023-10, figures 2–3)"),
-    "network": Factor(0.50, 0.90, "share of the NIC line rate a bulk transfer reaches (NCCL all-gather bus "
-                      "bandwidth, nccl-tests on DGX H100: ~360 of 400 GB/s per node)"),
-    "pcie": Factor(0.50, 0.80, "pinned host-device copies reach ~50 of 64 GB/s on PCIe Gen5 x16 (NVIDIA "
-                   "bandwidthTest on H100); pageable copies about half"),
+    "network": Factor(0.50, 0.90, "ASSUMED (no measurement read): the share of the NICs' line rate a bulk weight "
+                      "transfer reaches"),
+    "pcie": Factor(0.50, 0.80, "ASSUMED (no measurement read): the share of the PCIe x16 rate a pinned host-device "
+                   "copy reaches"),
 }
 # the mean prompt and response as a share of their maxima when nothing better is known (a calibration replaces it)
 MEAN_FRACTION = 0.5
