@@ -65,8 +65,8 @@ PARTS = {
                    "Infinity Fabric 896 GB/s, PCIe Gen5)"),
     "MI325X": Part(256.0, 1307 * TB, 2615 * TB, 6.0 * TB, 448 * GB, 400 * GB, 64 * GB,
                    "AMD Instinct MI325X datasheet (MI300X compute, 256 GB HBM3E 6 TB/s)"),
-    "MI355X": Part(288.0, 2300 * TB, 4600 * TB, 8.0 * TB, 576 * GB, 400 * GB, 64 * GB,
-                   "AMD Instinct MI355X datasheet (2.3 PF fp16/bf16, 4.6 PF fp8 dense, 8 TB/s HBM3E)"),
+    "MI355X": Part(288.0, 2500 * TB, 5000 * TB, 8.0 * TB, 576 * GB, 400 * GB, 64 * GB,
+                   "AMD Instinct MI355X datasheet (2.5 PF fp16/bf16, 5 PF fp8 dense, 8 TB/s HBM3E)"),
 }
 GPU_MEM_GIB = {name: p.mem_gib for name, p in PARTS.items()}
 
