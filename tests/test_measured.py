@@ -132,9 +132,10 @@ def test_a_local_run_tees_its_output_to_job_log_and_learns(tmp_path, state_dir, 
     script = "import sys\nfor line in %r: print(line)\nprint('to stderr', file=sys.stderr)\n" % (verl_lines,)
     p = dataclasses.replace(p, argv=[sys.executable, "-c", script])
     assert local.train(p) == 0
-    out = capfd.readouterr().out
+    cap = capfd.readouterr()
     log = (tmp_path / "r" / joblog.JOB_LOG).read_text(errors="replace")
-    assert "timing_s/step" in out and "timing_s/step" in log and "to stderr" in log
+    assert "timing_s/step" in cap.out and "timing_s/step" in log and "to stderr" in log
+    assert "to stderr" in cap.err.splitlines() and "to stderr" not in cap.out.splitlines()  # streams stay apart
     assert list(json.loads((state_dir / calibration.FILE).read_text()).values())[0][0]["measured_s"] == 200.0
 
 

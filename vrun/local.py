@@ -1,6 +1,6 @@
 """Hand-off on this machine: the plan's command, in the plan's environment.
 
-The child's output (stdout and stderr together) goes to the terminal and to <run dir>/job.log, where
+The child's output goes to the terminal (stdout and stderr apart) and to <run dir>/job.log (both), where
 `python -m vrun status` reads verl's per-step timings back (vrun/joblog.py). The environment is built here
 and the command inherits it, so whatever the command starts (Ray's local instance, torchrun's ranks) starts
 from it: variables set, ROCR/HIP unset when CUDA_VISIBLE_DEVICES is set
@@ -30,10 +30,10 @@ def child_env(plan: Plan, environ: dict | None = None) -> dict:
 def train(plan: Plan) -> int:
     print(f"launch: {' '.join(plan.argv)}", flush=True)
     proc = subprocess.Popen(plan.argv, env=child_env(plan), cwd=plan.run_dir, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.PIPE)
     rundir.record(plan.run_dir, "entrypoint_started", attempt=0, node=0, pid=proc.pid)
     try:
-        tee(proc.stdout, Path(plan.run_dir) / JOB_LOG)
+        tee([(proc.stdout, sys.stdout), (proc.stderr, sys.stderr)], Path(plan.run_dir) / JOB_LOG)
         proc.wait()
     finally:
         rundir.record(plan.run_dir, "exited", attempt=0, node=0, rc=proc.poll())
@@ -43,23 +43,37 @@ def train(plan: Plan) -> int:
     return proc.returncode
 
 
-def tee(stream, path: Path) -> None:
-    """Copy the child's output to this process's stdout and to `path`, line by line, as it comes."""
-    out = sys.stdout.buffer
+def tee(streams: list, path: Path) -> None:
+    """Copy each child stream to its own stream here (stdout to stdout, stderr to stderr) and both to `path`,
+    line by line as they come; returns when every stream has ended."""
+    import threading
+
+    lock = threading.Lock()
     try:
         log = open(path, "ab")
     except OSError:
         log = None
+
+    def pump(src, dst) -> None:
+        nonlocal log
+        out = dst.buffer
+        for line in iter(src.readline, b""):
+            with lock:
+                out.write(line)
+                out.flush()
+                if log is not None:
+                    try:
+                        log.write(line)
+                        log.flush()
+                    except OSError:
+                        log = None
+
+    threads = [threading.Thread(target=pump, args=pair, daemon=True) for pair in streams]
     try:
-        for line in iter(stream.readline, b""):
-            out.write(line)
-            out.flush()
-            if log is not None:
-                try:
-                    log.write(line)
-                    log.flush()
-                except OSError:
-                    log = None
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     finally:
         if log is not None:
             log.close()
