@@ -20,6 +20,7 @@ WANT  := $(TORCH) | $(VERL) | $(PINS)
 # Runs the project wrote (`python -m vrun VERB --help` for each):
 #> runs [DIR...]            list runs and sweep points: model, algo, GPUs, mode, state, job, attempt, GPU-hours
 #> status RUN               one run: plan, state and reason, nodes joined, Ray, phase, requeues, progress, logs
+#> show RUN                 draw a run's plan.svg (memory per stage, step time, GPU grid) or a sweep's overview.svg
 #> logs RUN [--node N] [-f] the job's output from every node, merged or per node; -f follows
 #> cancel RUN... [--yes]    scancel a pending or running run (every point of a sweep dir)
 #> diff RUN_A RUN_B         overrides, verl config leaf by leaf, mesh, batch, env names, versions

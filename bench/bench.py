@@ -2,6 +2,7 @@
 
 1. `runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan` vs `python -m verl.trainer.main_ppo --cfg job`
    with the same verl groups and overrides (what a launcher costs just to print its config). Goal <= 0.25x.
+   Then plan.svg's drawing alone (the single run waits for it).
 2. A 64-point plan-only --multirun sweep (every point planned, checked and written). Goal < 10 s.
 3. mesh=auto search time (every valid mesh, each with its memory estimate, and the rollout replica chosen
    beside it) for 8…1024 GPUs and each model. Goal: under 100 ms.
@@ -50,6 +51,7 @@ def main():
     o, t = statistics.median(ours), statistics.median(theirs)
     print(f"plan glm5_1/256gpu/grpo      {o:6.2f} s   verl main_ppo --cfg job (same overrides) {t:6.2f} s   "
           f"ratio {o / t:.2f}x (goal <= 0.25x)")
+    picture_time(tmp / "p" / "plan.json")
 
     sweep = [PY, "runner.py", "-m", "model=glm5_1,kimi_k2_6", "optimizer=fsdp2,dist_opt", "mesh.pp=1,2,4,8",
              "verl.data.train_batch_size=128,256,512,1024", "mode=plan"]
@@ -62,6 +64,20 @@ def main():
     list_runs(tmp)
     mesh_search()
     subprocess.run([PY, str(ROOT / "bench" / "ray_bringup.py")], cwd=ROOT, env=ENV)
+
+
+def picture_time(plan_json: Path) -> None:
+    """plan.svg's drawing alone (the plan above waits for it; matplotlib's import runs beside the planning)."""
+    code = ("import json, sys, time; from vrun import picture; picture._figure(); "
+            "import matplotlib.backends.backend_svg, matplotlib.collections; p = json.load(open(sys.argv[1])); "
+            "ts = []\nfor _ in range(3):\n t = time.perf_counter(); picture.render(p, sys.argv[2]); "
+            "ts.append(time.perf_counter() - t)\nprint(sorted(ts)[1])")
+    out = subprocess.run([PY, "-c", code, str(plan_json), str(plan_json.with_name("bench.svg"))], cwd=ROOT,
+                         capture_output=True, text=True, env=dict(ENV, PYTHONPATH=str(ROOT)))
+    if out.returncode:
+        print(f"plan.svg drawing: not measured ({(out.stderr.strip().splitlines() or ['failed'])[-1]})")
+        return
+    print(f"plan.svg drawing            {float(out.stdout):6.2f} s   (included in the plan above)")
 
 
 def list_runs(tmp: Path) -> None:

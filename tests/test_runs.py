@@ -163,7 +163,7 @@ def test_help_for_every_verb():
     from vrun.runs.cli import parser
 
     verbs = sorted(parser()._subparsers._group_actions[0].choices)
-    assert verbs == sorted(["runs", "status", "logs", "cancel", "diff", "export", "resubmit"])
+    assert verbs == sorted(["runs", "status", "show", "logs", "cancel", "diff", "export", "resubmit"])
     make = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True).stdout
     readme = (ROOT / "README.md").read_text()
     for verb in verbs:

@@ -58,6 +58,9 @@ class Plan:
     params: Optional[ParamCounts] = None     # total, active, source, ... and the per-stage split
     pipeline: list = field(default_factory=list)  # per stage: decoder layers [first, last], embedding/MTP/loss
     stack: dict = field(default_factory=dict)     # the verl and verl_mlite it was composed against (vrun.stack)
+    time: Optional[object] = None            # vrun.steptime.StepTime (None: time_note says why)
+    time_note: str = ""
+    cost: Optional[dict] = None              # GPU-hours for the configured steps (vrun.steptime_plan.cost)
 
     @property
     def pass_env(self) -> list:
@@ -157,7 +160,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     path, path_from, p = resolve_model_path(config.model, environ, single_model)
     problems += p
     env, unset, p = run_env(config, environ)
-    problems += p + guard.run_problems(config) + guard.model_problems(config.model)
+    problems += p + guard.run_problems(config) + guard.model_problems(config.model) + price_problems(config)
     try:
         mesh = Mesh.of(config.mesh)
     except PlanError as e:
@@ -221,10 +224,24 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
                                     "estimate", f"set model.arch.{missing[0]} (the checkpoint's config.json has it)",
                                     warning=True))
         counts = dataclasses.replace(counts, per_stage=tuple(memory.stage_split(params, mesh)))
+    from vrun import steptime_plan
+
+    st, st_note = steptime_plan.estimate(config, ep, resolved, mesh, counts, est)
+    cost = steptime_plan.cost(st, mesh.world, resolved, ep.has_rollout, config.cluster.gpu_hour_price) \
+        if st is not None else None
     return Plan(config=config, entrypoint=ep, mesh=mesh, run_dir=run_dir, verl=resolved, request=req, argv=argv,
                 env=env, env_unset=unset, model_path=path, model_path_source=path_from, mlite=source,
                 warnings=warnings, memory=est, memory_note=params_note, search=search, checkpoint=ckpt, params=counts,
-                pipeline=pipeline_stages(config, ep, resolved, mesh, params), stack=stack.current())
+                pipeline=pipeline_stages(config, ep, resolved, mesh, params), stack=stack.current(), time=st,
+                time_note=st_note, cost=cost)
+
+
+def price_problems(config: RunConfig) -> list[Problem]:
+    price = config.cluster.gpu_hour_price
+    if price is None or (0 <= price < 1e9):
+        return []
+    return [Problem("cluster.gpu_hour_price", price, "must be a non-negative price per GPU-hour",
+                    "cluster.gpu_hour_price=2.5, or leave it unset")]
 
 
 def model_params(config: RunConfig, entrypoint: Entrypoint, path: Optional[str], problems: list,

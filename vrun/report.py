@@ -28,9 +28,19 @@ def plan_json(plan: Plan) -> dict:
         "mesh_search": plan.search.summary() if plan.search is not None else None,
         "checkpoint": plan.checkpoint.summary() if plan.checkpoint is not None else None,
         "pipeline": plan.pipeline,
+        "time": time_json(plan),
+        "cost": plan.cost if plan.cost is not None else {"unavailable": plan.time_note},
         "params": plan.params.summary() if plan.params is not None else None,
         "warnings": [w.line() for w in plan.warnings],
     }
+
+
+def time_json(plan: Plan) -> dict:
+    from vrun import steptime_plan
+
+    if plan.time is None:
+        return {"unavailable": plan.time_note}
+    return {**plan.time.summary(), "kind": steptime_plan.kind(plan.config, plan.verl)}
 
 
 def write(plan: Plan, extra: Optional[dict] = None) -> None:
@@ -58,6 +68,7 @@ def table(plan: Plan) -> str:
     rows += plan.entrypoint.batch_rows(plan.batch)
     rows += plan.entrypoint.recipe_rows(plan.verl, c.algo)
     rows += memory_rows(plan)
+    rows += time_rows(plan)
     rows += [
         f"model   {plan.model_path or '(unset)'}  [{plan.model_path_source}]",
         f"entry   {plan.entrypoint.launches}",
@@ -73,6 +84,14 @@ def one_line(idx: int, overrides, plan: Plan) -> str:
     m = plan.mesh
     return (f"point {idx} [{' '.join(overrides)}]: {m.world} GPUs TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} "
             f"EP{m.ep} ETP{m.etp} EDP{m.edp} → {plan.run_dir}")
+
+
+def time_rows(plan: Plan) -> list[str]:
+    from vrun import steptime_plan
+
+    if plan.time is None:
+        return [f"step    no estimate: {plan.time_note}"]
+    return [steptime_plan.time_line(plan.time, plan.cost)]
 
 
 def memory_rows(plan: Plan) -> list[str]:

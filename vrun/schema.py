@@ -222,6 +222,8 @@ class Cluster:
     # the GPU part (vrun/hardware.py lists them and their memory); gpu_mem_gib, when set, overrides its memory
     gpu: str = "H100"
     gpu_mem_gib: Optional[float] = None
+    # price of one GPU-hour (any currency): the plan's cost line multiplies its GPU-hours by it when set
+    gpu_hour_price: Optional[float] = None
 
 
 @dataclass

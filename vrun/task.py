@@ -27,10 +27,17 @@ def run(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
+    drawer = None
     try:
         planned = take_planned(run_dir)
+        if planned is None:  # a single run draws its plan (sweep points only when asked: python -m vrun show)
+            from vrun.picture import Prerenderer
+
+            drawer = Prerenderer()
         p = planned or plan_config(cfg, run_dir)
     except Exception as e:  # noqa: BLE001 - a refused plan: one line each, and it leaves nothing behind
+        if drawer is not None:
+            drawer.close()
         guard.remove_if_empty(guard.CREATED)
         if os.environ.get("HYDRA_FULL_ERROR") == "1" and not isinstance(e, PlanError):
             raise
@@ -40,6 +47,9 @@ def run(cfg: DictConfig) -> None:
         report.write(p)
         write_manifest(cfg, run_dir, list(hc.overrides.task))
         print(report.table(p), flush=True)
+        if drawer is not None:
+            svg, why = drawer.render(str(Path(p.run_dir) / "plan.json"))
+            print(f"picture {svg}" if svg else f"picture not drawn: {why}", flush=True)
         if p.config.mode == Mode.plan:
             return
         from vrun import preflight

@@ -1,4 +1,4 @@
-"""`python -m vrun <verb>`: runs, status, logs, cancel, diff, export, resubmit (`--help` on each).
+"""`python -m vrun <verb>`: runs, status, show, logs, cancel, diff, export, resubmit (`--help` on each).
 
 Bad input (an unknown dir, a dir that is not a run, cancelling a run that has ended) is one line naming the
 thing, why and the fix, exit 2. Nothing here prints a secret: run dirs hold none, env vars are shown by name.
@@ -81,14 +81,17 @@ def cmd_runs(a) -> int:
     if a.json:
         print(json.dumps([r.summary() for r in runs], indent=1))
         return 0
-    head = ("WHEN", "MODEL", "ALGO", "GPUS", "MODE", "STATE", "JOB", "ATT", "ELAPSED", "GPU-H", "CKPT", "RUN DIR")
+    from vrun.runs import measured
+
+    head = ("WHEN", "MODEL", "ALGO", "GPUS", "MODE", "STATE", "JOB", "ATT", "ELAPSED", "GPU-H", "STEP S (MEAS/EST)",
+            "CKPT", "RUN DIR")
     rows = []
     for r in runs:
         s = r.summary()
         rows.append((time.strftime("%m-%d %H:%M", time.localtime(r.when)) if r.when else "-", s["model"] or "?",
                      s["algo"] or "?", str(s["gpus"]), s["mode"] or "?", state.describe(r)[:60],
                      r.job_id or "-", str(r.attempt) if r.on_slurm else "-", _dur(r.elapsed_s) if r.elapsed_s else "-",
-                     f"{r.gpu_hours:.2f}" if r.elapsed_s else "-",
+                     f"{r.gpu_hours:.2f}" if r.elapsed_s else "-", measured.column(r),
                      str(s["checkpoint_step"]) if s["checkpoint_step"] is not None else "-", str(r.dir)))
     if not rows:
         print("no runs" + (" match" if a.state or a.model else ""))
@@ -112,9 +115,15 @@ def one_run(path: str) -> state.Run:
 
 
 def cmd_status(a) -> int:
+    from vrun.runs import measured
+
     r = one_run(a.run)
+    m = measured.of(r)
+    if m.steps:
+        measured.learn(r.dir, m)  # the calibration record learns what this run measured (idempotent)
     if a.json:
-        print(json.dumps({**r.summary(), "events": r.events}, indent=1))
+        print(json.dumps({**r.summary(), "events": r.events, "predicted": measured.predicted(r),
+                          "measured": m.summary()}, indent=1))
         return 0
     p, m = r.plan, r.plan.get("mesh") or {}
     print(f"run      {r.dir}")
@@ -131,6 +140,8 @@ def cmd_status(a) -> int:
               + (f"; nodes {','.join(r.hosts)}" if r.hosts else ""))
     if r.elapsed_s:
         print(f"elapsed  {_dur(r.elapsed_s)}, {r.gpu_hours:.2f} GPU-hours")
+    for line in measured.lines(r):
+        print(line)
     step = r.checkpoint_step()
     print(f"ckpt     {'step ' + str(step) if step is not None else 'none yet'} ({r.dir / 'checkpoints'})")
     t0 = None
@@ -174,6 +185,9 @@ def log_files(r: state.Run, job_id: str | None = None) -> list:
 
 def cmd_logs(a) -> int:
     r = one_run(a.run)
+    if not r.on_slurm and (r.dir / "job.log").is_file():  # a local run's output, teed by vrun.local
+        sys.stdout.write((r.dir / "job.log").read_text(errors="replace"))
+        return 0
     if not r.on_slurm:
         raise Usage(f"error: run={r.dir}: a run on this machine (cluster={r.plan.get('cluster')}) writes no log "
                     "files: its output went to the terminal that started it; fix: for a kept log, run it with "
@@ -376,6 +390,29 @@ def cmd_resubmit(a) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- show
+
+def cmd_show(a) -> int:
+    """Draw a run's plan.svg, or a sweep dir's overview.svg (its points' peak memory and step time)."""
+    from vrun import picture
+
+    ps = state.points(a.run)
+    plans = []
+    for p in ps:
+        try:
+            plans.append((p.name, json.loads((p / "plan.json").read_text())))
+        except (OSError, json.JSONDecodeError) as e:
+            raise Usage(f"error: run={p}: plan.json is unreadable ({e}); fix: plan the run again") from None
+    single = len(ps) == 1 and (Path(a.run) / "plan.json").is_file()
+    out = a.output or str((ps[0] / picture.PICTURE) if single else (Path(a.run) / picture.OVERVIEW))
+    try:
+        path = picture.render(plans[0][1], out) if single else picture.render_overview(plans, out)
+    except ImportError as e:
+        raise Usage(f"error: matplotlib: not importable ({e}); fix: pip install 'matplotlib==3.11.2'") from None
+    print(path)
+    return 0
+
+
 # ---------------------------------------------------------------- main
 
 def parser() -> argparse.ArgumentParser:
@@ -397,6 +434,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_status)
+    p = sub.add_parser("show", help="draw a run's plan.svg, or a sweep dir's overview.svg",
+                       description="The plan as a picture: per-stage memory, the step-time estimate, the GPU grid "
+                       "(a run dir); every point's peak memory and step time (a sweep dir). Prints the path.")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("-o", "--output", help="write the picture here (default: beside plan.json / in the sweep dir)")
+    p.set_defaults(fn=cmd_show)
     p = sub.add_parser("logs", help="the job's output from every node, merged or per node; -f follows",
                        description="submitit's per-task files (one task per node), each line prefixed with the "
                        "node and stream.")

@@ -1,0 +1,178 @@
+"""The step-time estimate and the cost in the plan (vrun/steptime.py, vrun/steptime_plan.py), held to published
+GRPO step times (tests/support/published_steps.py) with one fixed set of efficiencies."""
+import json
+import math
+
+import pytest
+
+from conftest import plan, problems_of
+from support import published_steps as pub
+from vrun import hardware, memory, params, rollout, steptime
+from vrun.mesh import Mesh
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    """A state dir of the test's own: no calibration record from elsewhere scales these estimates."""
+    d = tmp_path / "state"
+    monkeypatch.setenv("VRUN_STATE_DIR", str(d))
+    return d
+
+
+def case_workload(name):
+    """A published case's shapes as the plan would build them: counts from the facts, the memory and rollout
+    estimates of this project, the case's layout."""
+    c = pub.CASES[name]
+    arch, (tp, cp, ep, pp) = c.arch, c.train
+    count, why = params.count(arch)
+    assert count is not None, why
+    routed = sum(x.routed for x in count.layers)
+    dense = count.total - routed
+    mem = hardware.PARTS[c.part].mem_gib
+    mesh = Mesh(nnodes=c.gpus // 8, gpus_per_node=8, tp=tp, cp=cp, ep=ep, pp=pp)
+    est = memory.estimate(params.to_memory_params(count, mtp=False, vision=False), mesh, optimizer="dist_opt",
+                          hidden=arch["hidden"], vocab=arch["vocab"], top_k=arch["experts_per_token"],
+                          tokens_per_gpu=c.max_seq, recompute=c.recompute, param_offload=True, grad_offload=True,
+                          optimizer_offload=True, offload_fraction=1.0, gpu_mem_gib=mem)
+    r = rollout.estimate(arch, (dense, routed), world=c.gpus, rollout_tp=c.gen_tp, gpu_mem_gib=mem,
+                         utilization=c.utilization, seq_len=c.max_seq, step_sequences=c.samples)
+    attn, cap = steptime.attention_flops_per_key(arch)
+    response_mean = c.mean_response if c.mean_response is not None else c.avg_seq - pub.PROMPT_MEAN
+    response_max = c.max_seq - (c.max_prompt if c.max_prompt is not None else pub.PROMPT_MEAN)
+    return steptime.Workload(
+        world=c.gpus, gpus_per_node=8, active_params=count.active, samples=c.samples, prompt_mean=pub.PROMPT_MEAN,
+        response_mean=response_mean, response_max=response_max, pp=pp,
+        micro_batches=max(1, c.train_gbs // mesh.dp), recompute=c.recompute, reference=c.reference,
+        rollout_tp=c.gen_tp, rollout_dense=dense, rollout_routed=routed,
+        experts=arch["routed_experts"], top_k=arch["experts_per_token"], kv_per_token=r.kv.per_token,
+        kv_per_sequence=r.kv.per_sequence, kv_fits=r.fits, attn_flops_per_key=attn, attn_keys_cap=cap,
+        param_bytes=est.weights, grad_bytes=est.grads, optimizer_bytes=est.optimizer, param_offload=True,
+        optimizer_offload=True)
+
+
+def predictions():
+    return {name: (steptime.estimate(case_workload(name), hardware.PARTS[c.part]), c.step_s)
+            for name, c in pub.CASES.items()}
+
+
+def test_published_cases_within_half_to_twice():
+    """With the one fixed set of efficiencies, at least three published step times lie within 0.5×–2× of the
+    estimate's middle, a MoE case among them."""
+    preds = predictions()
+    within = {n: st.central / t for n, (st, t) in preds.items() if 0.5 <= st.central / t <= 2.0}
+    table = {n: (round(st.low), round(st.central), round(st.high), t) for n, (st, t) in preds.items()}
+    assert len(within) >= 3, table
+    assert any(n.startswith("qwen3_235b") for n in within), table   # a MoE case among them
+
+
+def test_cases_are_pinned_to_their_document():
+    """Each case names the document version it came from; the factors are the module's one set."""
+    assert pub.SOURCE["commit"] == "06beed91bac98a2c39a19435f6bbbbe71aa45720"
+    assert pub.SOURCE["path"] == "docs/about/performance-summary.md"
+    for c in pub.CASES.values():
+        assert len(c.source["commit"]) == 40 and c.source["path"] and c.part in hardware.PARTS
+    for f in steptime.FACTORS.values():
+        assert 0 < f.low < f.high <= 1 and f.source
+
+
+def test_every_gpu_part_has_its_figures_and_source():
+    for name, p in hardware.PARTS.items():
+        assert p.bf16_flops > 1e14 and p.hbm > 1e12 and p.nvlink > 0 and p.network > 0 and p.pcie > 0, name
+        assert p.fp8_flops is None or p.fp8_flops >= p.bf16_flops, name
+        assert p.source, name
+        assert hardware.GPU_MEM_GIB[name] == p.mem_gib
+    assert hardware.part("h100") is hardware.PARTS["H100"] and hardware.part("nope") is None
+
+
+def test_decode_is_memory_bound_until_the_batch_is_large():
+    """The roofline: one sequence reads the weights (bandwidth bound); a batch far past the ridge is compute bound."""
+    w = case_workload("qwen3_30b_a3b_32xh100")
+    h100 = hardware.PARTS["H100"]
+    one = steptime.decode_step_s(w, h100, 1, 1000, 0.5, 0.3)
+    big = steptime.decode_step_s(w, h100, 100_000, 1, 0.5, 0.3)
+    flops_bound = 2 * w.active_params * 100_000 / w.rollout_tp / (h100.bf16_flops * 0.3)
+    assert big == pytest.approx(flops_bound)
+    assert one < big and one > (w.rollout_dense / w.rollout_tp) * 2 / h100.hbm
+
+
+def test_the_longest_response_bounds_the_rollout():
+    st = steptime.estimate(case_workload("deepseek_v3_256xh100"), hardware.PARTS["H100"])
+    assert st.rollout_at_max.low > st.rollout_at_mean.low
+    assert st.phases["rollout"].high == st.rollout_at_max.high
+    assert st.low < st.central < st.high
+
+
+def test_recompute_and_a_kl_term_cost_more():
+    import dataclasses
+
+    w = case_workload("qwen3_30b_a3b_32xh100")
+    h100 = hardware.PARTS["H100"]
+    base = steptime.estimate(w, h100)
+    more = steptime.estimate(dataclasses.replace(w, recompute=True, reference=True), h100)
+    assert more.phases["train"].low == pytest.approx(base.phases["train"].low * 8 / 6, rel=1e-6)
+    assert more.phases["log_prob"].low == pytest.approx(base.phases["log_prob"].low * 2, rel=1e-6)
+
+
+# ---------------------------------------------------------------- in the plan
+
+def test_make_run_plan_has_a_step_range_and_gpu_hours(tmp_path):
+    p = plan(["model=glm5_1", "mesh=256gpu", "algo=grpo", "mode=plan"], str(tmp_path / "r"))
+    assert p.time is not None and 0 < p.time.low < p.time.high
+    from vrun import report
+
+    line = [x for x in report.table(p).splitlines() if x.startswith("step    ")]
+    assert len(line) == 1 and "≈" in line[0] and "rollout" in line[0] and "GPU-hours" in line[0], line
+    j = report.plan_json(p)
+    assert j["time"]["estimate"] and set(j["time"]["phases"]) >= {"rollout", "log_prob", "train", "sync"}
+    assert j["time"]["factors"]["train_mfu"]["source"]
+    assert j["time"]["kind"] == {"model": "glm5_1", "gpu": "H100", "engine": "vllm", "algo": "grpo"}
+    assert j["cost"]["steps"] == 100 and j["cost"]["steps_from"].startswith("per 100 steps")
+    assert j["cost"]["gpu_hours_low"] == pytest.approx(p.time.low * 100 * 256 / 3600, rel=1e-3)
+
+
+def test_sft_plan_times_training_only(tmp_path):
+    p = plan(["model=deepseek_v4_flash", "algo=sft", "mode=plan"], str(tmp_path / "r"))
+    assert p.time is not None and set(p.time.phases) <= {"train", "offload"} and "train" in p.time.phases
+
+
+def test_cost_from_total_training_steps_and_the_price(tmp_path):
+    p = plan(["model=qwen3_5_35b", "algo=grpo", "mode=plan", "verl.trainer.total_training_steps=500",
+              "cluster.gpu_hour_price=2.5"], str(tmp_path / "r"))
+    c = p.cost
+    assert c["steps"] == 500 and c["steps_from"] == "trainer.total_training_steps"
+    assert c["price_low"] == pytest.approx(c["gpu_hours_low"] * 2.5, rel=1e-2)
+
+
+def test_cost_from_the_data_files_rows(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"prompt": [f"q{i}" for i in range(1000)]}), str(f))
+    p = plan(["model=qwen3_5_35b", "algo=grpo", "mode=plan", f"verl.data.train_files={f}",
+              "verl.trainer.total_epochs=2"], str(tmp_path / "r"))
+    tbs = p.verl["data"]["train_batch_size"]
+    assert p.cost["steps"] == (1000 // tbs) * 2 and "1,000 rows" in p.cost["steps_from"]
+
+
+def test_a_negative_price_is_one_line():
+    lines = problems_of(["model=qwen3_5_35b", "mode=plan", "cluster.gpu_hour_price=-1"])
+    assert len(lines) == 1 and lines[0].startswith("error: cluster.gpu_hour_price=-1.0"), lines
+
+
+def test_an_unknown_gpu_part_has_no_estimate_and_says_so(tmp_path):
+    p = plan(["model=qwen3_5_35b", "mode=plan", "cluster.gpu=X9", "cluster.gpu_mem_gib=80"], str(tmp_path / "r"))
+    from vrun import report
+
+    assert p.time is None and "cluster.gpu=X9" in p.time_note
+    assert report.plan_json(p)["time"] == {"unavailable": p.time_note}
+    assert any(x.startswith("step    no estimate") for x in report.table(p).splitlines())
+
+
+def test_predicted_step_is_the_middle(tmp_path):
+    from vrun import steptime_plan
+
+    p = plan(["model=qwen3_5_35b", "mode=plan"], str(tmp_path / "r"))
+    s = steptime_plan.predicted_step_s(p)
+    assert s == pytest.approx(p.time.central) and p.time.low < s < p.time.high
+    assert math.isfinite(json.loads(json.dumps(p.time.summary()))["step_middle_s"])

@@ -1,0 +1,77 @@
+"""A run's measured step times beside its plan's estimate: verl's console lines from the job's output
+(<run dir>/job.log on this machine; on SLURM the first node's submitit stdout, found through slurm_job.json's
+folder and the run's job ids), parsed by vrun/joblog.py. A run that measured steps teaches the calibration
+record (vrun/calibration.py) for the next plan of its kind. Standard library only."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from vrun import calibration, joblog
+from vrun.runs import state
+
+
+def log_paths(run: state.Run) -> list:
+    paths = [run.dir / joblog.JOB_LOG]
+    if run.on_slurm and run.slurm.get("folder"):
+        folder = str(run.slurm["folder"])
+        for j in run.job_ids or ([run.job_id] if run.job_id else []):
+            paths.append(Path(folder.replace("%j", str(j))) / f"{j}_0_log.out")
+    return [p for p in paths if p.is_file()]
+
+
+def of(run: state.Run) -> joblog.Measured:
+    return joblog.read(log_paths(run))
+
+
+def predicted(run: state.Run) -> Optional[dict]:
+    t = run.plan.get("time") or {}
+    if t.get("step_low_s") is None:
+        return None
+    return {"low_s": t["step_low_s"], "high_s": t["step_high_s"], "middle_s": t.get("step_middle_s"),
+            "model_middle_s": t.get("model_middle_s"), "calibration": (t.get("calibration") or {}).get("from"),
+            "phases": t.get("phases") or {}}
+
+
+def learn(run_dir: Path, m: Optional[joblog.Measured] = None) -> bool:
+    """Record the run's median step time against its plan's uncalibrated middle. Returns whether it changed."""
+    run = state.load(Path(run_dir))
+    m = m if m is not None else of(run)
+    t = run.plan.get("time") or {}
+    if m.step_s is None or not t.get("model_middle_s") or not t.get("kind"):
+        return False
+    return calibration.record(t["kind"], str(run.dir), m.step_s, float(t["model_middle_s"]), len(m.steps))
+
+
+def column(run: state.Run) -> str:
+    """`runs`'s STEP S column: measured / predicted low–high."""
+    p = predicted(run)
+    m = of(run).step_s
+    pred = f"{p['low_s']:.0f}–{p['high_s']:.0f}" if p else "?"
+    return f"{m:.0f}/{pred}" if m is not None else f"-/{pred}"
+
+
+def lines(run: state.Run) -> list:
+    """`status`'s lines: the estimate, and what verl measured so far, phase by phase."""
+    p = predicted(run)
+    m = of(run)
+    out = []
+    if p:
+        how = f", {p['calibration']}" if p.get("calibration") else ""
+        out.append(f"predict  step ≈ {p['low_s']:.0f}–{p['high_s']:.0f} s (estimate{how}): " + ", ".join(
+            f"{k} {v['low_s']:.0f}–{v['high_s']:.0f}" for k, v in p["phases"].items()))
+    else:
+        out.append("predict  no step-time estimate in plan.json")
+    s = m.summary()
+    if not m.steps:
+        src = ", ".join(str(x) for x in log_paths(run)) or "no job output yet"
+        out.append(f"measured no verl step lines yet ({src})")
+        return out
+    phases = ", ".join(f"{k} {s[k + '_s']:.0f}" for k in joblog.PHASES if s.get(k + "_s") is not None)
+    extra = "".join(f", {label} {s[k]}" for k, label in (("throughput", "tokens/s/GPU"), ("mfu", "MFU")) if s.get(k))
+    step = f"step {s['step_s']:.0f} s" if s.get("step_s") is not None else "no step time"
+    ratio = ""
+    if p and s.get("step_s") is not None and p.get("middle_s"):
+        ratio = f"; {s['step_s'] / p['middle_s']:.2f}× the estimate's middle"
+    out.append(f"measured {step} (median of {s['steps']} steps, last step {s['last_step']}): {phases}{extra}{ratio}")
+    return out
