@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from vrun import writer
+
 # plan.json's "format": what `python -m vrun` knows how to read. Raise it when a run dir's files change meaning.
 FORMAT = 1
 PROGRESS = "progress.jsonl"
@@ -24,8 +26,7 @@ def record(run_dir: str, event: str, **fields) -> None:
     """Append one event; never fails the caller (a full disk must not turn a finished run into a failed one)."""
     line = {"event": event, "t": round(time.time(), 3), "host": socket.gethostname(), **fields}
     try:
-        with open(Path(run_dir) / PROGRESS, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        writer.append_line(Path(run_dir) / PROGRESS, json.dumps(line), root=run_dir)
     except OSError:
         pass
 
@@ -63,7 +64,6 @@ def index_add(run_dir: str) -> None:
     p = index_path()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        with p.open("a") as f:
-            f.write(json.dumps({"run_dir": str(Path(run_dir).absolute()), "t": round(time.time(), 3)}) + "\n")
+        writer.append_line(p, json.dumps({"run_dir": str(Path(run_dir).absolute()), "t": round(time.time(), 3)}))
     except OSError:
         pass
