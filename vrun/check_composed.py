@@ -166,7 +166,7 @@ def sweep_size_problems(parsed: list, limit: int = MAX_SWEEP_POINTS) -> list:
     """The number of points a sweep's parsed overrides expand to (counted, never expanded), refused over `limit`."""
     import math
 
-    from hydra.core.override_parser.types import ChoiceSweep, GlobChoiceSweep, RangeSweep
+    from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
 
     n, widest = 1, None
     for o in parsed:
@@ -178,7 +178,7 @@ def sweep_size_problems(parsed: list, limit: int = MAX_SWEEP_POINTS) -> list:
             k = max(0, math.ceil((v.stop - v.start) / step)) if v.stop is not None else 0
         elif isinstance(v, ChoiceSweep):
             k = len(v.list)
-        elif isinstance(v, GlobChoiceSweep):
+        elif isinstance(v, Glob):
             k = max(1, len(v.include))
         else:
             k = 1
