@@ -14,7 +14,7 @@ from vrun.plan import Plan
 def plan_json(plan: Plan) -> dict:
     c = plan.config
     return {
-        "format": rundir.FORMAT, "mode": str(c.mode), "cluster": str(c.cluster.name),
+        "format": rundir.FORMAT, "run_id": rundir.run_id(plan.run_dir), "mode": str(c.mode), "cluster": str(c.cluster.name),
         "entrypoint": plan.entrypoint.launches, "argv": plan.argv, "env": plan.env, "env_unset": plan.env_unset,
         "pass_env": plan.pass_env, "mesh": plan.mesh.summary(), "run_dir": plan.run_dir,
         "model": {"name": c.model.name, "path": plan.model_path, "path_from": plan.model_path_source},

@@ -32,18 +32,58 @@ def record(run_dir: str, event: str, **fields) -> None:
 
 
 def events(run_dir: str) -> list:
-    """Every event recorded so far (a line cut short by a crash is skipped)."""
+    """Every well-formed event recorded so far: a line cut short by a crash, or one that is not an event (no
+    name, no finite time, a non-integer attempt or pid), is skipped."""
     try:
-        text = (Path(run_dir) / PROGRESS).read_text()
+        text = (Path(run_dir) / PROGRESS).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
     out = []
     for line in text.splitlines():
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            e = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
             continue
+        if valid_event(e):
+            out.append(e)
     return out
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def valid_event(e) -> bool:
+    """The shape every reader of progress lines relies on."""
+    if not isinstance(e, dict) or not isinstance(e.get("event"), str):
+        return False
+    t = e.get("t")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t or t in (float("inf"), float("-inf")):
+        return False
+    if "attempt" in e and e["attempt"] is not None and not (_int(e["attempt"]) and e["attempt"] >= 0):
+        return False
+    if "pid" in e and e["pid"] is not None and not _int(e["pid"]):
+        return False
+    if "host" in e and e["host"] is not None and not isinstance(e["host"], str):
+        return False
+    if "hosts" in e and not (isinstance(e["hosts"], list) and all(isinstance(h, str) for h in e["hosts"])):
+        return False
+    if "job_id" in e and e["job_id"] is not None and not isinstance(e["job_id"], (str, int)):
+        return False
+    if "job_ids" in e and not (isinstance(e["job_ids"], list) and all(isinstance(j, (str, int)) for j in e["job_ids"])):
+        return False
+    for k in ("node", "rc"):
+        if k in e and e[k] is not None and not (_int(e[k]) or (k == "node" and isinstance(e[k], str))):
+            return False
+    return True
+
+
+def run_id(run_dir: str) -> str:
+    """The run's id, recorded in plan.json and exported to the run's processes as VRUN_RUN_ID (what `cancel`
+    checks before it signals a process): derived from the run dir's absolute path."""
+    import hashlib
+
+    return hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:20]
 
 
 def state_dir(environ: Optional[dict] = None) -> Path:

@@ -155,6 +155,7 @@ class Node:
             e.pop(name, None)
         e.update(self.job.plan["env"])
         e["VRUN_ATTEMPT"] = str(self.job.attempt)
+        e["VRUN_RUN_ID"] = rundir.run_id(self.job.run_dir)
         e.update(extra)
         return e
 
