@@ -131,7 +131,7 @@ def check(raw: dict, resolved: Any, environ: dict) -> list:
 
     for key, v in leaves(raw):
         if key.startswith("pass_env"):
-            if not (isinstance(v, str) and IDENT.fullmatch(v)):
+            if not (isinstance(v, str) and IDENT.fullmatch(v)) or holds(str(v)):
                 add(Problem(key, "<hidden>", "pass_env holds names of variables, not values",
                             "pass_env=[WANDB_API_KEY,HF_TOKEN] (names; export the values)"))
             continue
