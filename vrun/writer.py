@@ -34,7 +34,7 @@ PARTS = ("token", "secret", "passw", "apikey", "credential", "privatekey", "acce
 ALLOW = frozenset({"TOKENIZERS_PARALLELISM", "SSH_AUTH_SOCK", "KEYTIMEOUT", "GPG_AGENT_INFO", "PWD", "OLDPWD",
                    "XAUTHORITY", "KRB5CCNAME", "PASSWORD_STORE_DIR", "SSH_ASKPASS", "SUDO_ASKPASS", "GIT_ASKPASS"})
 TRIVIAL = frozenset({"", "0", "1", "true", "false", "none", "null", "yes", "no", "on", "off"})
-URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s'\"]+)@")
+URL_USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.-]*://)([^/@\s'\"]+)@")
 _SEGMENTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 
 
