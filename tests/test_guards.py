@@ -321,3 +321,210 @@ def test_cancel_cli_refuses_unproven_pids(tmp_path):
     finally:
         victim.kill()
         victim.wait()
+
+
+# ---------------------------------------------------------------- malformed run-dir files
+
+def _malformed(rng):
+    """A plan.json / progress.jsonl / slurm_job.json body the runner never writes."""
+    good = {"format": 1, "mode": "plan", "cluster": "local", "mesh": {"world": 8, "nnodes": 1}, "model": {"name": "m"},
+            "algo": "grpo", "entrypoint": "verl.trainer.main_ppo:run_ppo", "argv": ["python"], "env": {}}
+    kind = rng.choice(["list", "string", "number", "null", "truncated", "binary", "deep", "wrong-type", "huge-int"])
+    if kind == "list":
+        return b"[1, 2]"
+    if kind == "string":
+        return b'"plan"'
+    if kind == "number":
+        return b"3"
+    if kind == "null":
+        return b"null"
+    if kind == "truncated":
+        return json.dumps(good).encode()[: rng.randint(1, 40)]
+    if kind == "binary":
+        return bytes(rng.randrange(256) for _ in range(rng.randint(1, 64))) + b"\xff\xfe"
+    if kind == "deep":
+        return b"[" * 100_000 + b"]" * 100_000
+    if kind == "huge-int":
+        return json.dumps({**good, "format": 10 ** 40}).encode()
+    key = rng.choice(["model", "mesh", "env", "argv", "format", "mode", "stack", "batch"])
+    return json.dumps({**good, key: rng.choice([[1], "x", 3, {"a": [1]}, True])}).encode()
+
+
+def _bad_events(rng):
+    lines = []
+    for _ in range(rng.randint(1, 6)):
+        e = {"event": rng.choice(["started", "exited", "failed", "submitted", "entrypoint_started", 3, None]),
+             "t": rng.choice([1.0, "x", None, float("nan"), True, -1e308, 1e308]),
+             rng.choice(["attempt", "pid", "rc", "node", "hosts", "job_id"]): rng.choice(["x", -5, [1], {}, None, 2.5])}
+        if rng.random() < 0.3:
+            e.pop("t")
+        lines.append(json.dumps(e) if rng.random() < 0.9 else "{not json")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_verb_answers_malformed_files_in_one_line(seed, tmp_path, capsys):
+    """In-process (the CLI's own main): exit 0 or 2, never an exception; a refusal is one line naming the file."""
+    from vrun.runs import cli
+
+    rng = rng_of(seed)
+    ok_plan = json.dumps({"format": 1, "mode": "train", "cluster": "local", "mesh": {"world": 8},
+                          "model": {"name": "m"}, "algo": "grpo"}).encode()
+    for i in range(40):
+        d = tmp_path / f"r{i}"
+        d.mkdir()
+        broken = rng.choice(["plan", "progress", "slurm", "verl", "manifest"])
+        (d / "plan.json").write_bytes(_malformed(rng) if broken == "plan" else ok_plan)
+        if broken == "progress":
+            (d / "progress.jsonl").write_text(_bad_events(rng))
+        if broken == "slurm":
+            (d / "slurm_job.json").write_bytes(_malformed(rng))
+        (d / "verl_config.yaml").write_bytes(b"a: [1\n" if broken == "verl" else b"a: 1\n")
+        if broken == "manifest":
+            (d / "manifest.json").write_bytes(_malformed(rng))
+        for verb in (["status", str(d)], ["runs", str(d)], ["diff", str(d), str(d)], ["export", str(d)],
+                     ["cancel", str(d), "--no-wait", "--yes"], ["logs", str(d)], ["resubmit", str(d)]):
+            rc = cli.main(verb)
+            err = capsys.readouterr().err
+            assert rc in (0, 1, 2), (verb, broken, rc)
+            lines = [x for x in err.splitlines() if x.startswith("error: ")]
+            assert "Traceback" not in err and len(lines) <= 1, (verb, broken, err)
+            if rc == 2:
+                assert lines and "; fix: " in lines[0], (verb, broken, err)
+            # answered by the file checks, not by the verb's last-resort line
+            assert not any(x.startswith(f"error: {verb[0]}: ") for x in lines), (verb, broken, err)
+
+
+def test_missing_slurm_clients_and_logs_follow(tmp_path):
+    """scancel and squeue absent: one line each, and `logs -f` returns."""
+    import time
+
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "plan.json").write_text(json.dumps({"format": 1, "mode": "train", "cluster": "slurm", "mesh": {"world": 8}}))
+    (d / "slurm_job.json").write_text(json.dumps({"job_id": "123", "folder": str(tmp_path / "logs" / "%j"),
+                                                  "spec": {"nodes": 1}}))
+    (d / "progress.jsonl").write_text(json.dumps({"event": "submitted", "t": time.time(), "job_id": "123",
+                                                  "attempt": 0}) + "\n")
+    env = {k: v for k, v in os.environ.items()}
+    env["PATH"] = str(Path(PY).parent) + ":/nonexistent"
+    for verb in (["cancel", str(d), "--no-wait"], ["logs", "-f", str(d)]):
+        p = subprocess.run([PY, "-m", "vrun", *verb], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (verb, p.stderr)
+        assert "Traceback" not in p.stderr and "fix:" in p.stderr
+
+
+# ---------------------------------------------------------------- exported scripts
+
+@pytest.mark.parametrize("seed", SEEDS[:2])
+def test_exported_script_runs_no_injected_line(seed, tmp_path):
+    from vrun.runs import export, state
+
+    rng = rng_of(seed)
+    marker = tmp_path / "pwned"
+    evil = [f"$(touch {marker})", f"`touch {marker}`", f"\ntouch {marker}\n", "VERL_CONFIG_EOF",
+            f"'; touch {marker}; '", f"\nVERL_CONFIG_EOF\ntouch {marker}\n"]
+    for i in range(12):
+        d = tmp_path / f"r{i}"
+        d.mkdir()
+        pick = lambda: rng.choice(evil)  # noqa: E731
+        config = f"trainer:\n  project_name: '{pick().strip()}'\nnote: |\n  {pick().strip()}\n  VERL_CONFIG_EOF\n"
+        (d / "verl_config.yaml").write_text(config)
+        plan = {"format": 1, "mode": "plan", "cluster": "local", "algo": pick(), "optimizer": pick(),
+                "model": {"name": pick()}, "mesh": {"world": 8, "nnodes": pick(), "gpus_per_node": 8},
+                "entrypoint": rng.choice(["verl.trainer.main_ppo:run_ppo", "torchrun sft_trainer"]),
+                "argv": ["python", "-m", "vrun.entry", "ppo", "--task-runner", pick()], "env": {
+                    "A": pick(), pick().strip() or "B": "1", "PYTHONPATH": pick()},
+                "env_unset": [pick()], "pass_env": [pick(), "HF_TOKEN"]}
+        (d / "plan.json").write_text(json.dumps(plan))
+        text = export.script(state.load(d))
+        script = tmp_path / f"x{i}.sh"
+        script.write_text(text)
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, text
+        # run it with a python3 that lacks verl (it fails at verl's import, after every line above it ran)
+        fake = tmp_path / "bin"
+        fake.mkdir(exist_ok=True)
+        (fake / "python3").write_text("#!/bin/sh\nexit 3\n")
+        (fake / "torchrun").write_text("#!/bin/sh\nexit 3\n")
+        os.chmod(fake / "python3", 0o755)
+        os.chmod(fake / "torchrun", 0o755)
+        subprocess.run(["bash", str(script)], env={"PATH": f"{fake}:/usr/bin:/bin", "HF_TOKEN": S, "HOME": str(tmp_path)},
+                       capture_output=True, cwd=tmp_path, timeout=30)
+        assert not marker.exists(), text
+        assert S not in text
+
+
+# ---------------------------------------------------------------- types as verl reads them
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_types_as_verl_reads_them(seed):
+    rng = rng_of(seed)
+    base = {"a": {"flag": False, "on": True, "n": 8, "lr": 1e-6, "free": None, "s": "x", "neg_ok": -1, "zero": 0}}
+    for _ in range(200):
+        key = rng.choice(["flag", "on", "n", "lr", "free", "s", "neg_ok", "zero"])
+        value = rng.choice(["false", "False", "no", "off", "0", "true", "yes", "on", "1", "", float("nan"),
+                            float("inf"), -float("inf"), -1, -0.5, 3, 0.1, True, False, None, "8", "1e-5"])
+        resolved = {"a": {**base["a"], key: value}}
+        found = check_values.type_problems(resolved, base)
+        b = base["a"][key]
+        expect = (isinstance(value, float) and value != value or value in (float("inf"), -float("inf"))) or \
+            (isinstance(b, bool) and isinstance(value, str)) or \
+            (isinstance(b, (int, float)) and not isinstance(b, bool) and isinstance(value, str)) or \
+            (isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 and isinstance(value, (int, float))
+             and not isinstance(value, bool) and value < 0)
+        assert bool(found) == bool(expect), (key, value, found)
+        if found:
+            assert found[0].key == f"verl.a.{key}"
+
+
+# ---------------------------------------------------------------- sbatch values
+
+SBATCH_OPTIONS = ["export", "tres-per-task", "gpus-per-socket", "time-min", "chdir", "mail-type", "comment",
+                  "exclusive", "reservation", "nodelist", "exclude", "dependency", "gres", "uid", "get-user-env",
+                  "hold", "begin", "licenses", "mem-per-gpu", "input", "kill-command", "batch", "nice", "requeue",
+                  "wckey", "tmp", "propagate", "mincpus", "spread-job", "cpu-freq", "cores-per-socket", "ntasks"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_additional_parameters_allow_list(seed):
+    rng = rng_of(seed)
+    for _ in range(150):
+        option = rng.choice(SBATCH_OPTIONS)
+        k = option.replace("-", rng.choice(["-", "_"]))
+        found = check_sbatch.check({"cluster": {"additional_parameters": {k: "v"}}})
+        allowed = option in check_sbatch.SBATCH_ALLOWED and option not in check_sbatch.SBATCH_REFUSED_ANYWAY
+        assert bool(found) != allowed, (option, found)
+
+
+def test_setup_lines_bash_n():
+    ok = ["module load cuda/12", "export A=1\tB=2", "source /etc/profile", "if true; then echo x; fi",
+          "echo 'a b'", "cd $HOME && ls"]
+    bad = ["echo 'unterminated", "if true; then", "echo $(", "fi", "(( ", "echo \"x"]
+    for line in ok:
+        assert not check_sbatch.setup_problems({"cluster": {"setup": [line]}}, set()), line
+    for line in bad:
+        found = check_sbatch.setup_problems({"cluster": {"node_setup": ["echo ok", line]}}, set())
+        assert [p.key for p in found] == ["cluster.node_setup[1]"], line
+    assert check_sbatch.expanded_path("/scratch/a%jb", "hydra.sweep.dir")
+
+
+# ---------------------------------------------------------------- unknown keys under typed groups
+
+@pytest.mark.parametrize("seed", SEEDS[:1])
+def test_unknown_keys_under_typed_groups(seed):
+    rng = rng_of(seed)
+    cfg = compose(["model=qwen3_5_35b", "mode=plan"])
+    for _ in range(30):
+        group = rng.choice(["mesh", "cluster", "run", "model", "algo", "data", "cluster.ray", "model.arch"])
+        name = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 9))) + "_x"
+        raw = json.loads(json.dumps(cfg, default=str))
+        node = raw
+        for part in group.split("."):
+            node = node[part]
+        node[name] = 1
+        found = check_composed.unknown_keys(raw)
+        assert [p.key for p in found] == [f"{group}.{name}"], (group, name, found)
+    raw = json.loads(json.dumps(cfg, default=str))
+    raw["verl"]["anything"] = 1
+    raw["env"]["ANY_VAR"] = "1"
+    assert not check_composed.unknown_keys(raw)

@@ -36,15 +36,19 @@ def _read(d: Path, name: str):
     try:
         text = p.read_bytes().decode("utf-8")
         if name.endswith(".json"):
-            return json.loads(text)
-        import yaml
+            data = json.loads(text)
+        else:
+            import yaml
 
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError
         raise RunDirError(str(p), "unreadable", f"{type(e).__name__}: {str(e).splitlines()[0][:120]}",
                           "plan the run again") from None
     except Exception as e:  # noqa: BLE001 - yaml.YAMLError
         raise RunDirError(str(p), "not YAML", str(e).splitlines()[0][:120], "plan the run again") from None
+    if data is not None and not isinstance(data, dict):
+        raise RunDirError(str(p), type(data).__name__, "not a mapping", "plan the run again")
+    return data
 
 
 def _local(obj, run_dir: str):

@@ -24,7 +24,7 @@ def script(run: Run) -> str:
     m = {k: c(v) for k, v in (p.get("mesh") or {}).items()}
     b = p.get("batch") or {}
     manifest = _manifest(run.dir)
-    pk = (manifest.get("packages") or {})
+    pk = manifest.get("packages") if isinstance(manifest.get("packages"), dict) else {}
     sft = "sft_trainer" in p.get("entrypoint", "")
     lines = [
         "#!/usr/bin/env bash",
@@ -153,12 +153,13 @@ def _ray_address(d: Path):
     try:
         cfg = yaml.load((d / "verl_config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         return (((cfg.get("ray_kwargs") or {}).get("ray_init") or {}).get("address"))
-    except (OSError, AttributeError, yaml.YAMLError):
+    except (OSError, AttributeError, ValueError, yaml.YAMLError):
         return None
 
 
 def _manifest(d: Path) -> dict:
     try:
-        return json.loads((d / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads((d / "manifest.json").read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return {}
+    return data if isinstance(data, dict) else {}

@@ -165,7 +165,7 @@ def derive(run: Run) -> None:
         elif ev == "submitted":
             state, phase = "pending", "submitted"
         elif ev == "started":
-            run.hosts = list(e.get("hosts") or [e.get("host")])
+            run.hosts = [h for h in (e.get("hosts") or [e.get("host")]) if isinstance(h, str)]
             run.pid, run.host = e.get("pid"), e.get("host")
             state, phase = "running", f"started on {','.join(run.hosts)}"
         elif ev == "nodes_joined":
