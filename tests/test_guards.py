@@ -528,3 +528,84 @@ def test_unknown_keys_under_typed_groups(seed):
     raw["verl"]["anything"] = 1
     raw["env"]["ANY_VAR"] = "1"
     assert not check_composed.unknown_keys(raw)
+
+
+# ---------------------------------------------------------------- end to end through the real CLI
+
+def _env(tmp_path):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("MLITE", "RAY_")) and not k.endswith("MODEL_PATH")}
+    e.update(HOME=str(tmp_path / "home"), HF_TOKEN=S, DB_PASS="db-pass-value-0042")
+    return e
+
+
+def _no_secret_anywhere(proc, root: Path):
+    assert S not in proc.stdout + proc.stderr and "db-pass-value-0042" not in proc.stdout + proc.stderr
+    for f in root.rglob("*"):
+        if f.is_file():
+            data = f.read_bytes()
+            assert S.encode() not in data and b"db-pass-value-0042" not in data, f
+
+
+def test_secret_spellings_end_to_end(tmp_path):
+    """The issue's spellings through the runner: refused in one line, nothing written, nothing secret printed."""
+    env = _env(tmp_path)
+    cases = ["run.experiment_name=x${oc.env:'HF_TOKEN'}", "run.experiment_name=${oc.env: \"DB_PASS\"}",
+             "model.path_env=HF_TOKEN", f"pass_env=[{S}]", "+verl.trainer.foo=${oc.decode:'${oc.env:HF_TOKEN}'}",
+             "cluster=slurm", f"+env.URL=https://user:{S}@host/x"]
+    for i, arg in enumerate(cases):
+        args = [arg] if arg != "cluster=slurm" else ["cluster=slurm", "+cluster.setup=['export HF_TOKEN=literal1']"]
+        p = runner("model=qwen3_5_35b", "mode=plan", *args, f"hydra.run.dir={tmp_path}/r{i}", env=env, cwd=tmp_path)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, (arg, p.stderr[-800:])
+        errors = [x for x in p.stderr.splitlines() if "error: " in x]
+        assert errors and "; fix: " in errors[0], (arg, p.stderr[-800:])
+        assert not (tmp_path / f"r{i}").exists(), arg
+        _no_secret_anywhere(p, tmp_path)
+    ok = runner("model=qwen3_5_35b", "mode=plan", "+env.TOKENIZERS_PARALLELISM=false",
+                "+cluster.setup=['module load x\tfoo']", f"hydra.run.dir={tmp_path}/ok", env=env, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-800:]
+    _no_secret_anywhere(ok, tmp_path)
+
+
+def test_run_dir_is_one_runs(tmp_path):
+    env = _env(tmp_path)
+    r = tmp_path / "run"
+    base = ["model=qwen3_5_35b", "mode=plan", f"hydra.run.dir={r}"]
+    assert runner(*base, env=env, cwd=tmp_path).returncode == 0
+    again = runner(*base, env=env, cwd=tmp_path)
+    assert again.returncode == 2 and "run.resume=true" in again.stderr and "holds another run" in again.stderr
+    same = runner(*base, "run.resume=true", env=env, cwd=tmp_path)
+    assert same.returncode == 0, same.stderr[-800:]
+    other = runner(*base, "run.resume=true", "verl.trainer.save_freq=7", env=env, cwd=tmp_path)
+    assert other.returncode == 2 and "run.resume" in other.stderr, other.stderr[-800:]
+    for bad in ("''", "/", str(tmp_path / "home")):
+        p = runner("model=qwen3_5_35b", "mode=plan", f"hydra.run.dir={bad}", env=env, cwd=tmp_path)
+        assert p.returncode == 2 and "hydra.run.dir" in p.stderr, (bad, p.stderr[-500:])
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["run"]
+
+
+def test_sweep_points_own_dirs(tmp_path):
+    env = _env(tmp_path)
+    sweep = tmp_path / "sweep"
+    pts = ["-m", "model=qwen3_5_35b", "mode=plan", "optimizer=fsdp2", "verl.trainer.save_freq=1,2",
+           f"hydra.sweep.dir={sweep}"]
+    same = runner(*pts, "hydra.sweep.subdir=same", env=env, cwd=tmp_path)
+    assert same.returncode == 2 and "share one run dir" in same.stderr, same.stderr[-800:]
+    assert runner(*pts, env=env, cwd=tmp_path).returncode == 0
+    smaller = runner("-m", "model=qwen3_5_35b", "mode=plan", "optimizer=dist_opt", "verl.trainer.save_freq=3",
+                     f"hydra.sweep.dir={sweep}", env=env, cwd=tmp_path)
+    assert smaller.returncode == 2 and "earlier sweep" in smaller.stderr, smaller.stderr[-800:]
+    big = runner("-m", "model=qwen3_5_35b", "mode=plan", "verl.trainer.save_freq=range(0,100000)",
+                 f"hydra.sweep.dir={tmp_path}/big", env=env, cwd=tmp_path)
+    assert big.returncode == 2 and "100,000 points" in big.stderr and not (tmp_path / "big").exists()
+
+
+def test_local_entry_checks_the_plans_stack(tmp_path):
+    env = _env(tmp_path)
+    r = tmp_path / "r"
+    assert runner("model=qwen3_5_35b", "mode=plan", f"hydra.run.dir={r}", env=env, cwd=tmp_path).returncode == 0
+    plan = json.loads((r / "plan.json").read_text())
+    plan["stack"]["verl"]["version"] = "0.0.1-other"
+    (r / "plan.json").write_text(json.dumps(plan))
+    p = subprocess.run([PY, "-m", "vrun.entry", "ppo", "--config", str(r / "verl_config.yaml")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "0.0.1-other" in p.stderr and "Traceback" not in p.stderr, p.stderr[-800:]

@@ -174,7 +174,7 @@ def check(raw: dict, resolved: Any, environ: dict) -> list:
                 if name:
                     add(Problem(f"{key}[{i}]", "<hidden>", f"sets {name} to a literal value: the secret would be "
                                 "written into sbatch.sh", f"export {name} before submitting and add it to "
-                                "pass_env; in setup lines refer to it as \"${name}\""))
+                                f"pass_env; in setup lines refer to it as \"${{{name}}}\""))
     if not isinstance(resolved, BaseException):
         for key, v in leaves(resolved):
             if key in seen or key.startswith("pass_env") or not isinstance(v, str):
