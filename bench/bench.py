@@ -3,7 +3,7 @@
 1. `runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan` vs `python -m verl.trainer.main_ppo --cfg job`
    with the same verl groups and overrides (what a launcher costs just to print its config). Goal <= 0.25x.
 2. A 64-point plan-only --multirun sweep (every point planned, checked and written). Goal < 10 s.
-   The same sweep of 100,000 points is refused up front. Goal < 2 s.
+   A sweep of 100,000 points is refused up front. Goal < 2 s.
 3. mesh=auto search time (every valid mesh, each with its memory estimate, and the rollout replica chosen
    beside it) for 8…1024 GPUs and each model. Goal: under 100 ms.
 4. `python -m vrun runs` listing a 30-point plan-only sweep from the index (process start to exit). Goal < 1 s.

@@ -14,7 +14,7 @@ import shlex
 from typing import Any, Iterator, Optional
 
 from vrun.problems import SECRETISH, Problem
-from vrun.writer import MIN_SECRET, is_secret_name, secret_values, short_secrets
+from vrun.writer import MIN_SECRET, URL_USERINFO, is_secret_name, secret_values, short_secrets
 
 # the default names passed to workers (conf/run.yaml pass_env) are secrets even before the config is read
 DEFAULT_PASS_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
@@ -183,6 +183,10 @@ def check(raw: dict, resolved: Any, environ: dict) -> list:
             if found:
                 add(Problem(key, "<hidden>", f"its value holds the secret variable {found}'s: it would be written "
                             "into the plan and the verl config", _hide_fix(found)))
+            elif URL_USERINFO.search(v):
+                add(Problem(key, "<hidden>", "a URL with credentials (user:password@): they would be written into "
+                            "the plan and the verl config", "drop the credentials from the URL; give them to the "
+                            "tool by a variable in pass_env"))
     return out
 
 
