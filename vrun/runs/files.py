@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from vrun import rundir
 from vrun.runs.state import RunDirError
 
 # plan.json's fields the verbs read, and their JSON types
