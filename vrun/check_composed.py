@@ -130,6 +130,11 @@ def before_run_dir(config: Any) -> None:
         problems.append(Problem("hydra/launcher", choices.get("hydra/launcher"), "Hydra applies a launcher only "
                                 "in multirun, so this run would train on this machine",
                                 "add cluster=slurm (it submits without -m)"))
+    subdir = OmegaConf.select(config, "hydra.output_subdir", default=None)
+    if subdir is not None:
+        problems.append(Problem("hydra.output_subdir", short(subdir), "Hydra's own copies of the config would be "
+                                "written past the project's writer (and outside the run dir if absolute); plan.json "
+                                "and manifest.json record the config", "drop it (conf/run.yaml sets null)"))
     run_dir = None
     if not [p for p in problems if not p.warning]:
         try:
