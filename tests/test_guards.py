@@ -608,3 +608,14 @@ def test_local_entry_checks_the_plans_stack(tmp_path):
     p = subprocess.run([PY, "-m", "vrun.entry", "ppo", "--config", str(r / "verl_config.yaml")], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "0.0.1-other" in p.stderr and "Traceback" not in p.stderr, p.stderr[-800:]
+
+
+def test_run_dir_neighbours(tmp_path, monkeypatch):
+    """The current directory, a file, a dir with other files, an Authorization header in a setup line."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    for path in (".", "", str(tmp_path), str(tmp_path / "notes.txt")):
+        assert check_paths.run_dir(path, "hydra.run.dir"), path
+    assert not check_paths.run_dir(str(tmp_path / "new"), "hydra.run.dir")
+    assert check_secrets.setup_literal('curl -H "Authorization: Bearer sk-0123456789" https://x')
+    assert not check_secrets.setup_literal('curl -H "Authorization: Bearer $API_TOKEN" https://x')

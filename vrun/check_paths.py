@@ -95,6 +95,11 @@ def run_dir(path: Any, key: str, inside: Optional[str] = None, resume: bool = Fa
         what = "the home directory" if real == os.path.realpath(home) else "a filesystem root"
         return [Problem(key, short(path), f"is {what}: a run dir is one run's own directory",
                         f"{key}=<a new directory below it>")]
+    if absolute == os.path.normpath(os.getcwd()):
+        return [Problem(key, short(path), "is the current directory: the plan's files would mix with whatever is "
+                        "there", f"{key}=<a new directory>")]
+    if os.path.exists(absolute) and not os.path.isdir(absolute):
+        return [Problem(key, short(path), "exists and is not a directory", f"{key}=<a new directory>")]
     out = []
     if "," in path:
         out.append(Problem(key, short(path), "a comma in the run dir reaches verl's Hydra command line (the config "
@@ -122,6 +127,9 @@ def run_dir(path: Any, key: str, inside: Optional[str] = None, resume: bool = Fa
         if held:
             out.append(Problem(key, short(path), f"holds another run's files ({held}): its progress, job and "
                                "checkpoints would be taken for this run's", RESUME_FIX))
+        elif _entries(absolute):
+            out.append(Problem(key, short(path), f"holds files that are not a run's ({_entries(absolute)[0]}, ...): "
+                               "a run dir is one run's own directory", f"{key}=<a new directory>"))
     return out
 
 
@@ -136,6 +144,13 @@ def _link_below(base: str, path: str) -> Optional[str]:
         if not os.path.exists(cur):
             return None
     return None
+
+
+def _entries(path: str) -> list:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
 
 
 def holds_run(path: str) -> Optional[str]:

@@ -190,6 +190,7 @@ def check(raw: dict, resolved: Any, environ: dict) -> list:
     return out
 
 
+HEADER = re.compile(r"(?i)(?:authorization\s*:\s*(?:bearer|basic|token)?|bearer)\s+(\S+)")
 OPTION = re.compile(r"^--?([A-Za-z][A-Za-z0-9_-]*)(?:=(.*))?$", re.S)
 
 
@@ -200,6 +201,10 @@ def setup_literal(line: str) -> Optional[str]:
         words = shlex.split(line, comments=True, posix=True)
     except ValueError:
         words = line.split()
+    for w in words:
+        m = HEADER.search(w)
+        if m and _literal_value(m.group(1)):
+            return "an Authorization header"
     for i, w in enumerate(words):
         name, eq, value = w.partition("=")
         if eq and IDENT.fullmatch(name) and is_secret_name(name) and _literal_value(value):
