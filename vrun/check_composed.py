@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import typing
 from typing import Any, Optional
@@ -98,8 +99,13 @@ def config_problems(cfg: Any, environ: Optional[dict] = None, choices: Optional[
                                     "fix the interpolation"))
         return problems
     for key, v in leaves(resolved):
-        if key not in seen and not key.startswith("pass_env") and isinstance(v, str) and _control(key, v):
+        if key in seen or key.startswith("pass_env"):
+            continue
+        if isinstance(v, str) and _control(key, v):
             add([_control_problem(key)])
+        elif isinstance(v, float) and not math.isfinite(v):
+            add([Problem(key, v, "NaN or infinity: every figure computed from it would be meaningless",
+                         f"{key}=<a finite number>")])
     add(check_paths.names(resolved, choices, seen))
     add(check_sbatch.check(resolved, seen))
     return problems

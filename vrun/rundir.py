@@ -53,6 +53,14 @@ def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def job_id_ok(j) -> bool:
+    """A SLURM job id as sbatch prints it (an array task: <job>_<task>); nothing a path or an option could hide in."""
+    import re
+
+    return isinstance(j, (str, int)) and not isinstance(j, bool) and re.fullmatch(r"[0-9]{1,20}(_[0-9]{1,10})?",
+                                                                                  str(j)) is not None
+
+
 def valid_event(e) -> bool:
     """The shape every reader of progress lines relies on."""
     if not isinstance(e, dict) or not isinstance(e.get("event"), str):
@@ -68,9 +76,9 @@ def valid_event(e) -> bool:
         return False
     if "hosts" in e and not (isinstance(e["hosts"], list) and all(isinstance(h, str) for h in e["hosts"])):
         return False
-    if "job_id" in e and e["job_id"] is not None and not isinstance(e["job_id"], (str, int)):
+    if "job_id" in e and e["job_id"] is not None and not job_id_ok(e["job_id"]):
         return False
-    if "job_ids" in e and not (isinstance(e["job_ids"], list) and all(isinstance(j, (str, int)) for j in e["job_ids"])):
+    if "job_ids" in e and not (isinstance(e["job_ids"], list) and all(job_id_ok(j) for j in e["job_ids"])):
         return False
     for k in ("node", "rc"):
         if k in e and e[k] is not None and not (_int(e[k]) or (k == "node" and isinstance(e[k], str))):

@@ -68,4 +68,9 @@ def slurm_job(d: Path) -> Optional[dict]:
     f = d / "slurm_job.json"
     if not f.exists() and not f.is_symlink():
         return None
-    return read_object(f, SLURM_FIELDS, SLURM_REQUIRED)
+    data = read_object(f, SLURM_FIELDS, SLURM_REQUIRED)
+    from vrun import rundir
+
+    if not rundir.job_id_ok(data["job_id"]):
+        raise RunDirError(f"{f} job_id", "<not a job id>", "not a SLURM job id (digits)", "submit the run again")
+    return data
