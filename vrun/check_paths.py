@@ -7,6 +7,7 @@ dir before anything is written into it; `sweep(sweep_dir, point_dirs, resume)` f
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -59,13 +60,18 @@ def names(resolved: dict, choices: Optional[dict] = None, seen: Optional[set] = 
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
 def _parses_back(path: str) -> bool:
     """Whether `key=<path>` on verl's Hydra command line (the SFT job's config path and run dir) reads back as
     the same string, by Hydra's own override parser."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     try:
-        o = OverridesParser.create().parse_override(f"hydra.run.dir={path}")
+        o = _parser().parse_override(f"hydra.run.dir={path}")
         return not o.is_sweep_override() and o.value() == path
     except Exception:  # noqa: BLE001 - any parse error: it does not parse
         return False

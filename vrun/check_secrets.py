@@ -20,6 +20,8 @@ from vrun.writer import MIN_SECRET, URL_USERINFO, is_secret_name, secret_values,
 DEFAULT_PASS_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ENV_RESOLVERS = ("oc.env", "env")
+# a resolver name holding an interpolation (`${oc.${x}:NAME}`): the only way to reach oc.env without writing "env"
+DYNAMIC = re.compile(r"\$\{[^:}]*\$\{")
 # keys whose children are environment variable names (the broad name rule applies to them)
 ENV_MAPS = re.compile(r"(^|\.)(env|env_vars)$")
 SETUP_KEYS = ("cluster.setup", "cluster.node_setup")
@@ -32,8 +34,8 @@ def secret_names(environ: dict, pass_env=()) -> set:
 def env_refs(value: str) -> list:
     """The variables a value reads through oc.env (or env), by OmegaConf's grammar: a name, or None where the name
     itself is built by an interpolation (or the resolver's name is)."""
-    if "${" not in value:
-        return []
+    if "${" not in value or ("env" not in value and not DYNAMIC.search(value)):
+        return []  # no resolver that can read the environment, and no resolver name built by an interpolation
     from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser as G
     from omegaconf.grammar_parser import parse
 
