@@ -112,7 +112,8 @@ class PlanningSweeper(Sweeper):
                     problems = check_paths.run_dir(run_dir, "hydra.sweep.subdir", inside=str(point_dir),
                                                    resume=OmegaConf.select(cfg, "run.resume", default=False) is True)
                 if not problems and submitit_slurm:
-                    problems = check_sbatch.expanded_path(run_dir, "hydra.sweep.dir")
+                    problems = check_sbatch.expanded_path(run_dir, "hydra.run.dir" if run_dir_given else
+                                                          "hydra.sweep.dir")
                 errors = [p for p in problems if not p.warning]
                 if errors:
                     failures.append((idx, overrides, "\n".join(p.line() for p in errors)))
