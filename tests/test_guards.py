@@ -619,3 +619,27 @@ def test_run_dir_neighbours(tmp_path, monkeypatch):
     assert not check_paths.run_dir(str(tmp_path / "new"), "hydra.run.dir")
     assert check_secrets.setup_literal('curl -H "Authorization: Bearer sk-0123456789" https://x')
     assert not check_secrets.setup_literal('curl -H "Authorization: Bearer $API_TOKEN" https://x')
+
+
+def test_checks_layout():
+    """One module per concern; cli_errors imports none of them (no cycle); guard.py defines nothing; the callback
+    before the run dir keeps no module state."""
+    import ast
+
+    def imports(path):
+        tree = ast.parse((ROOT / path).read_text())
+        out = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and n.module:
+                out |= {n.module} | {f"{n.module}.{a.name}" for a in n.names}
+            elif isinstance(n, ast.Import):
+                out |= {a.name for a in n.names}
+        return out
+
+    assert not {m for m in imports("vrun/cli_errors.py") if "check_" in m or "guard" in m}
+    guard = ast.parse((ROOT / "vrun/guard.py").read_text())
+    assert all(isinstance(n, (ast.ImportFrom, ast.Expr)) for n in guard.body)
+    composed = ast.parse((ROOT / "vrun/check_composed.py").read_text())
+    mutable = [n for n in composed.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+               and isinstance(n.value, (ast.List, ast.Dict, ast.Set))]
+    assert not mutable
