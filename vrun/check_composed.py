@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import typing
@@ -45,6 +46,11 @@ def containers(cfg: Any) -> tuple:
     return raw, resolved
 
 
+@functools.lru_cache(maxsize=None)
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
 def unknown_keys(raw: dict) -> list:
     """Keys under a typed group that its schema lacks (`+mesh.foo=1`): Hydra's `+` adds them, nothing reads them."""
     from vrun.schema import RunConfig
@@ -54,7 +60,7 @@ def unknown_keys(raw: dict) -> list:
     def walk(node: Any, cls: Any, prefix: str) -> None:
         if not isinstance(node, dict) or not dataclasses.is_dataclass(cls) or prefix in OPEN:
             return
-        hints = typing.get_type_hints(cls)
+        hints = _hints(cls)
         for k, v in node.items():
             key = f"{prefix}.{k}" if prefix else str(k)
             if k not in hints:

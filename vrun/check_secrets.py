@@ -9,6 +9,7 @@ Entry point: `check(raw, resolved, environ)`.
 """
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from typing import Any, Iterator, Optional
@@ -32,6 +33,14 @@ def secret_names(environ: dict, pass_env=()) -> set:
 
 
 def env_refs(value: str) -> list:
+    """The variables a value reads through oc.env (see _env_refs)."""
+    if "${" not in value or ("env" not in value and not DYNAMIC.search(value)):
+        return []
+    return list(_env_refs(value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _env_refs(value: str) -> tuple:
     """The variables a value reads through oc.env (or env), by OmegaConf's grammar: a name, or None where the name
     itself is built by an interpolation (or the resolver's name is)."""
     if "${" not in value or ("env" not in value and not DYNAMIC.search(value)):
@@ -64,7 +73,7 @@ def env_refs(value: str) -> list:
             walk(c)
 
     walk(tree)
-    return out
+    return tuple(out)
 
 
 def _descendants(node) -> Iterator[Any]:
