@@ -320,6 +320,7 @@ if __name__ == "__main__":
     r.add_argument("run_dir")
     r.add_argument("--detach", action="store_true")
     a = ap.parse_args()
+    writer.install()
     try:
         resubmit(a.run_dir, a.detach)
     except Exception as e:  # noqa: BLE001
