@@ -643,3 +643,17 @@ def test_checks_layout():
     mutable = [n for n in composed.body if isinstance(n, (ast.Assign, ast.AnnAssign))
                and isinstance(n.value, (ast.List, ast.Dict, ast.Set))]
     assert not mutable
+
+
+def test_runs_index_with_junk_lines(tmp_path, capsys, monkeypatch):
+    from vrun.runs import cli
+
+    monkeypatch.setenv("VRUN_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "state").mkdir()
+    rng = rng_of(11)
+    junk = ["[1]", '"x"', "{}", '{"run_dir": 3}', '{"run_dir": "/nonexistent", "t": "x"}', "{bad", "\udcff",
+            '{"run_dir": "a\\u0000b"}', "null"]
+    (tmp_path / "state" / "runs.jsonl").write_text("\n".join(rng.choice(junk) for _ in range(30)) + "\n",
+                                                   errors="surrogateescape")
+    assert cli.main(["runs"]) == 0
+    assert "Traceback" not in capsys.readouterr().err

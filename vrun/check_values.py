@@ -63,7 +63,7 @@ def _types(v: Any, b: Any, path: str, out: list) -> None:
         out.append(Problem(key, _short(v), f"a number given as a string (verl's default is {b!r})",
                            f"{key}=<a number, unquoted>"))
     elif isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 and \
-            isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0 and not path.endswith("seed"):
         out.append(Problem(key, v, f"negative where verl's default is positive ({b!r})", f"{key}=<a positive number>"))
 
 

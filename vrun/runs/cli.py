@@ -45,11 +45,15 @@ def collect(dirs: list) -> tuple[list, list]:
             raise Usage(f"error: index={idx}: no runs recorded yet; fix: plan or submit a run "
                         "(python runner.py ...), or give run/sweep dirs: python -m vrun runs DIR...")
         gone = set()
-        for line in idx.read_text().splitlines():
+        for line in idx.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 e = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 continue
+            if not (isinstance(e, dict) and isinstance(e.get("run_dir"), str) and "\0" not in e["run_dir"]):
+                continue  # not a line the runner writes
+            if not isinstance(e.get("t"), (int, float)) or isinstance(e.get("t"), bool):
+                e["t"] = None
             if (Path(e["run_dir"]) / "plan.json").is_file():
                 found[e["run_dir"]] = e.get("t")
             else:
