@@ -2,7 +2,7 @@
 import hydra
 from omegaconf import DictConfig
 
-from vrun import cli_errors, schema
+from vrun import cli_errors, schema, writer
 
 schema.register()
 
@@ -15,5 +15,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    writer.install()
     cli_errors.one_line_hydra_errors()
     main()

@@ -4,6 +4,7 @@
    with the same verl groups and overrides (what a launcher costs just to print its config). Goal <= 0.25x.
    Then plan.svg's drawing alone (the single run waits for it).
 2. A 64-point plan-only --multirun sweep (every point planned, checked and written). Goal < 10 s.
+   A sweep of 100,000 points is refused up front. Goal < 2 s.
 3. mesh=auto search time (every valid mesh, each with its memory estimate, and the rollout replica chosen
    beside it) for 8…1024 GPUs and each model. Goal: under 100 ms.
 4. `python -m vrun runs` listing a 30-point plan-only sweep from the index (process start to exit). Goal < 1 s.
@@ -45,8 +46,8 @@ def main():
     verl_cmd = [PY, "-m", "verl.trainer.main_ppo", "--cfg", "job", "hydra.output_subdir=null",
                 f"hydra.run.dir={tmp}/v"] + plan["verl_groups"] + plan["verl_overrides"]
     ours, theirs = [], []
-    for _ in range(3):
-        ours.append(timed(plan_cmd))
+    for i in range(3):  # a new run dir each time: a dir holding a run is refused (run.resume=true continues it)
+        ours.append(timed(plan_cmd[:-1] + [f"hydra.run.dir={tmp}/p{i}"]))
         theirs.append(timed(verl_cmd))
     o, t = statistics.median(ours), statistics.median(theirs)
     print(f"plan glm5_1/256gpu/grpo      {o:6.2f} s   verl main_ppo --cfg job (same overrides) {t:6.2f} s   "
@@ -61,6 +62,7 @@ def main():
     points = len(list((tmp / "s0").iterdir()))
     s = statistics.median(runs)
     print(f"plan sweep, {points} points      {s:6.2f} s   ({s / points * 1000:.0f} ms/point; goal < 10 s total)")
+    oversized_sweep(tmp)
     list_runs(tmp)
     mesh_search()
     subprocess.run([PY, str(ROOT / "bench" / "ray_bringup.py")], cwd=ROOT, env=ENV)
@@ -78,6 +80,19 @@ def picture_time(plan_json: Path) -> None:
         print(f"plan.svg drawing: not measured ({(out.stderr.strip().splitlines() or ['failed'])[-1]})")
         return
     print(f"plan.svg drawing            {float(out.stdout):6.2f} s   (included in the plan above)")
+
+
+def oversized_sweep(tmp: Path) -> None:
+    """A 100,000-point sweep is refused up front (vrun.check_composed.MAX_SWEEP_POINTS), before any point is
+    composed. Goal: under 2 s, process start to exit."""
+    cmd = [PY, "runner.py", "-m", "model=qwen3_5_35b", "mode=plan", "verl.trainer.save_freq=range(0,100000)",
+           f"hydra.sweep.dir={tmp}/big"]
+    t = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ENV)
+    dt = time.perf_counter() - t
+    if p.returncode != 2 or "100,000 points" not in p.stderr:
+        sys.exit(f"bench: the 100,000-point sweep was not refused: {p.stderr[-500:]}")
+    print(f"100,000-point sweep refused  {dt:6.2f} s   (goal < 2 s)")
 
 
 def list_runs(tmp: Path) -> None:

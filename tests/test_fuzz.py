@@ -8,7 +8,7 @@ import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from conftest import compose
-from vrun import cli_errors, guard, report, schema
+from vrun import check_composed, cli_errors, report, schema, writer
 from vrun.plan import make_plan
 from vrun.problems import PlanError
 
@@ -31,7 +31,7 @@ def leaves(node, prefix=""):
 def one_line_each(lines):
     for line in lines:
         assert line.startswith(("error: ", "warning: ")) or line.startswith("valid meshes"), line
-        assert "\n" not in line and SECRET not in guard.scrub(line, {"WANDB_API_KEY": SECRET}), line
+        assert "\n" not in line and SECRET not in writer.mask(line, {"WANDB_API_KEY": SECRET}), line
         if line.startswith("error: "):
             assert "; fix: " in line, line
 
@@ -60,7 +60,7 @@ def test_junk_in_every_leaf(tmp_path, seed):
             one_line_each([cli_errors.describe(e)])
             outcomes["refused"] += 1
             continue
-        problems = [p for p in guard.config_problems(cfg, env, choices) if not p.warning]
+        problems = [p for p in check_composed.config_problems(cfg, env, choices) if not p.warning]
         if problems:
             one_line_each([p.line() for p in problems])
             outcomes["refused"] += 1

@@ -11,11 +11,11 @@ EXIT_USAGE = 2
 
 
 def emit(lines: list[str], code: int = EXIT_USAGE) -> None:
-    """Print the lines (never a secret's value: vrun.guard.scrub) and exit."""
-    from vrun.guard import scrub
+    """Print the lines (never a secret's value: vrun.writer.mask) and exit."""
+    from vrun.writer import mask
 
     for line in lines:
-        print(scrub(line), file=sys.stderr)
+        print(mask(line), file=sys.stderr)
     sys.exit(code)
 
 

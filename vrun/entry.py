@@ -19,6 +19,29 @@ def load_class(path: str):
     return getattr(importlib.import_module(module), name)
 
 
+def stack_problems(config_path: str) -> list[str]:
+    """The plan next to the config (plan.json) must have been composed against this environment's verl and
+    verl_mlite: one line per part that differs, naming both versions."""
+    import json
+
+    from vrun import stack
+    from vrun.problems import Problem
+
+    plan_file = os.path.join(os.path.dirname(os.path.abspath(config_path)), "plan.json")
+    try:
+        with open(plan_file, "rb") as f:
+            plan = json.loads(f.read().decode("utf-8"))
+        recorded = plan.get("stack") if isinstance(plan, dict) else None
+    except FileNotFoundError:
+        return [Problem(plan_file, "missing", "the config's plan is not beside it: the stack it was composed "
+                        "against is unknown", "run the plan's own argv from its run dir, or plan again").line()]
+    except (OSError, ValueError) as e:
+        return [Problem(plan_file, "unreadable", type(e).__name__, "plan again in this environment").line()]
+    if recorded is not None and not isinstance(recorded, dict):
+        recorded = None
+    return [p.line() for p in stack.mismatch(recorded)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vrun.entry")
     ap.add_argument("entrypoint", choices=["ppo"])
@@ -26,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task-runner", default=None)
     ap.add_argument("--pass-env", action="append", default=[])
     args = ap.parse_args(argv)
+
+    wrong = stack_problems(args.config)
+    if wrong:  # before Ray or torchrun start, as on every SLURM node (vrun.slurm_node.check_stack)
+        for line in wrong:
+            print(line, file=sys.stderr)
+        return 2
 
     from omegaconf import OmegaConf
 
@@ -66,4 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from vrun import writer
+
+    writer.install()
     sys.exit(main())

@@ -24,6 +24,7 @@ def child_env(plan: Plan, environ: dict | None = None) -> dict:
     for name in plan.env_unset:
         env.pop(name, None)
     env.update(plan.env)
+    env["VRUN_RUN_ID"] = rundir.run_id(plan.run_dir)  # inherited by every process the run starts (cancel checks it)
     return env
 
 

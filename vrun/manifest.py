@@ -97,19 +97,22 @@ def manifest(config: DictConfig, output_dir: str, overrides: list[str]) -> dict:
 
 
 class RunManifest(Callback):
-    """Checks the composed config before Hydra creates the run dir (vrun.guard), so a refused run leaves nothing
-    behind. The manifest itself is written by the task once the plan is made (vrun.task)."""
+    """Checks the composed config before Hydra creates the run dir (vrun.check_composed), so a refused run leaves
+    nothing behind. The manifest itself is written by the task once the plan is made (vrun.task)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from vrun import guard
+        from vrun import check_composed
 
-        guard.check_single_run(config)
+        check_composed.before_run_dir(config)
 
 
 def write_manifest(config: DictConfig, run_dir: str, overrides: list[str]) -> None:
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "manifest.json").write_text(json.dumps(manifest(config, str(out), overrides), indent=2) + "\n")
+    from vrun import writer
+
+    writer.write_text(out / "manifest.json", json.dumps(manifest(config, str(out), overrides), indent=2) + "\n",
+                      root=out)
 
 
 def _is_rank_zero() -> bool:

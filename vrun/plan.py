@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from vrun import checks, entrypoints, guard, memory, mlite, phases, rollout, stack, translate, verl_tree, verl_values
+from vrun import check_values, checks, entrypoints, memory, mlite, phases, rollout, stack, translate, verl_tree, verl_values
 from vrun.dotted import get
 from vrun.entrypoints import Entrypoint
 from vrun.memory import GIB, Estimate
 from vrun.mesh import Mesh, Rules
-from vrun.problems import SECRETISH, PlanError, Problem
+from vrun.problems import PlanError, Problem
 from vrun.schema import RunConfig
+from vrun.writer import is_secret_name
 
 if TYPE_CHECKING:
     from vrun.checkpoint import CheckpointSummary
@@ -112,6 +113,10 @@ def _model_path(model, environ: dict, single_model: bool) -> tuple[Optional[str]
     if model.path:
         return model.path, "model.path", []
     env_name = model.path_env
+    if is_secret_name(str(env_name)):
+        return None, "unset", [Problem("model.path_env", env_name, "names a secret variable: its value would become "
+                                       "the model path, written into the plan and printed",
+                                       "model.path_env=<the variable holding the checkpoint path>")]
     if environ.get(env_name):
         return environ[env_name], env_name, []
     if environ.get("MODEL_PATH"):
@@ -132,7 +137,7 @@ def run_env(config: RunConfig, environ: dict) -> tuple[dict, list, list[Problem]
     problems = []
     for src in (config.env, config.model.env):
         for k, v in src.items():
-            if SECRETISH.search(k):
+            if is_secret_name(str(k)):
                 problems.append(Problem(f"env.{k}", "<hidden>", "a secret's value would be written into the plan "
                                         "and the verl config", f"export {k} and add it to pass_env instead"))
                 continue
@@ -160,7 +165,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     path, path_from, p = resolve_model_path(config.model, environ, single_model)
     problems += p
     env, unset, p = run_env(config, environ)
-    problems += p + guard.run_problems(config) + guard.model_problems(config.model) + price_problems(config)
+    problems += p + check_values.run_config(config) + price_problems(config)
     try:
         mesh = Mesh.of(config.mesh)
     except PlanError as e:
@@ -177,7 +182,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     if [x for x in problems if not x.warning]:
         raise PlanError(problems)
     resolved = verl_tree.resolve(tree)
-    problems += guard.range_problems(resolved) + (guard.length_problems(resolved) if ep.has_rollout else []) + \
+    problems += check_values.verl(resolved, ep.has_rollout, verl_tree.base_view(req.config_name, req.groups)) + \
         verl_values.problems(resolved, ep.has_rollout)
     if [x for x in problems if not x.warning]:
         raise PlanError(problems)

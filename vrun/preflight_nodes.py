@@ -11,7 +11,7 @@ from pathlib import Path
 
 import ray
 
-from vrun import dotted
+from vrun import dotted, writer
 from vrun.entrypoints import PPO
 
 WATCH_PREFIXES = ("CUDA_", "VLLM_", "NCCL_", "RAY_AUTH_MODE", "PYTHONPATH", "ROCR_", "HIP_", "HF_HOME")
@@ -77,7 +77,7 @@ class PreflightTaskRunner:
                     problems.append(f"{r['host']}: {name} is not readable")
         out = {"nodes": reports, "problems": problems, "config": cfg}
         run_dir = Path(cfg["trainer"]["default_local_dir"]).parent
-        (run_dir / "preflight.json").write_text(json.dumps(out, indent=1, default=str))
+        writer.write_text(run_dir / "preflight.json", json.dumps(out, indent=1, default=str), root=run_dir)
         for r in reports:
             print(f"preflight: {r['host']}: Ray GPUs {r['ray_gpu_ids']}, CUDA_VISIBLE_DEVICES "
                   f"{r['cuda_visible_devices']}, torch sees {r['cuda_device_count']}, modules {r['modules']}", flush=True)

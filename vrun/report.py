@@ -14,7 +14,7 @@ from vrun.plan import Plan
 def plan_json(plan: Plan) -> dict:
     c = plan.config
     return {
-        "format": rundir.FORMAT, "mode": str(c.mode), "cluster": str(c.cluster.name),
+        "format": rundir.FORMAT, "run_id": rundir.run_id(plan.run_dir), "mode": str(c.mode), "cluster": str(c.cluster.name),
         "entrypoint": plan.entrypoint.launches, "argv": plan.argv, "env": plan.env, "env_unset": plan.env_unset,
         "pass_env": plan.pass_env, "mesh": plan.mesh.summary(), "run_dir": plan.run_dir,
         "model": {"name": c.model.name, "path": plan.model_path, "path_from": plan.model_path_source},
@@ -44,15 +44,30 @@ def time_json(plan: Plan) -> dict:
 
 
 def write(plan: Plan, extra: Optional[dict] = None) -> None:
-    """<run dir>/verl_config.yaml and plan.json (with `extra` sections, e.g. the SLURM submission)."""
+    """<run dir>/verl_config.yaml and plan.json (with `extra` sections, e.g. the SLURM submission), through the
+    one writer (vrun.writer): masked, never through a link; verl_config.yaml verbatim or refused."""
     import yaml
 
+    from vrun import check_paths, writer
+    from vrun.problems import PlanError, Problem
+
     d = Path(plan.run_dir)
-    d.mkdir(parents=True, exist_ok=True)
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    (d / "verl_config.yaml").write_text(yaml.dump(plan.verl, Dumper=dumper, sort_keys=False,
-                                                  default_flow_style=False))
-    (d / "plan.json").write_text(json.dumps({**plan_json(plan), **(extra or {})}, indent=2) + "\n")
+    text = yaml.dump(plan.verl, Dumper=dumper, sort_keys=False, default_flow_style=False)
+    if getattr(plan.config.run, "resume", False):
+        found = check_paths.same_plan(plan.run_dir, text)
+        if found:
+            raise PlanError(found)
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        writer.write_text(d / "verl_config.yaml", text, root=d, verbatim=True)
+        writer.write_text(d / "plan.json", json.dumps({**plan_json(plan), **(extra or {})}, indent=2) + "\n", root=d)
+    except writer.SecretRefused as e:
+        raise PlanError([Problem("verl", "<hidden>", f"{e}: verl must run what the plan says, so it is not "
+                                 "rewritten", "remove the secret from the config; pass it by name in pass_env")])
+    except OSError as e:
+        raise PlanError([Problem("hydra.run.dir", plan.run_dir, str(e), "a plain directory of your own, without "
+                                 "links")])
     rundir.index_add(plan.run_dir)
 
 

@@ -238,6 +238,8 @@ class Run:
     allow_memory_overrun: bool = False
     # what torchrun runs for SFT (python -m ...); verl_mlite.launch applies Megatron Lite's runtime patches
     sft_entry: List[str] = field(default_factory=lambda: ["verl_mlite.launch", "verl.trainer.sft_trainer"])
+    # plan into a dir that already holds this run (the same plan): continue it (verl resumes its checkpoints)
+    resume: bool = False
 
 
 @dataclass

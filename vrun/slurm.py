@@ -11,14 +11,15 @@ The script previewed in the run dir (sbatch_script) is the one submitit's own ex
 from __future__ import annotations
 
 import json
+import os
 import math
 import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from vrun import rundir
+from vrun import rundir, writer
 from vrun.problems import PlanError, Problem
 from vrun.slurm_node import RunJob  # noqa: F401 - submitted here; jobs pickled as vrun.slurm.RunJob load too
 
@@ -240,11 +241,12 @@ def submit(items: list, detach: bool) -> list:
     logging.getLogger("submitit").setLevel(logging.ERROR)  # "Bypassing sacct error" on clusters without accounting
     jobs = []
     for plan, sub, mode, folder in items:
-        job = executor(sub, folder).submit(RunJob(plan.run_dir, job_payload(plan), asdict(plan.config.cluster),
-                                                  str(mode)))
-        (Path(plan.run_dir) / "slurm_job.json").write_text(json.dumps(
+        run_job = RunJob(plan.run_dir, job_payload(plan), asdict(plan.config.cluster), str(mode))
+        job = executor(sub, folder).submit(run_job)
+        writer.write_text(Path(plan.run_dir) / "slurm_job.json", json.dumps(
             {"job_id": job.job_id, "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
-             "folder": folder, "spec": sub.saved(), "mode": mode}, indent=2) + "\n")
+             "folder": folder, "spec": sub.saved(), "mode": mode, "job": job_json(run_job)}, indent=2,
+            default=str) + "\n", root=plan.run_dir)
         rundir.record(plan.run_dir, "submitted", job_id=job.job_id, attempt=0, nodes=sub.nodes,
                       gpus_per_node=sub.gpus_per_node)
         print(f"submitted job {job.job_id}: {plan.run_dir}  logs {job.paths.stdout}", flush=True)
@@ -269,22 +271,40 @@ def submit(items: list, detach: bool) -> list:
     return jobs
 
 
+def job_json(job: RunJob) -> dict:
+    """The node job's plain values, as slurm_job.json keeps them for resubmit."""
+    return {"run_dir": job.run_dir, "plan": job.plan, "cluster": job.cluster, "mode": job.mode, "attempt": job.attempt}
+
+
+def job_from_json(info: dict, run_dir: str) -> Optional[RunJob]:
+    """The job slurm_job.json records, checked: its run dir is this one, its fields of the right types."""
+    j = info.get("job")
+    if not isinstance(j, dict) or not isinstance(j.get("plan"), dict) or not isinstance(j.get("cluster"), dict) \
+            or not isinstance(j.get("mode"), str) or isinstance(j.get("attempt"), bool) \
+            or not isinstance(j.get("attempt"), int) or j["attempt"] < 0 \
+            or os.path.realpath(str(j.get("run_dir"))) != os.path.realpath(run_dir) \
+            or not isinstance(j["plan"].get("argv"), list) or not isinstance(j["plan"].get("env"), dict):
+        return None
+    return RunJob(str(j["run_dir"]), j["plan"], j["cluster"], j["mode"], j["attempt"])
+
+
 def resubmit(run_dir: str, detach: bool = False) -> list:
     """Submit again from a run dir: same config, same run dir, verl resumes from its checkpoints."""
-    import pickle
+    from vrun.runs import files
 
-    info = json.loads((Path(run_dir) / "slurm_job.json").read_text())
-    submitted = Path(info["folder"].replace("%j", info["job_id"])) / f"{info['job_id']}_submitted.pkl"
-    with submitted.open("rb") as f:
-        delayed = pickle.load(f)
-    job_fn: RunJob = delayed.function
+    info = files.slurm_job(Path(run_dir))  # validated JSON: no pickle is loaded from a run dir
+    job_fn = job_from_json(info, run_dir) if info is not None else None
+    if job_fn is None:
+        raise PlanError([Problem(f"{run_dir}/slurm_job.json", "job", "holds no job to submit again (submitted by an "
+                                 "older vrun, or edited)", "submit it again with python runner.py ... cluster=slurm")])
     sub = Submission.load(info["spec"])
     job = executor(sub, info["folder"]).submit(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode,
                                                       job_fn.attempt + 1))
     rundir.record(run_dir, "submitted", job_id=job.job_id, attempt=job_fn.attempt + 1, nodes=sub.nodes,
                   gpus_per_node=sub.gpus_per_node)
     info.update(job_id=job.job_id, stdout=str(job.paths.stdout), stderr=str(job.paths.stderr))
-    (Path(run_dir) / "slurm_job.json").write_text(json.dumps(info, indent=2) + "\n")
+    info["job"] = job_json(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode, job_fn.attempt + 1))
+    writer.write_text(Path(run_dir) / "slurm_job.json", json.dumps(info, indent=2, default=str) + "\n", root=run_dir)
     print(f"resubmitted job {job.job_id}: {run_dir}  logs {job.paths.stdout}", flush=True)
     if not detach:
         job.results()
@@ -300,6 +320,7 @@ if __name__ == "__main__":
     r.add_argument("run_dir")
     r.add_argument("--detach", action="store_true")
     a = ap.parse_args()
+    writer.install()
     try:
         resubmit(a.run_dir, a.detach)
     except Exception as e:  # noqa: BLE001

@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
-from vrun import entrypoints, rundir, stack
+from vrun import entrypoints, rundir, stack, writer
 from vrun.plan import UNSET_WITH_CUDA
 from vrun.schema import Cluster, EntrypointName, RayCfg
 
@@ -140,9 +140,9 @@ class Node:
 
     def record_attempt(self) -> None:
         """Node 0: one line in slurm_attempts.jsonl and the `started` event."""
-        with (Path(self.job.run_dir) / "slurm_attempts.jsonl").open("a") as f:
-            f.write(json.dumps({"job_id": self.env.job_id, "attempt": self.job.attempt, "hosts": self.env.hostnames,
-                                "time": time.time()}) + "\n")
+        writer.append_line(Path(self.job.run_dir) / "slurm_attempts.jsonl", json.dumps(
+            {"job_id": self.env.job_id, "attempt": self.job.attempt, "hosts": self.env.hostnames, "time": time.time()}),
+            root=self.job.run_dir)
         self.record("started", hosts=self.env.hostnames, nodes=self.env.num_nodes)
 
     # ---------------------------------------------------------------- children
@@ -155,6 +155,7 @@ class Node:
             e.pop(name, None)
         e.update(self.job.plan["env"])
         e["VRUN_ATTEMPT"] = str(self.job.attempt)
+        e["VRUN_RUN_ID"] = rundir.run_id(self.job.run_dir)
         e.update(extra)
         return e
 

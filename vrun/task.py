@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from vrun import cli_errors, report, rundir
 from vrun.plan import Plan, make_plan
-from vrun.problems import PlanError
+from vrun.problems import PlanError, Problem
 from vrun.schema import Mode, typed
 
 # the sweeper plans every point before any runs and leaves each plan here for its job, which takes it
@@ -22,7 +22,7 @@ PLANNED = ".plan.pickle"
 def run(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from vrun import guard
+    from vrun import check_composed, check_paths
     from vrun.manifest import write_manifest
 
     hc = HydraConfig.get()
@@ -38,7 +38,7 @@ def run(cfg: DictConfig) -> None:
     except Exception as e:  # noqa: BLE001 - a refused plan: one line each, and it leaves nothing behind
         if drawer is not None:
             drawer.close()
-        guard.remove_if_empty(guard.CREATED)
+        check_paths.remove_if_empty(check_composed.created_dirs())
         if os.environ.get("HYDRA_FULL_ERROR") == "1" and not isinstance(e, PlanError):
             raise
         cli_errors.emit([pr.line() for pr in e.problems] + e.hints if isinstance(e, PlanError)
@@ -79,14 +79,21 @@ def leave_planned(plan: Plan) -> None:
     """Put a plan in its run dir for the job that runs it."""
     d = Path(plan.run_dir)
     d.mkdir(parents=True, exist_ok=True)
-    (d / PLANNED).write_bytes(pickle.dumps(plan))
+    fd = os.open(d / PLANNED, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pickle.dumps(plan))
 
 
 def take_planned(run_dir: str) -> Optional[Plan]:
     """The plan the sweeper left in this run dir, removed as it is taken (a later run plans afresh)."""
+    from vrun import check_paths
+
     f = Path(run_dir) / PLANNED
-    if not f.is_file():
+    if not os.path.lexists(f):
         return None
+    why = check_paths.untrusted(str(f), run_dir)
+    if why:  # validated before anything is unpickled
+        raise PlanError([Problem(str(f), None, f"{why}: not loaded", "plan the run again (remove the file)")])
     plan = pickle.loads(f.read_bytes())
     f.unlink()
     return plan

@@ -19,7 +19,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from vrun import guard
+from vrun import check_composed, check_paths, check_sbatch
 from vrun.problems import PlanError, Problem
 from vrun.schema import Mode
 
@@ -53,6 +53,9 @@ class PlanningSweeper(Sweeper):
 
         # the config loader lets glob() list a group's options, as Hydra's basic sweeper does
         parsed = OverridesParser.create(config_loader=self.hydra_context.config_loader).parse_overrides(arguments)
+        too_many = check_composed.sweep_size_problems(parsed)
+        if too_many:
+            cli_errors.emit([p.line() for p in too_many])
         points: Sequence[Sequence[str]] = BasicSweeper.split_arguments(parsed, None)[0]
         # resolve the sweep dir once: every point, the launcher and the jobs see the same one
         with open_dict(self.config):
@@ -63,7 +66,7 @@ class PlanningSweeper(Sweeper):
         # hydra.run.dir given with a run that is a multirun (cluster=slurm): honoured for one point, else refused
         run_dir_given = [o.split("=", 1)[1] for o in self.config.hydra.overrides.hydra
                          if o.startswith("hydra.run.dir=")]
-        problems = guard.run_dir_problems(str(sweep_dir), "hydra.sweep.dir")
+        problems = check_paths.run_dir(str(sweep_dir), "hydra.sweep.dir", resume=True)
         if run_dir_given and len(points) > 1:
             problems.append(Problem("hydra.run.dir", run_dir_given[-1], f"a sweep of {len(points)} points has one "
                                     "run dir per point, under hydra.sweep.dir", f"hydra.sweep.dir={run_dir_given[-1]}"))
@@ -104,9 +107,13 @@ class PlanningSweeper(Sweeper):
                 folder = str(Path(str(resolved.get("submitit_folder") or sweep_dir / ".submitit/%j")).absolute())
                 if "submitit_folder" in given:
                     problems += slurm.folder_problems(folder, str(sweep_dir))
-                problems += slurm.as_given(guard.config_problems(cfg, choices=choices), taken)
+                problems += slurm.as_given(check_composed.config_problems(cfg, choices=choices), taken)
                 if not problems:
-                    problems = guard.run_dir_problems(run_dir, "hydra.sweep.subdir", inside=str(point_dir))
+                    problems = check_paths.run_dir(run_dir, "hydra.sweep.subdir", inside=str(point_dir),
+                                                   resume=OmegaConf.select(cfg, "run.resume", default=False) is True)
+                if not problems and submitit_slurm:
+                    problems = check_sbatch.expanded_path(run_dir, "hydra.run.dir" if run_dir_given else
+                                                          "hydra.sweep.dir")
                 errors = [p for p in problems if not p.warning]
                 if errors:
                     failures.append((idx, overrides, "\n".join(p.line() for p in errors)))
@@ -114,6 +121,9 @@ class PlanningSweeper(Sweeper):
                 composed.append((idx, overrides, cfg, run_dir, (folder, taken)))
             except Exception as e:  # noqa: BLE001 - reported per point below
                 failures.append((idx, overrides, cli_errors.describe(e)))
+        resume = any(OmegaConf.select(c, "run.resume", default=False) is True for _, _, c, _, _ in composed)
+        for p in check_paths.sweep(str(sweep_dir), [d for _, _, _, d, _ in composed], resume):
+            failures.append((-1, ["(all points)"], p.line()))
         models = {c.model.name for _, _, c, _, _ in composed}
         plans = []
         for idx, overrides, cfg, run_dir, (_, taken) in composed:
@@ -127,7 +137,7 @@ class PlanningSweeper(Sweeper):
             lines = [f"sweep: {len(failures)} of {len(points)} point(s) do not plan; nothing was run"]
             for idx, overrides, why in sorted(failures):
                 for line in why.splitlines():
-                    lines.append(f"point {idx} [{' '.join(overrides)}]: {line}")
+                    lines.append(f"point {idx} [{' '.join(overrides)}]: {line}" if idx >= 0 else f"sweep: {line}")
             cli_errors.emit(lines)
         modes = {p.config.mode for _, _, p in plans}
         if "SlurmLauncher" in str(self.config.hydra.launcher.get("_target_", "")):
@@ -179,7 +189,7 @@ class PlanningSweeper(Sweeper):
 
     def _slurm(self, plans, composed) -> Any:
         """SLURM: every point's job shown (and written) before anything is submitted; then submit."""
-        from vrun import cli_errors, report, slurm
+        from vrun import cli_errors, report, slurm, writer
         from vrun.manifest import write_manifest
 
         items, total = [], 0.0
@@ -189,7 +199,7 @@ class PlanningSweeper(Sweeper):
                                              "gpu_hours": sub.gpu_hours, "submitit_folder": folder,
                                              "sbatch": "sbatch.sh"}})
             write_manifest(cfg, p.run_dir, list(overrides))
-            (Path(p.run_dir) / "sbatch.sh").write_text(slurm.sbatch_script(sub, folder))
+            writer.write_text(Path(p.run_dir) / "sbatch.sh", slurm.sbatch_script(sub, folder), root=p.run_dir)
             print(report.one_line(idx, overrides, p) + f"\n    slurm: {sub.describe()}", flush=True)
             items.append((p, sub, p.config.mode, folder))
             total += sub.gpu_hours

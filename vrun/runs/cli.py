@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,11 +45,15 @@ def collect(dirs: list) -> tuple[list, list]:
             raise Usage(f"error: index={idx}: no runs recorded yet; fix: plan or submit a run "
                         "(python runner.py ...), or give run/sweep dirs: python -m vrun runs DIR...")
         gone = set()
-        for line in idx.read_text().splitlines():
+        for line in idx.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 e = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 continue
+            if not (isinstance(e, dict) and isinstance(e.get("run_dir"), str) and "\0" not in e["run_dir"]):
+                continue  # not a line the runner writes
+            if not isinstance(e.get("t"), (int, float)) or isinstance(e.get("t"), bool):
+                e["t"] = None
             if (Path(e["run_dir"]) / "plan.json").is_file():
                 found[e["run_dir"]] = e.get("t")
             else:
@@ -201,6 +206,9 @@ def cmd_logs(a) -> int:
     hosts = r.hosts
     label = lambda t, s: f"{hosts[t] if t < len(hosts) else 'node' + str(t)} {s}| "  # noqa: E731
     plain = (lambda text: text) if sys.stdout.isatty() else (lambda text: ANSI.sub("", text))  # Ray's colours
+    if a.follow and shutil.which("squeue") is None:
+        raise Usage(f"error: logs -f {r.dir}: squeue is not on this machine, so the job's end cannot be seen; fix: "
+                    "follow from a SLURM login node, or drop -f to print the logs so far")
     if not a.follow:
         files = selected()
         if not files:
@@ -233,6 +241,9 @@ def cmd_logs(a) -> int:
                 last_check = time.monotonic()
                 r = state.load(r.dir)
                 state.refresh([r])
+                if r.reason == "squeue unavailable":
+                    print(f"-- job {r.job_id}: squeue stopped answering; stopped following", file=sys.stderr)
+                    return 1
                 if not r.active:  # one more pass for what was written last
                     time.sleep(0.5)
                     continue
@@ -300,7 +311,11 @@ def cancel_one(r: state.Run) -> None:
     if r.on_slurm:
         queue = state.squeue() or {}
         ids = [j for j in r.job_ids if j in queue] or [r.job_id]
-        p = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
+        try:
+            p = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise Usage(f"error: scancel {' '.join(ids)}: cannot run scancel here ({type(e).__name__}); fix: cancel from "
+                        "a SLURM login node (where squeue works)") from None
         if p.returncode:
             raise Usage(f"error: scancel {' '.join(ids)}: {(p.stderr or p.stdout).strip().splitlines()[-1:]}; "
                         f"fix: check the job with squeue -j {','.join(ids)}")
@@ -311,6 +326,12 @@ def cancel_one(r: state.Run) -> None:
     host = r.host
     if host != socket.gethostname():
         raise Usage(f"error: run={r.dir}: runs on {host}, not here ({socket.gethostname()}); fix: cancel it on {host}")
+    from vrun.runs import owner
+
+    why = owner.not_proven(pid, r.plan.get("run_id") or rundir.run_id(str(r.dir)))
+    if why:
+        raise Usage(f"error: run={r.dir}: pid {owner.shown(pid)} {why}: nothing signalled; fix: stop the run "
+                    "from the terminal that started it")
     try:
         os.kill(int(pid), signal.SIGTERM)
     except ProcessLookupError:
@@ -368,8 +389,12 @@ def cmd_export(a) -> int:
                     "(python runner.py ... mode=plan)")
     text = export.script(r)
     if a.output:
-        Path(a.output).write_text(text)
-        os.chmod(a.output, 0o755)
+        from vrun import writer
+
+        try:
+            writer.write_text(a.output, text, mode=0o755)
+        except OSError as e:
+            raise Usage(f"error: --output={a.output}: {e}; fix: a plain file path (not a link)") from None
         print(f"wrote {a.output}: bash {a.output} [--cfg job | verl overrides...]", file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -386,7 +411,12 @@ def cmd_resubmit(a) -> int:
                     f"{r.dir} first, or wait for it")
     from vrun import slurm
 
-    slurm.resubmit(str(r.dir), a.detach)
+    from vrun.problems import PlanError
+
+    try:
+        slurm.resubmit(str(r.dir), a.detach)
+    except PlanError as e:
+        raise Usage(str(e)) from None
     return 0
 
 
@@ -485,6 +515,15 @@ def main(argv: list | None = None) -> int:
         return EXIT_USAGE
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - never a traceback: one line naming the verb and what failed
+        if os.environ.get("VRUN_FULL_ERROR") == "1":
+            raise
+        first = (str(e).splitlines() or [""])[0][:300]
+        print(f"error: {a.verb}: {type(e).__name__}: {first}; fix: check the run dir's files (python -m vrun status "
+              "RUN), or plan the run again", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _dur(s: float) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vrun.problems import SECRETISH
+from vrun.writer import is_secret_name
 from vrun.runs.state import Run
 
 ABSENT = "(absent)"
@@ -31,11 +31,24 @@ def _read(d: Path, name: str):
     p = d / name
     if not p.is_file():
         return None
-    if name.endswith(".json"):
-        return json.loads(p.read_text())
-    import yaml
+    from vrun.runs.state import RunDirError
 
-    return yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    try:
+        text = p.read_bytes().decode("utf-8")
+        if name.endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError
+        raise RunDirError(str(p), "unreadable", f"{type(e).__name__}: {str(e).splitlines()[0][:120]}",
+                          "plan the run again") from None
+    except Exception as e:  # noqa: BLE001 - yaml.YAMLError
+        raise RunDirError(str(p), "not YAML", str(e).splitlines()[0][:120], "plan the run again") from None
+    if data is not None and not isinstance(data, dict):
+        raise RunDirError(str(p), type(data).__name__, "not a mapping", "plan the run again")
+    return data
 
 
 def _local(obj, run_dir: str):
@@ -60,7 +73,7 @@ def overrides(manifest) -> dict:
 def env_view(plan: dict) -> dict:
     out = {}
     for k, v in (plan.get("env") or {}).items():
-        out[f"set {k}"] = "<not shown>" if SECRETISH.search(k) else v
+        out[f"set {k}"] = "<not shown>" if is_secret_name(str(k)) else v
     for k in plan.get("env_unset") or []:
         out[f"unset {k}"] = "unset"
     for k in plan.get("pass_env") or []:

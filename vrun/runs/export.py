@@ -4,12 +4,14 @@ next to the script when it runs), sets and unsets the run's environment, runs ve
 says, in comments, what the project's entry does that verl's CLI does not. Secrets by name only."""
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shlex
 from pathlib import Path
 
-from vrun.problems import SECRETISH
 from vrun.runs.state import Run
+from vrun.writer import is_secret_name
 
 MARK = "VERL_CONFIG_EOF"
 SFT_ENTRY = ["verl_mlite.launch", "verl.trainer.sft_trainer"]
@@ -17,47 +19,51 @@ SFT_ENTRY = ["verl_mlite.launch", "verl.trainer.sft_trainer"]
 
 def script(run: Run) -> str:
     p = run.plan
-    config = (run.dir / "verl_config.yaml").read_text()
-    if MARK in config:
-        raise ValueError(f"verl_config.yaml contains the line {MARK}")
-    m = p.get("mesh") or {}
+    config = (run.dir / "verl_config.yaml").read_bytes().decode("utf-8", errors="replace")
+    mark = delimiter(config)
+    m = {k: c(v) for k, v in (p.get("mesh") or {}).items()}
     b = p.get("batch") or {}
     manifest = _manifest(run.dir)
-    pk = (manifest.get("packages") or {})
+    pk = manifest.get("packages") if isinstance(manifest.get("packages"), dict) else {}
     sft = "sft_trainer" in p.get("entrypoint", "")
     lines = [
         "#!/usr/bin/env bash",
-        f"# Reproduces the verl invocation of run {run.dir}",
-        f"#   {p.get('model', {}).get('name')} · {p.get('algo')} · optimizer {p.get('optimizer')} · mode "
-        f"{p.get('mode')} · cluster {p.get('cluster')}",
+        f"# Reproduces the verl invocation of run {c(run.dir)}",
+        f"#   {c((p.get('model') or {}).get('name'))} · {c(p.get('algo'))} · optimizer {c(p.get('optimizer'))} · mode "
+        f"{c(p.get('mode'))} · cluster {c(p.get('cluster'))}",
         f"#   mesh: {m.get('world')} GPUs = {m.get('nnodes')} node(s) × {m.get('gpus_per_node')}; dense "
         f"TP{m.get('tp')} · CP{m.get('cp')} · PP{m.get('pp')} · DP{m.get('dp')}; expert ETP{m.get('etp')} · "
         f"EP{m.get('ep')} · PP{m.get('pp')} · EDP{m.get('edp')}; vpp {m.get('vpp')}",
-        f"#   batch: {json.dumps(b, sort_keys=True)}",
-        "#   written with " + ", ".join(f"{k} {v.get('version')}" for k, v in pk.items()
-                                       if k in ("verl", "ray", "torch"))
-        + (f"; verl_mlite from {p['mlite']['source']}" if p.get("mlite") else ""),
+        f"#   batch: {c(json.dumps(b, sort_keys=True))}",
+        "#   written with " + ", ".join(f"{c(k)} {c(v.get('version'))}" for k, v in pk.items()
+                                       if k in ("verl", "ray", "torch") and isinstance(v, dict))
+        + (f"; verl_mlite from {c((p.get('mlite') or {}).get('source'))}" if p.get("mlite") else ""),
         "# Needs only verl (and Megatron Lite's verl_mlite on PYTHONPATH). Extra arguments are passed to verl's CLI,",
         "# e.g. `bash this.sh --cfg job` prints the composed config and exits.",
         "set -euo pipefail",
         'CONFIG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/verl-config.XXXXXX")',
-        f"cat > \"$CONFIG_DIR/verl_config.yaml\" <<'{MARK}'",
+        f"cat > \"$CONFIG_DIR/verl_config.yaml\" <<'{mark}'",
         config.rstrip("\n"),
-        MARK,
+        mark,
         "",
         "# the run's environment (set for the driver; the config's ray_kwargs.ray_init.runtime_env carries it to "
         "Ray workers)",
     ]
     for k, v in (p.get("env") or {}).items():
+        if not NAME.fullmatch(str(k)):
+            lines.append(f"# skipped an environment entry whose name is not a variable name: {c(k)}")
+            continue
         if k == "PYTHONPATH":
             v = ":".join(x for x in str(v).split(":") if not _is_project(x))
-        if SECRETISH.search(k):
+        if is_secret_name(k):
             lines.append(f": \"${{{k}:?export {k} first}}\"  # a secret: read from your environment")
         else:
             lines.append(f"export {k}={shlex.quote(str(v))}")
-    unset = " ".join(p.get("env_unset") or ["ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"])
+    unset = " ".join(n for n in (p.get("env_unset") or ["ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"])
+                     if NAME.fullmatch(str(n)))
+    unset = unset or "ROCR_VISIBLE_DEVICES HIP_VISIBLE_DEVICES"
     lines.append(f"if [ -n \"${{CUDA_VISIBLE_DEVICES:-}}\" ]; then unset {unset}; fi")
-    secrets = p.get("pass_env") or []
+    secrets = [str(n) for n in (p.get("pass_env") or []) if NAME.fullmatch(str(n))]
     if secrets:
         lines.append(f"# secrets, by name only (never written here): {' '.join(secrets)}")
         if not sft:
@@ -69,7 +75,8 @@ def script(run: Run) -> str:
         entry = sft_entry(p.get("argv") or [])
         lines += [
             "# torchrun on every node: NODE_RANK 0…nnodes-1, MASTER_ADDR the first node",
-            f"torchrun --nnodes {m.get('nnodes')} --nproc_per_node {m.get('gpus_per_node')} "
+            f"torchrun --nnodes {shlex.quote(str(m.get('nnodes')))} --nproc_per_node "
+            f"{shlex.quote(str(m.get('gpus_per_node')))} "
             "--node_rank \"${NODE_RANK:-0}\" --master_addr \"${MASTER_ADDR:-127.0.0.1}\" "
             "--master_port \"${MASTER_PORT:-29500}\" \\",
             f"  -m {' '.join(shlex.quote(x) for x in entry)} --config-path \"$CONFIG_DIR\" --config-name verl_config "
@@ -84,13 +91,31 @@ def script(run: Run) -> str:
     return "\n".join(lines) + "\n"
 
 
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def c(value) -> str:
+    """A value as it may stand in a comment: one line (control characters shown as '?')."""
+    return CONTROL.sub("?", str(value))
+
+
+def delimiter(text: str) -> str:
+    """A here-document delimiter that no line of `text` contains (the config ends only where the script says)."""
+    tag = hashlib.sha256(text.encode("utf-8", errors="replace")).hexdigest()[:12]
+    mark = f"{MARK}_{tag}"
+    while mark in text:
+        mark += "_X"
+    return mark
+
+
 def notes(run: Run) -> list[str]:
     """Where the project's way of running this config differs from verl's CLI."""
     p = run.plan
     argv = p.get("argv") or []
     out = []
     if "--task-runner" in argv:
-        runner = argv[argv.index("--task-runner") + 1]
+        runner = c(argv[argv.index("--task-runner") + 1]) if argv.index("--task-runner") + 1 < len(argv) else "?"
         out.append(f"# NOTE: the run used the task runner {runner} (run.task_runner); verl's CLI runs its own "
                    "TaskRunner instead.")
     if "vrun.entry" in argv:
@@ -100,12 +125,12 @@ def notes(run: Run) -> list[str]:
                    "same saved config through Hydra first.")
     address = _ray_address(run.dir)
     if p.get("cluster") == "slurm" or address not in (None, "local"):
-        out.append(f"# NOTE: ray_kwargs.ray_init.address={address}: start Ray first (`ray start --head` on the "
+        out.append(f"# NOTE: ray_kwargs.ray_init.address={c(address)}: start Ray first (`ray start --head` on the "
                    "first node, `ray start --address` on the others,")
         out.append("# each with --num-gpus), as the project's SLURM job did; then run this on the first node.")
     entry = sft_entry(argv)
     if "sft_trainer" in p.get("entrypoint", "") and entry != SFT_ENTRY:
-        out.append(f"# NOTE: the run replaced the SFT entry ({' '.join(SFT_ENTRY)}) by run.sft_entry={entry}.")
+        out.append(f"# NOTE: the run replaced the SFT entry ({' '.join(SFT_ENTRY)}) by run.sft_entry={c(entry)}.")
     return out
 
 
@@ -128,12 +153,13 @@ def _ray_address(d: Path):
     try:
         cfg = yaml.load((d / "verl_config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         return (((cfg.get("ray_kwargs") or {}).get("ray_init") or {}).get("address"))
-    except (OSError, AttributeError, yaml.YAMLError):
+    except (OSError, AttributeError, ValueError, yaml.YAMLError):
         return None
 
 
 def _manifest(d: Path) -> dict:
     try:
-        return json.loads((d / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads((d / "manifest.json").read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return {}
+    return data if isinstance(data, dict) else {}

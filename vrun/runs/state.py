@@ -113,12 +113,11 @@ def points(path: str) -> list[Path]:
 
 def load(d: Path, indexed_at: Optional[float] = None) -> Run:
     """Read one run dir (files only: no SLURM query). A plan.json of another format raises RunDirError."""
-    try:
-        plan = json.loads((d / "plan.json").read_text())
-    except FileNotFoundError:
-        raise RunDirError("run", d, "not a run dir (no plan.json)", "give a dir the runner wrote") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise RunDirError("run", d, f"plan.json is unreadable ({e})", "re-plan the run") from None
+    from vrun.runs import files
+
+    if not (d / "plan.json").exists():
+        raise RunDirError("run", d, "not a run dir (no plan.json)", "give a dir the runner wrote")
+    plan = files.plan(d)
     fmt = plan.get("format", 0)
     if fmt != rundir.FORMAT:
         when = "older" if isinstance(fmt, int) and fmt < rundir.FORMAT else "newer"
@@ -127,11 +126,7 @@ def load(d: Path, indexed_at: Optional[float] = None) -> Run:
                           f"{rundir.FORMAT})", "read it with the vrun that wrote it"
                           + (f" (git commit {commit[:12]})" if commit else "")
                           + ", or plan the run again with this one")
-    slurm = None
-    try:
-        slurm = json.loads((d / "slurm_job.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        pass
+    slurm = files.slurm_job(d)
     run = Run(dir=d, plan=plan, slurm=slurm, events=rundir.events(str(d)))
     derive(run)
     if not run.when:
@@ -170,7 +165,7 @@ def derive(run: Run) -> None:
         elif ev == "submitted":
             state, phase = "pending", "submitted"
         elif ev == "started":
-            run.hosts = list(e.get("hosts") or [e.get("host")])
+            run.hosts = [h for h in (e.get("hosts") or [e.get("host")]) if isinstance(h, str)]
             run.pid, run.host = e.get("pid"), e.get("host")
             state, phase = "running", f"started on {','.join(run.hosts)}"
         elif ev == "nodes_joined":
@@ -298,6 +293,8 @@ def node_name(run: Run, e: dict) -> str:
 
 
 def alive(pid: int) -> bool:
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+        return False  # 0, 1 and negative ids are groups or init: never one run's process
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -317,5 +314,5 @@ def _mtime(p: Path) -> float:
 def _manifest_commit(d: Path) -> Optional[str]:
     try:
         return json.loads((d / "manifest.json").read_text()).get("git", {}).get("commit")
-    except (OSError, json.JSONDecodeError, AttributeError):
+    except (OSError, ValueError, AttributeError):
         return None
