@@ -132,6 +132,9 @@ def test_grpo_preflight_brings_up_ray_on_both_nodes(shared):
     assert f"preflight: {len(report['problems'])} problem(s) on the nodes:" in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].startswith("error: slurm=failed: job ") and "Traceback" not in \
         proc.stderr, proc.stderr[-2000:]
+    st = subprocess.run(WRAP + [PY, "-m", "vrun", "status", str(d)], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120).stdout
+    assert f"preflight {len(report['problems'])} problem(s):" in st and "  n1: python module vllm" in st, st
     for node in report["nodes"]:
         assert node["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and node["env"]["VLLM_USE_V1"] == "1"
         assert len(node["ray_gpu_ids"]) == 4 and node["cuda_visible_devices"]
