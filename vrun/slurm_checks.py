@@ -89,7 +89,7 @@ def storage_problems(plan, folder: str) -> list[Problem]:
 
     checkout = str(Path(vrun.__file__).resolve().parents[1])
     paths = [("hydra.sweep.dir", plan.run_dir, "the run dir"),
-             ("hydra.launcher.submitit_folder", folder, "the job's logs and pickles"),
+             ("hydra.launcher.submitit_folder", folder, "the job's log folder"),
              ("checkout", checkout, "the code the job runs"), ("venv", sys.prefix, "the Python the job runs")]
     if plan.model_path and plan.model_path.startswith(("/", "~", ".")):
         paths.append((plan.config.model.path_env, plan.model_path, "the checkpoint"))

@@ -176,7 +176,7 @@ class Node:
                 return False
             time.sleep(POLL_S)
         if proc.returncode:
-            raise RuntimeError(f"cluster.node_setup failed on {self.where} with exit code {proc.returncode}")
+            raise RuntimeError(f"cluster.node_setup failed on {self.where} with {exited(proc.returncode, 'exit code ')}")
         return True
 
     # ---------------------------------------------------------------- the control dir
@@ -319,7 +319,7 @@ def run_driver(node: Node, driver_env: dict, alive_s: float) -> Any:
         _stop(proc)
     node.record("exited", node=0, rc=rc)
     if rc:
-        raise RuntimeError(node.record_failure(f"the driver exited {rc} (see the job log)"))
+        raise RuntimeError(node.record_failure(f"the driver {exited(rc)} (see the job log)"))
     return {"mode": job.mode, "run_dir": job.run_dir, "job_id": node.env.job_id}
 
 
@@ -337,7 +337,7 @@ def wait_for_nodes(node: Node, address: str, proc: subprocess.Popen, extra: dict
     try:
         while poller.poll() is None:
             if proc.poll() is not None:
-                raise RuntimeError(f"the Ray head on {socket.gethostname()} exited {proc.returncode}")
+                raise RuntimeError(f"the Ray head on {socket.gethostname()} {exited(proc.returncode)}")
             other = node.failure()
             if other:
                 raise RuntimeError(f"a node failed before the Ray cluster was up: {other}")
@@ -368,7 +368,7 @@ def ray_worker(node: Node) -> Any:
         proc = ray.start(node, "--address", address)
         while not node.released():
             if proc.poll() is not None:
-                raise RuntimeError(f"ray on {node.where} exited {proc.returncode}")
+                raise RuntimeError(f"ray on {node.where} {exited(proc.returncode)}")
             time.sleep(POLL_S)
         return {"released": True}
     finally:
@@ -395,13 +395,13 @@ def torchrun_node(node: Node) -> Any:
         rc = node.wait_unless_failed(proc)
         node.record("exited", node=node.rank, rc=rc)
         if rc:
-            node.record_failure(f"torchrun on {node.where} exited {rc}")
+            node.record_failure(f"torchrun on {node.where} {exited(rc)}")
     finally:
         _kill(proc)
         if node.rank == 0:
             node.release()
     if rc:
-        raise RuntimeError(f"torchrun on {node.where} exited {rc}")
+        raise RuntimeError(f"torchrun on {node.where} {exited(rc)}")
     return {"node": node.rank, "rc": rc}
 
 
@@ -477,6 +477,13 @@ def wait_nodes(address: str, want: int, gpus: float, timeout: float, run_dir: Op
         time.sleep(0.2)
     print(json.dumps(seen))
     return 1
+
+
+def exited(rc: int, code: str = "") -> str:
+    """How a child ended: `exited 1`, or the signal that stopped it and what usually sends it."""
+    if rc < 0:
+        return f"stopped by signal {-rc} (the job was cancelled, preempted or out of time)"
+    return f"exit code {rc}" if code else f"exited {rc}"
 
 
 def _resolve(host: str) -> str:

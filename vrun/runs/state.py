@@ -302,6 +302,8 @@ def describe(run: Run) -> str:
         return f"pending ({pending_words(run.reason)})" if run.reason else "pending"
     if run.state in ("planned", "completed", "cancelled"):
         return run.state
+    if run.phase.startswith(run.state):  # "failed on n1: ...", not "failed: failed on n1: ..."
+        return run.phase
     return f"{run.state}: {run.phase}" if run.phase else run.state
 
 
