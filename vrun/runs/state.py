@@ -237,6 +237,8 @@ def refresh(runs: list) -> None:
                 a = acct.get(r.job_id)
                 if a and a["state"].startswith("COMPLETED"):
                     r.state, r.phase = "completed", "exited 0 (sacct)"
+                elif a and a["state"].startswith("CANCELLED"):
+                    r.state, r.phase = "cancelled", f"cancelled outside vrun (sacct: {a['state'].lower()})"
                 elif a:
                     r.state, r.phase = "failed", f"{a['state'].lower()} (sacct: exit {a['exit']} on {a['nodes']})"
                 else:
