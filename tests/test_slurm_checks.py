@@ -160,7 +160,7 @@ def test_cancel_lost_and_ctrl_c_return_within_seconds(shared):
     last = (shared / "submit.err").read_text().splitlines()[-1]
     # SLURM signals the job first: a node may still record that its child was stopped, else the job is lost
     assert p.returncode == 2 and ("error: slurm=lost: job" in last and "left the queue" in last or
-                                  "stopped by signal 15 (the job was cancelled, preempted or out of time)" in last), last
+                                  "was stopped by signal 15 (the job was cancelled, preempted or out of time)" in last), last
     shutil.rmtree(shared / "sweep")
 
     p, d = holding_run(shared)

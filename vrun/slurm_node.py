@@ -176,7 +176,9 @@ class Node:
                 return False
             time.sleep(POLL_S)
         if proc.returncode:
-            raise RuntimeError(f"cluster.node_setup failed on {self.where} with {exited(proc.returncode, 'exit code ')}")
+            raise RuntimeError(f"cluster.node_setup failed on {self.where} with exit code {proc.returncode}"
+                               if proc.returncode > 0 else f"cluster.node_setup on {self.where} "
+                               f"{exited(proc.returncode)}")
         return True
 
     # ---------------------------------------------------------------- the control dir
@@ -479,11 +481,11 @@ def wait_nodes(address: str, want: int, gpus: float, timeout: float, run_dir: Op
     return 1
 
 
-def exited(rc: int, code: str = "") -> str:
+def exited(rc: int) -> str:
     """How a child ended: `exited 1`, or the signal that stopped it and what usually sends it."""
     if rc < 0:
-        return f"stopped by signal {-rc} (the job was cancelled, preempted or out of time)"
-    return f"exit code {rc}" if code else f"exited {rc}"
+        return f"was stopped by signal {-rc} (the job was cancelled, preempted or out of time)"
+    return f"exited {rc}"
 
 
 def _resolve(host: str) -> str:
