@@ -98,7 +98,8 @@ def test_two_runs_listed_followed_cancelled_failed_diffed_exported(shared, tmp_p
     assert rows["a"]["gpus"] == 8 and rows["a"]["job_id"] and rows["a"]["elapsed_s"] > 0
     assert rows["b"]["state"] == "pending" and rows["b"]["reason"] == "Resources", rows["b"]
     table = vrun("runs").stdout
-    assert re.search(r"running: training started\s+\d+\s+0\s+\d+m\d\ds", table) and "pending (Resources)" in table
+    assert re.search(r"running: training started\s+\d+\s+0\s+\d+m\d\ds", table) and \
+        "pending (Resources: waiting for nodes to free up)" in table
     st = vrun("status", str(da)).stdout
     assert "state    running: training started" in st and "(attempt 0; requeues 0;" in st
     assert "nodes joined 2/2" in st and "ray_up" in st and "logs     python -m vrun logs" in st
@@ -182,7 +183,8 @@ def test_sweep_dir_cancelled_after_one_confirmation(shared):
 def test_waiting_submission_shows_progress_then_resubmit(shared):
     """cluster.detach=false without a terminal: one line per change, in order — pending/started → nodes joined
     → Ray up → preflight started → completed; `python -m vrun resubmit` runs it again as attempt 1."""
-    p = run(shared, "model=qwen3_5_35b", *TWO_NODES, "mode=preflight", "cluster.ray.join_timeout_s=120")
+    p = run(shared, "model=qwen3_5_35b", *TWO_NODES, "mode=preflight", "cluster.ray.join_timeout_s=120",
+            "run.task_runner=vrun_probe.ProbeTaskRunner")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     lines = [line for line in p.stdout.splitlines() if line.startswith("job ")]
     order = ["nodes joined", "Ray up", "preflight started", "completed"]

@@ -29,6 +29,7 @@ def test_launcher_overrides_win(tmp_path):
 def test_big_submission_needs_a_yes(tmp_path):
     """Above cluster.confirm_gpu_hours a non-interactive submission stops (one line) unless cluster.yes=true."""
     proc = runner("model=glm5_1", "cluster=slurm", "cluster.confirm_gpu_hours=100", "mode=train",
+                  "cluster.login_preflight=false", "cluster.node_local_paths=[]", "run.allow_memory_overrun=true",
                   f"hydra.sweep.dir={tmp_path}/s")
     assert proc.returncode == 2 and "error: cluster.yes=False: 1024 GPU-hours exceed" in proc.stderr
     assert not list((tmp_path / "s").glob(".submitit"))

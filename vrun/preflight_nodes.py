@@ -41,8 +41,26 @@ def node_report(config: dict) -> dict:
         "cuda_device_count": cuda,
         "env": {k: v for k, v in os.environ.items() if k.startswith(WATCH_PREFIXES)},
         "paths": paths,
-        "modules": {m: importlib.util.find_spec(m) is not None for m in ("verl_mlite", "vllm", "verl")},
+        "modules": {m: importlib.util.find_spec(m) is not None
+                    for m in {"verl_mlite", "vllm", "verl", rollout_module(config)} - {None}},
     }
+
+
+def rollout_module(config: dict) -> str | None:
+    """The module the rollout engine imports (actor_rollout_ref.rollout.name), None for none."""
+    name = str(dotted.get(config, "actor_rollout_ref.rollout.name", "") or "")
+    return {"vllm": "vllm", "sglang": "sglang"}.get(name)
+
+
+def node_problems(r: dict, config: dict) -> list:
+    """What keeps a node from training: a module the run imports missing, GPUs Ray gives that torch cannot use."""
+    out = [f"{r['host']}: python module {m} is not importable (the run imports it)"
+           for m in ("verl", "verl_mlite", rollout_module(config)) if m and not r["modules"].get(m)]
+    want = len(r["ray_gpu_ids"])
+    if want and (r["cuda_device_count"] or 0) < want:
+        out.append(f"{r['host']}: torch sees {r['cuda_device_count'] or 0} GPU(s) of the {want} Ray gives "
+                   f"(CUDA_VISIBLE_DEVICES={r['cuda_visible_devices']}): no usable GPU or driver")
+    return out
 
 
 @ray.remote(num_cpus=0)
@@ -75,6 +93,7 @@ class PreflightTaskRunner:
             for name, p in r["paths"].items():
                 if not p["readable"]:
                     problems.append(f"{r['host']}: {name} is not readable")
+            problems += node_problems(r, cfg)
         out = {"nodes": reports, "problems": problems, "config": cfg}
         run_dir = Path(cfg["trainer"]["default_local_dir"]).parent
         writer.write_text(run_dir / "preflight.json", json.dumps(out, indent=1, default=str), root=run_dir)

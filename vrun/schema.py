@@ -224,6 +224,11 @@ class Cluster:
     gpu_mem_gib: Optional[float] = None
     # price of one GPU-hour (any currency): the plan's cost line multiplies its GPU-hours by it when set
     gpu_hour_price: Optional[float] = None
+    # SLURM mode=train: the preflight checks that need no GPU run on this machine before sbatch; false where the
+    # nodes' environment differs from this one (each node then runs them first thing in the job)
+    login_preflight: bool = True
+    # paths private to each node: a run dir, checkout, venv, model or data under one is refused before sbatch
+    node_local_paths: List[str] = field(default_factory=lambda: ["/tmp", "/dev/shm", "/run"])
 
 
 @dataclass

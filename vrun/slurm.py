@@ -125,6 +125,12 @@ def folder_problems(folder: str, sweep_dir: str) -> list[Problem]:
     return []
 
 
+def job_name(plan) -> str:
+    """The default sbatch job name: model, algorithm and data set (sweep points apart in squeue)."""
+    c = plan.config
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", f"{c.model.name}_{c.algo.name}_{c.data.name}")[:128]
+
+
 @dataclass(frozen=True)
 class Submission:
     """One sbatch job: submitit's SlurmExecutor parameters (its names) and how often it requeues on timeout."""
@@ -136,7 +142,7 @@ class Submission:
         """From the plan: the cluster group and the mesh."""
         c, m = plan.config.cluster, plan.mesh
         p: dict[str, Any] = {"nodes": m.nnodes, "gpus_per_node": m.gpus_per_node, "ntasks_per_node": 1,
-                             "time": c.time_min, "job_name": c.job_name or plan.config.run.experiment_name,
+                             "time": c.time_min, "job_name": c.job_name or job_name(plan),
                              "signal_delay_s": c.signal_delay_s, "setup": list(c.setup),
                              "additional_parameters": dict(c.additional_parameters)}
         for k in ("cpus_per_task", "partition", "account", "qos", "constraint"):
@@ -199,22 +205,19 @@ def sbatch_script(sub: Submission, folder: str) -> str:
     return _make_sbatch_string(command=command, folder=path, **sub.parameters)
 
 
-def node_error(text: str) -> str:
-    """The node's own error line out of submitit's failure report (traceback text plus log paths)."""
-    import re
-
-    found = [m.group(1) for m in re.finditer(r"(?m)^\s*(?:\w+\.)*\w*(?:Error|Exception): (.+)$", text)]
-    found = [f for f in found if not f.startswith("Job (task=")]
-    return found[-1].strip() if found else (text.strip().splitlines() or ["unknown failure"])[0]
-
-
 def job_payload(plan) -> dict:
     """What the node job needs from the plan (plain values: it is pickled with the job)."""
+    from vrun.schema import Mode
+    from vrun.slurm_checks import node_checks
+
     m = plan.mesh
     return {"argv": plan.argv, "env": plan.env, "env_unset": plan.env_unset, "mesh": m.summary(),
             "algo_entrypoint": plan.entrypoint.name.value, "stack": plan.stack,
             "torchrun": {"python": sys.executable, "module": list(plan.config.run.sft_entry),
-                         "nproc_per_node": m.gpus_per_node}}
+                         "nproc_per_node": m.gpus_per_node},
+            # the checks a node runs first thing when the login preflight was skipped (vrun.slurm_checks)
+            "checks": node_checks(plan) if plan.config.mode == Mode.train and not plan.config.cluster.login_preflight
+            else None}
 
 
 def confirm(total_gpu_hours: float, cluster, stream=None) -> None:
@@ -233,16 +236,39 @@ def confirm(total_gpu_hours: float, cluster, stream=None) -> None:
                              "cluster.yes=true")])
 
 
+def point_line(idx: int, overrides, plan, sub: Submission, warnings: list) -> str:
+    """A sweep point's verdict on one line: the mesh, its peak memory and fit, its warnings, the job."""
+    from vrun import report
+
+    e = plan.memory
+    gib = 1024 ** 3
+    mem = (f"peak {e.peak / gib:.1f} of {e.gpu_mem / gib:g} GiB {'fits' if e.fits else 'DOES NOT FIT'}"
+           if e is not None else "memory: no estimate")
+    n = len(plan.warnings) + len(warnings)
+    return f"{report.one_line(idx, overrides, plan)}\n    {mem} · {n} warning(s) · slurm: {sub.describe()}"
+
+
 def submit(items: list, detach: bool) -> list:
     """items: (plan, submission, mode, submitit folder). Submits one job per item; unless detached, waits for all,
-    showing each job's progress (vrun.runs.watch)."""
+    showing each job's progress (vrun.runs.watch), and returns or exits with their outcome (vrun.slurm_wait)."""
+    import contextlib
+    import io
     import logging
 
-    logging.getLogger("submitit").setLevel(logging.ERROR)  # "Bypassing sacct error" on clusters without accounting
+    from vrun import cli_errors, slurm_checks, slurm_wait
+
+    logging.getLogger("submitit").setLevel(logging.ERROR)  # its accounting warning: said once by slurm_wait
     jobs = []
     for plan, sub, mode, folder in items:
         run_job = RunJob(plan.run_dir, job_payload(plan), asdict(plan.config.cluster), str(mode))
-        job = executor(sub, folder).submit(run_job)
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's stderr: mapped below
+                job = executor(sub, folder).submit(run_job)
+        except Exception as e:  # noqa: BLE001 - sbatch's refusal, or no sbatch at all
+            problem = slurm_checks.sbatch_problem(e, sub)
+            rundir.record(plan.run_dir, "failed", attempt=0, node="sbatch", error=f"not submitted: {problem.why}")
+            done = [f"submitted before it: {' '.join(j.job_id for j in jobs)}"] if jobs else []
+            cli_errors.emit([problem.line()] + done)
         writer.write_text(Path(plan.run_dir) / "slurm_job.json", json.dumps(
             {"job_id": job.job_id, "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
              "folder": folder, "spec": sub.saved(), "mode": mode, "job": job_json(run_job)}, indent=2,
@@ -255,19 +281,7 @@ def submit(items: list, detach: bool) -> list:
         print(f"detached: {len(jobs)} job(s); watch with: python -m vrun runs "
               f"{' '.join(plan.run_dir for plan, *_ in items)}", flush=True)
         return jobs
-    from vrun.runs import watch
-
-    watch.until_done([(job, plan.run_dir) for job, (plan, *_) in zip(jobs, items)])
-    failed = []
-    for job, (plan, *_) in zip(jobs, items):
-        try:
-            job.results()
-            print(f"job {job.job_id}: done", flush=True)
-        except Exception as e:  # noqa: BLE001 - submitit re-raises the node's exception
-            failed.append((f"job {job.job_id} failed: {node_error(str(e))}", plan.run_dir))
-    if failed:
-        raise PlanError([Problem("slurm", "failed", line, f"python -m vrun status {run_dir}; python -m vrun logs "
-                                 f"{run_dir}") for line, run_dir in failed])
+    slurm_wait.until_ended([(job, plan.run_dir) for job, (plan, *_) in zip(jobs, items)])
     return jobs
 
 
@@ -307,7 +321,9 @@ def resubmit(run_dir: str, detach: bool = False) -> list:
     writer.write_text(Path(run_dir) / "slurm_job.json", json.dumps(info, indent=2, default=str) + "\n", root=run_dir)
     print(f"resubmitted job {job.job_id}: {run_dir}  logs {job.paths.stdout}", flush=True)
     if not detach:
-        job.results()
+        from vrun import slurm_wait
+
+        slurm_wait.until_ended([(job, run_dir)])
     return [job]
 
 

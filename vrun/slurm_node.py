@@ -79,13 +79,13 @@ class RunJob:
             node.record_attempt()
         try:
             check_stack(self.plan, node.where)
+            check_node(self.plan, node.where)
             if not entrypoints.ENTRYPOINTS[EntrypointName(self.plan["algo_entrypoint"])].uses_ray:
                 return torchrun_node(node)
             return ray_head(node) if node.rank == 0 else ray_worker(node)
         except Exception as e:
-            line = str(e).splitlines()[0] if str(e) else type(e).__name__
-            node.record("failed", node=node.rank, error=line)
-            node.fail(line)
+            if not node.failed:
+                node.record_failure(str(e).splitlines()[0] if str(e) else type(e).__name__)
             raise
 
     def checkpoint(self, *args: Any, **kwargs: Any):
@@ -107,6 +107,7 @@ class Node:
     ctl: Path           # <run_dir>/.vrun/job-<id>-<attempt>[-r<SLURM restart>]
     t_start: float      # time.monotonic() when the task started
     cluster: Cluster    # the run's cluster group, typed again from the job's plain values
+    failed: bool = False  # this node has recorded its failure
 
     @classmethod
     def open(cls, job: RunJob, env: Any, t_start: float) -> "Node":
@@ -176,7 +177,9 @@ class Node:
                 return False
             time.sleep(POLL_S)
         if proc.returncode:
-            raise RuntimeError(f"cluster.node_setup failed on {self.where} with exit code {proc.returncode}")
+            raise RuntimeError(f"cluster.node_setup failed on {self.where} with exit code {proc.returncode}"
+                               if proc.returncode > 0 else f"cluster.node_setup on {self.where} "
+                               f"{exited(proc.returncode)}")
         return True
 
     # ---------------------------------------------------------------- the control dir
@@ -221,6 +224,29 @@ class Node:
 
     def release(self) -> None:
         self.publish("released", "1")
+
+    def record_failure(self, line: str) -> str:
+        """Record this node's failure at once (before its children are stopped), with the cause its log holds,
+        and tell the other nodes. Returns the line."""
+        cause = self.cause()
+        if cause and cause not in line:
+            line = f"{line.replace(' (see the job log)', '')}: {cause}"
+        self.record("failed", node=self.rank, error=line)
+        self.fail(line)
+        self.failed = True
+        return line
+
+    def cause(self) -> Optional[str]:
+        """The first decisive line this node's log holds so far (its children write there too)."""
+        from vrun.runs.cause import from_files
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            paths = self.env.paths
+            return from_files([paths.stderr, paths.stdout])
+        except Exception:  # noqa: BLE001 - no cause is no worse than before
+            return None
 
 
 # ==================================================================== PPO (GRPO / DAPO) on Ray
@@ -296,7 +322,7 @@ def run_driver(node: Node, driver_env: dict, alive_s: float) -> Any:
         _stop(proc)
     node.record("exited", node=0, rc=rc)
     if rc:
-        raise RuntimeError(f"the driver exited {rc} (see the job log)")
+        raise RuntimeError(node.record_failure(f"the driver {exited(rc)} (see the job log)"))
     return {"mode": job.mode, "run_dir": job.run_dir, "job_id": node.env.job_id}
 
 
@@ -314,7 +340,7 @@ def wait_for_nodes(node: Node, address: str, proc: subprocess.Popen, extra: dict
     try:
         while poller.poll() is None:
             if proc.poll() is not None:
-                raise RuntimeError(f"the Ray head on {socket.gethostname()} exited {proc.returncode}")
+                raise RuntimeError(f"the Ray head on {socket.gethostname()} {exited(proc.returncode)}")
             other = node.failure()
             if other:
                 raise RuntimeError(f"a node failed before the Ray cluster was up: {other}")
@@ -345,7 +371,7 @@ def ray_worker(node: Node) -> Any:
         proc = ray.start(node, "--address", address)
         while not node.released():
             if proc.poll() is not None:
-                raise RuntimeError(f"ray on {node.where} exited {proc.returncode}")
+                raise RuntimeError(f"ray on {node.where} {exited(proc.returncode)}")
             time.sleep(POLL_S)
         return {"released": True}
     finally:
@@ -371,12 +397,14 @@ def torchrun_node(node: Node) -> Any:
     try:
         rc = node.wait_unless_failed(proc)
         node.record("exited", node=node.rank, rc=rc)
+        if rc:
+            node.record_failure(f"torchrun on {node.where} {exited(rc)}")
     finally:
         _kill(proc)
         if node.rank == 0:
             node.release()
     if rc:
-        raise RuntimeError(f"torchrun on {node.where} exited {rc}")
+        raise RuntimeError(f"torchrun on {node.where} {exited(rc)}")
     return {"node": node.rank, "rc": rc}
 
 
@@ -405,6 +433,17 @@ def check_stack(payload: dict, where: str) -> None:
     wrong = stack.mismatch(payload.get("stack"))
     if wrong:
         raise RuntimeError(f"{where}: " + " | ".join(p.line() for p in wrong))
+
+
+def check_node(payload: dict, where: str) -> None:
+    """cluster.login_preflight=false: the checks the submitting machine skipped, first thing on every node."""
+    if not payload.get("checks"):
+        return
+    from vrun.slurm_checks import node_problems
+
+    found = node_problems(payload["checks"])
+    if found:
+        raise RuntimeError(f"{where}: preflight found {len(found)} problem(s): " + " | ".join(found))
 
 
 # ==================================================================== python -m vrun.slurm_node wait-nodes
@@ -441,6 +480,13 @@ def wait_nodes(address: str, want: int, gpus: float, timeout: float, run_dir: Op
         time.sleep(0.2)
     print(json.dumps(seen))
     return 1
+
+
+def exited(rc: int) -> str:
+    """How a child ended: `exited 1`, or the signal that stopped it and what usually sends it."""
+    if rc < 0:
+        return f"was stopped by signal {-rc} (the job was cancelled, preempted or out of time)"
+    return f"exited {rc}"
 
 
 def _resolve(host: str) -> str:

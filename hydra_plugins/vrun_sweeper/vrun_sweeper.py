@@ -134,11 +134,7 @@ class PlanningSweeper(Sweeper):
             except Exception as e:  # noqa: BLE001
                 failures.append((idx, overrides, cli_errors.describe(e)))
         if failures:
-            lines = [f"sweep: {len(failures)} of {len(points)} point(s) do not plan; nothing was run"]
-            for idx, overrides, why in sorted(failures):
-                for line in why.splitlines():
-                    lines.append(f"point {idx} [{' '.join(overrides)}]: {line}" if idx >= 0 else f"sweep: {line}")
-            cli_errors.emit(lines)
+            self._refuse(failures, len(points))
         modes = {p.config.mode for _, _, p in plans}
         if "SlurmLauncher" in str(self.config.hydra.launcher.get("_target_", "")):
             return self._slurm(plans, composed)
@@ -187,32 +183,75 @@ class PlanningSweeper(Sweeper):
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
         return cfg, subdir, launcher, choices
 
+    def _refuse(self, failures, n_points: int, what: str = "do not plan; nothing was run") -> None:
+        """One line per problem; a sweep's lines name their point, a single run's do not."""
+        from vrun import cli_errors
+
+        if n_points == 1:
+            cli_errors.emit([line for _, _, why in failures for line in why.splitlines()])
+        lines = [f"sweep: {len(failures)} of {n_points} point(s) {what}"]
+        for idx, overrides, why in sorted(failures):
+            for line in why.splitlines():
+                lines.append(f"point {idx} [{' '.join(overrides)}]: {line}" if idx >= 0 else f"sweep: {line}")
+        cli_errors.emit(lines)
+
     def _slurm(self, plans, composed) -> Any:
-        """SLURM: every point's job shown (and written) before anything is submitted; then submit."""
-        from vrun import cli_errors, report, slurm, writer
+        """SLURM: every point's verdict shown and every check that needs no GPU made (vrun.slurm_checks) before
+        anything is written or submitted; then each job written to its run dir and submitted."""
+        from vrun import cli_errors, report, slurm, slurm_checks, writer
         from vrun.manifest import write_manifest
 
-        items, total = [], 0.0
+        single = len(plans) == 1
+        submitting = {p.config.mode for _, _, p in plans} != {Mode.plan}
+        parts = slurm_checks.partitions() if submitting else None
+        checked, refused = [], []
         for (idx, overrides, p), (_, _, cfg, _, (folder, _)) in zip(plans, composed):
             sub = slurm.Submission.of(p)
+            found = []
+            if submitting:
+                found += slurm_checks.storage_problems(p, folder) + slurm_checks.partition_problems(sub, parts or [])
+            if p.config.mode == Mode.train:
+                found += slurm_checks.login_problems(p)
+            elif p.config.mode == Mode.preflight:
+                from vrun import preflight
+
+                found += preflight.memory_problems(p)
+            errors = [x for x in found if not x.warning]
+            if errors:
+                refused.append((idx, overrides, "\n".join(x.line() for x in errors)))
+            checked.append((idx, overrides, p, cfg, folder, sub, [x for x in found if x.warning]))
+        for idx, overrides, p, _, _, sub, warnings in checked:
+            if single:
+                print(report.table(p), flush=True)
+                for w in warnings:
+                    print(w.line(), flush=True)
+                print(f"slurm   {sub.describe()}", flush=True)
+            else:
+                print(slurm.point_line(idx, overrides, p, sub, warnings), flush=True)
+                for w in list(p.warnings) + warnings:
+                    print(f"    {w.line()}", flush=True)
+        if refused:
+            self._refuse(refused, len(plans), "refused before sbatch; nothing was submitted")
+        items, total = [], 0.0
+        for idx, overrides, p, cfg, folder, sub, _ in checked:
             report.write(p, extra={"slurm": {"parameters": sub.parameters, "max_num_timeout": sub.max_num_timeout,
                                              "gpu_hours": sub.gpu_hours, "submitit_folder": folder,
                                              "sbatch": "sbatch.sh"}})
             write_manifest(cfg, p.run_dir, list(overrides))
             writer.write_text(Path(p.run_dir) / "sbatch.sh", slurm.sbatch_script(sub, folder), root=p.run_dir)
-            print(report.one_line(idx, overrides, p) + f"\n    slurm: {sub.describe()}", flush=True)
             items.append((p, sub, p.config.mode, folder))
             total += sub.gpu_hours
-        print(f"sweep: {len(items)} job(s), {total:.1f} GPU-hours", flush=True)
-        if {p.config.mode for _, _, p in plans} == {Mode.plan}:
-            print(f"plan only: nothing submitted (sbatch scripts in each run dir)", flush=True)
+        if not single:
+            print(f"sweep: {len(items)} job(s), {total:.1f} GPU-hours", flush=True)
+        if not submitting:
+            print("plan only: nothing submitted (sbatch.sh in " + ("the run dir)" if single else "each run dir)"),
+                  flush=True)
             return []
         try:
             slurm.confirm(total, plans[0][2].config.cluster)
-            jobs = slurm.submit(items, detach=plans[0][2].config.cluster.detach)
-        except Exception as e:  # noqa: BLE001 - one line per failure, non-zero exit
+        except Exception as e:  # noqa: BLE001 - one line, non-zero exit
             cli_errors.emit([cli_errors.describe(e)])
-        return jobs
+        return slurm.submit(items, detach=plans[0][2].config.cluster.detach)
 
     def _is_group(self, override) -> bool:
         key = override.key_or_group

@@ -21,6 +21,10 @@ class SFT(Entrypoint):
     uses_ray = False
     has_rollout = False
 
+    def builds_mlite_workers(self, config: RunConfig) -> bool:
+        """run.sft_entry replaced by another module: that module decides what it needs."""
+        return list(config.run.sft_entry)[:1] == ["verl_mlite.launch"]
+
     def groups(self, searchpath: str, values: dict) -> list[str]:
         return [f"hydra.searchpath=[{searchpath}]", "engine=mlite", "optim=megatron"]
 

@@ -141,11 +141,11 @@ def cmd_status(a) -> int:
         print(f"failed   on {r.failure['node']}: {r.failure['error']}")
     if r.on_slurm:
         requeues = len([e for e in r.events if e["event"] == "requeued"])
-        print(f"job      {r.job_id} (attempt {r.attempt}; requeues {requeues}; jobs {','.join(r.job_ids)})"
+        print(f"job      {r.job_id} (attempt {r.attempt}; requeues {requeues}; job ids {','.join(r.job_ids)})"
               + (f"; nodes {','.join(r.hosts)}" if r.hosts else ""))
     if r.elapsed_s:
         print(f"elapsed  {_dur(r.elapsed_s)}, {r.gpu_hours:.2f} GPU-hours")
-    for line in measured.lines(r):
+    for line in [*measured.lines(r), *_preflight_lines(r)]:
         print(line)
     step = r.checkpoint_step()
     print(f"ckpt     {'step ' + str(step) if step is not None else 'none yet'} ({r.dir / 'checkpoints'})")
@@ -157,6 +157,15 @@ def cmd_status(a) -> int:
         files = sorted({str(f[3].parent) for f in log_files(r)})
         print(f"logs     python -m vrun logs {r.dir}  ({', '.join(files) or 'none yet'})")
     return 0
+
+
+def _preflight_lines(r: state.Run) -> list:
+    """The problems the nodes' preflight found (preflight.json)."""
+    try:
+        found = json.loads((r.dir / "preflight.json").read_text()).get("problems") or []
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return []
+    return [f"preflight {len(found)} problem(s)" + (":" if found else "")] + [f"  {p}" for p in found]
 
 
 def _event(r: state.Run, e: dict) -> str:
@@ -203,8 +212,8 @@ def cmd_logs(a) -> int:
     def selected():
         return [f for f in log_files(r, job) if (node is None or f[1] == node) and (a.stream in ("both", f[2]))]
 
-    hosts = r.hosts
-    label = lambda t, s: f"{hosts[t] if t < len(hosts) else 'node' + str(t)} {s}| "  # noqa: E731
+    # nodes named as every verb names them: the hostname once known, else the node index as hostnames go
+    label = lambda t, s: f"{r.hosts[t] if t < len(r.hosts) else 'node ' + str(t)} {s}| "  # noqa: E731
     plain = (lambda text: text) if sys.stdout.isatty() else (lambda text: ANSI.sub("", text))  # Ray's colours
     if a.follow and shutil.which("squeue") is None:
         raise Usage(f"error: logs -f {r.dir}: squeue is not on this machine, so the job's end cannot be seen; fix: "
@@ -212,7 +221,10 @@ def cmd_logs(a) -> int:
     if not a.follow:
         files = selected()
         if not files:
-            print(f"no log files yet for job {r.job_id} ({state.describe(r)})", file=sys.stderr)
+            never = not r.active and r.state != "completed"
+            print(f"no log files {'for' if never else 'yet for'} job {r.job_id} ({state.describe(r)})"
+                  + (f": SLURM never wrote {r.slurm.get('stdout')}; the nodes likely cannot see that path"
+                     if never and r.slurm and r.slurm.get("stdout") else ""), file=sys.stderr)
         for j, t, s, path in files:
             prefix = label(t, s)
             for line in path.read_text(errors="replace").splitlines():
@@ -507,6 +519,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list | None = None) -> int:
+    if not (sys.argv[1:] if argv is None else argv):
+        parser().print_help(sys.stderr)
+        return EXIT_USAGE
     a = parser().parse_args(argv)
     try:
         return a.fn(a)

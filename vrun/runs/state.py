@@ -232,14 +232,29 @@ def refresh(runs: list) -> None:
                 a = acct.get(r.job_id)
                 if a and a["state"].startswith("COMPLETED"):
                     r.state, r.phase = "completed", "exited 0 (sacct)"
+                elif a and a["state"].startswith("CANCELLED"):
+                    r.state, r.phase = "cancelled", f"cancelled outside vrun (sacct: {a['state'].lower()})"
                 elif a:
                     r.state, r.phase = "failed", f"{a['state'].lower()} (sacct: exit {a['exit']} on {a['nodes']})"
                 else:
-                    r.state, r.phase = "lost", (f"job {r.job_id} left the queue without recording an exit "
-                                                "(killed, node lost, or cancelled outside vrun)")
+                    r.state, r.phase = "lost", lost_why(r)
     for r in live:
         if not r.on_slurm and r.pid and r.host == socket.gethostname() and not alive(r.pid):
             r.state, r.phase = "lost", f"process {r.pid} ended without recording an exit"
+
+
+def lost_why(r: Run) -> str:
+    """A job gone from the queue with no recorded end and no accounting: what its log says, or that it wrote none
+    (SLURM could not open its output: a path the nodes do not see)."""
+    from vrun.runs.cause import from_files
+
+    out = Path(str((r.slurm or {}).get("stdout") or ""))
+    head = f"job {r.job_id} left the queue without recording an exit"
+    if r.slurm and r.slurm.get("stdout") and not out.exists() and r.state == "pending":
+        return (f"{head} and without writing its log {out}: the nodes likely cannot see {out.parent} (node-local "
+                "storage such as /tmp?); put the run dir on storage every node shares")
+    cause = from_files([out.with_name(out.name.replace("log.out", "log.err")), out]) if r.slurm else None
+    return f"{head}: {cause}" if cause else f"{head} (killed, node lost, or cancelled outside vrun)"
 
 
 def squeue() -> Optional[dict]:
@@ -279,9 +294,13 @@ def sacct(job_ids: list) -> dict:
 def describe(run: Run) -> str:
     """The state in a few words: `running: Ray up (2 nodes, 6.3 s)`, `pending (Resources)`."""
     if run.state == "pending":
-        return f"pending ({run.reason})" if run.reason else "pending"
+        from vrun.runs.cause import pending_words
+
+        return f"pending ({pending_words(run.reason)})" if run.reason else "pending"
     if run.state in ("planned", "completed", "cancelled"):
         return run.state
+    if run.phase.startswith(run.state):  # "failed on n1: ...", not "failed: failed on n1: ..."
+        return run.phase
     return f"{run.state}: {run.phase}" if run.phase else run.state
 
 
