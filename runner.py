@@ -2,14 +2,15 @@
 import hydra
 from omegaconf import DictConfig
 
-from vrun import cli_errors, schema, writer
+from vrun.config import cli_errors, schema
+from vrun.core import writer
 
 schema.register()
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="run")
 def main(cfg: DictConfig) -> None:
-    from vrun.task import run
+    from vrun.launch.task import run
 
     run(cfg)
 

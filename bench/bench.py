@@ -83,7 +83,7 @@ def picture_time(plan_json: Path) -> None:
 
 
 def oversized_sweep(tmp: Path) -> None:
-    """A 100,000-point sweep is refused up front (vrun.check_composed.MAX_SWEEP_POINTS), before any point is
+    """A 100,000-point sweep is refused up front (vrun.checks.composed.MAX_SWEEP_POINTS), before any point is
     composed. Goal: under 2 s, process start to exit."""
     cmd = [PY, "runner.py", "-m", "model=qwen3_5_35b", "mode=plan", "verl.trainer.save_freq=range(0,100000)",
            f"hydra.sweep.dir={tmp}/big"]
@@ -118,8 +118,9 @@ def mesh_search():
     sys.path.insert(0, str(ROOT))
     from hydra import compose, initialize_config_dir
 
-    from vrun import plan as planning, schema
-    from vrun.mesh import Mesh
+    from vrun.planning import plan as planning
+    from vrun.config import schema
+    from vrun.estimate.mesh import Mesh
 
     schema.register()
     models = ["deepseek_v4_flash", "deepseek_v4_pro", "kimi_k2_6", "glm5_1", "qwen3_5_35b"]

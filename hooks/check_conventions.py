@@ -4,13 +4,13 @@
 
 Exits 0 when clean, 1 with one line per violation (`<file>: <rule broken, with the numbers>`). Reads the YAML
 with PyYAML only (no Hydra, no verl) so it runs as a pre-commit hook in well under a second; the mesh rules
-are vrun.mesh's own pure functions, so a preset passes here exactly when a plan would accept it.
+are vrun.estimate.mesh's own pure functions, so a preset passes here exactly when a plan would accept it.
 
 Rules:
   1. mesh presets are named <N>gpu or <N>gpu_<suffix> with N == nnodes × gpus_per_node (`auto` is exempt
      from the name rule) and hold exactly the fields nnodes, gpus_per_node, tp, pp, vpp, ep, etp, cp,
      all positive integers
-  2. every mesh preset passes vrun.mesh.mesh_problems for at least one model option
+  2. every mesh preset passes vrun.estimate.mesh.mesh_problems for at least one model option
   3. model options: `# @package _global_`, model.name == stem, a known mlite_name, path_env, tp_allowed,
      etp_allowed, the arch numbers the rules need (o_groups for deepseek_v4), exactly one
      `override /mesh: X` with conf/mesh/X.yaml present, and that mesh passes mesh_problems for the model
@@ -32,10 +32,11 @@ import yaml
 
 if __package__ in (None, ""):  # run as a file path (python hooks/check_conventions.py): put the repo root first
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vrun import dotted, mlite  # noqa: E402
+from vrun.core import dotted
+from vrun.compose import mlite  # noqa: E402
 from vrun.entrypoints import PPO, ROLLOUT  # noqa: E402
-from vrun.mesh import SIZES, Mesh, mesh_problems, rollout_problems  # noqa: E402
-from vrun.schema import Arch, EntrypointName, OptimizerName  # noqa: E402
+from vrun.estimate.mesh import SIZES, Mesh, mesh_problems, rollout_problems  # noqa: E402
+from vrun.config.schema import Arch, EntrypointName, OptimizerName  # noqa: E402
 
 MESH_FIELDS = SIZES
 MESH_NAME = re.compile(r"([1-9][0-9]*)gpu(?:_[a-z0-9_]+)?")
@@ -44,7 +45,7 @@ OPTION_NAME = re.compile(r"[a-z0-9_]+\.yaml")
 # the model families Megatron Lite's record lists ImplConfig fields for
 MLITE_NAMES = tuple(sorted(set(mlite.record()["impl_cfg_fields"]) - {"common"}))
 ARCH_REQUIRED = ("layers", "routed_experts", "experts_per_token", "heads", "hidden")
-# read by vrun.mesh's rules when present: null or a positive integer
+# read by vrun.estimate.mesh's rules when present: null or a positive integer
 ARCH_OPTIONAL = ("kv_heads", "o_groups", "gdn_k_heads", "gdn_v_heads")
 ENTRYPOINTS = tuple(e.value for e in EntrypointName)
 OPTIMIZERS = tuple(o.value for o in OptimizerName)

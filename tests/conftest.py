@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vrun import schema  # noqa: E402
+from vrun.config import schema  # noqa: E402
 
 schema.register()
 
@@ -87,7 +87,7 @@ def compose(overrides: list[str], conf_dir: Path = ROOT / "conf") -> dict:
 
 
 def plan(overrides: list[str], run_dir: str = "/tmp/vrun-test-run", environ: dict | None = None, **kw):
-    from vrun.plan import make_plan
+    from vrun.planning.plan import make_plan
 
     env = dict(os.environ if environ is None else environ)
     return make_plan(schema.typed(compose(overrides)), run_dir, environ=env, **kw)
@@ -95,7 +95,7 @@ def plan(overrides: list[str], run_dir: str = "/tmp/vrun-test-run", environ: dic
 
 def problems_of(overrides: list[str], **kw) -> list[str]:
     """The error lines a plan raises (empty if it plans)."""
-    from vrun.problems import PlanError
+    from vrun.core.problems import PlanError
 
     try:
         plan(overrides, **kw)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 # The launchers search pkg://verl_mlite.config. The parity tests replace this entry by the package the plan
 # searched: the real verl_mlite when MLITE_ROOT provides it, else the project's record of its config package.
-MLITE_SEARCHPATH = "hydra.searchpath=[pkg://vrun.mlite_record.config]"
+MLITE_SEARCHPATH = "hydra.searchpath=[pkg://vrun.compose.mlite_record.config]"
 
 # ALL_OFFLOAD's default in every launcher
 ALL_OFFLOAD = "True"

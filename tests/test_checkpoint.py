@@ -1,4 +1,4 @@
-"""vrun.checkpoint: logical parameter counts and config facts from tiny checkpoints, read from the headers only."""
+"""vrun.estimate.checkpoint: logical parameter counts and config facts from tiny checkpoints, read from the headers only."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from vrun.checkpoint import cross_check, read_checkpoint
+from vrun.estimate.checkpoint import cross_check, read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "I32": 4, "I64": 8}
@@ -435,8 +435,8 @@ def test_to_dict_is_json_ready(dsv3):
 
 
 def test_import_pulls_in_no_torch_or_safetensors():
-    """Importing vrun.checkpoint loads neither torch, safetensors nor numpy (the planning process stays light)."""
-    code = ("import sys, vrun.checkpoint; "
+    """Importing vrun.estimate.checkpoint loads neither torch, safetensors nor numpy (the planning process stays light)."""
+    code = ("import sys, vrun.estimate.checkpoint; "
             "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'safetensors', 'numpy')])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -5,9 +5,9 @@ import random
 import pytest
 
 from conftest import needs_dapo, problems_of
-from vrun import verl_tree
+from vrun.compose import verl_tree
 from vrun.entrypoints.ppo import ppo_batch_problems
-from vrun.mesh import Mesh
+from vrun.estimate.mesh import Mesh
 
 BASE = ["model=glm5_1", "mode=plan"]
 A = "verl.actor_rollout_ref.actor"
@@ -188,7 +188,7 @@ def test_grad_offload_apart_from_param_offload_is_a_warning():
 def test_memory_estimate_moves_gradients_with_parameters():
     """The estimate's gradients follow param_offload whatever grad_offload says."""
     from conftest import plan
-    from vrun.plan import memory_inputs
+    from vrun.planning.plan import memory_inputs
 
     for params, grads in ((True, False), (False, True)):
         # without param_offload vLLM and the actor's residents exceed 80 GiB by the estimate: allowed here

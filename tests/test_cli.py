@@ -16,7 +16,7 @@ def test_plan_prints_the_table_and_writes_the_run_dir(tmp_path):
     assert plan["mesh"] == {"world": 256, "nnodes": 32, "gpus_per_node": 8, "tp": 1, "cp": 8, "pp": 8, "dp": 4,
                             "ep": 8, "etp": 1, "edp": 4, "vpp": 1}
     assert plan["entrypoint"] == "verl.trainer.main_ppo:run_ppo"
-    assert plan["argv"][1:5] == ["-m", "vrun.entry", "ppo", "--config"]
+    assert plan["argv"][1:5] == ["-m", "vrun.launch.entry", "ppo", "--config"]
     assert plan["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     m = json.loads((tmp_path / "r" / "manifest.json").read_text())
     assert m["packages"]["verl"]["version"] and "commit" in m["git"] and m["config"]["model"]["name"] == "glm5_1"

@@ -8,9 +8,12 @@ import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from conftest import compose
-from vrun import check_composed, cli_errors, report, schema, writer
-from vrun.plan import make_plan
-from vrun.problems import PlanError
+from vrun.checks import composed as check_composed
+from vrun.config import cli_errors, schema
+from vrun.planning import report
+from vrun.core import writer
+from vrun.planning.plan import make_plan
+from vrun.core.problems import PlanError
 
 SECRET = "fuzz-secret-0xC0FFEE"
 SEEDS = (12, 1207)

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, ROOT, compose, runner
-from vrun import check_composed, check_paths, check_sbatch, check_secrets, check_values, rundir, writer
+from vrun.checks import composed as check_composed, paths as check_paths, sbatch as check_sbatch, secret as check_secrets, values as check_values
+from vrun.rundir import records as rundir
+from vrun.core import writer
 from vrun.runs import owner
 
 S = "hf_Q9x7Lk2mZpVw8RtY"  # the secret's value in every test: exported as HF_TOKEN
@@ -244,8 +246,8 @@ def test_writer_never_writes_through_a_link(seed, tmp_path):
 
 
 def test_pickle_validated_before_load(tmp_path):
-    from vrun import task
-    from vrun.problems import PlanError
+    from vrun.launch import task
+    from vrun.core.problems import PlanError
 
     run = tmp_path / "r"
     run.mkdir()
@@ -417,7 +419,8 @@ def test_missing_slurm_clients_and_logs_follow(tmp_path):
 
 @pytest.mark.parametrize("seed", SEEDS[:2])
 def test_exported_script_runs_no_injected_line(seed, tmp_path):
-    from vrun.runs import export, state
+    from vrun.runs import export
+    from vrun.rundir import state
 
     rng = rng_of(seed)
     marker = tmp_path / "pwned"
@@ -432,7 +435,7 @@ def test_exported_script_runs_no_injected_line(seed, tmp_path):
         plan = {"format": 1, "mode": "plan", "cluster": "local", "algo": pick(), "optimizer": pick(),
                 "model": {"name": pick()}, "mesh": {"world": 8, "nnodes": pick(), "gpus_per_node": 8},
                 "entrypoint": rng.choice(["verl.trainer.main_ppo:run_ppo", "torchrun sft_trainer"]),
-                "argv": ["python", "-m", "vrun.entry", "ppo", "--task-runner", pick()], "env": {
+                "argv": ["python", "-m", "vrun.launch.entry", "ppo", "--task-runner", pick()], "env": {
                     "A": pick(), pick().strip() or "B": "1", "PYTHONPATH": pick()},
                 "env_unset": [pick()], "pass_env": [pick(), "HF_TOKEN"]}
         (d / "plan.json").write_text(json.dumps(plan))
@@ -605,7 +608,7 @@ def test_local_entry_checks_the_plans_stack(tmp_path):
     plan = json.loads((r / "plan.json").read_text())
     plan["stack"]["verl"]["version"] = "0.0.1-other"
     (r / "plan.json").write_text(json.dumps(plan))
-    p = subprocess.run([PY, "-m", "vrun.entry", "ppo", "--config", str(r / "verl_config.yaml")], cwd=ROOT, env=env,
+    p = subprocess.run([PY, "-m", "vrun.launch.entry", "ppo", "--config", str(r / "verl_config.yaml")], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "0.0.1-other" in p.stderr and "Traceback" not in p.stderr, p.stderr[-800:]
 
@@ -636,8 +639,8 @@ def test_checks_layout():
                 out |= {a.name for a in n.names}
         return out
 
-    assert not {m for m in imports("vrun/cli_errors.py") if "check_" in m or "vrun.checks" in m}
-    composed = ast.parse((ROOT / "vrun/check_composed.py").read_text())
+    assert not {m for m in imports("vrun/config/cli_errors.py") if "check_" in m or "vrun.checks.plan_checks" in m}
+    composed = ast.parse((ROOT / "vrun/checks/composed.py").read_text())
     mutable = [n for n in composed.body if isinstance(n, (ast.Assign, ast.AnnAssign))
                and isinstance(n.value, (ast.List, ast.Dict, ast.Set))]
     assert not mutable

@@ -86,7 +86,8 @@ def test_sft_torchrun_command(tmp_path):
 def test_sft_node_command_from_the_job_payload(tmp_path):
     """Each SLURM node builds its torchrun command from the job payload: the plan's command with its own rank,
     the node count and the head's address."""
-    from vrun import entrypoints, slurm
+    from vrun import entrypoints
+    from vrun.launch.slurm import submit as slurm
 
     p = plan(["model=deepseek_v4_flash", "algo=sft", "mode=plan"], run_dir=str(tmp_path / "r"))
     t = slurm.job_payload(p)["torchrun"]

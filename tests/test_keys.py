@@ -4,9 +4,9 @@ import shutil
 import pytest
 
 from conftest import ROOT, compose, problems_of, runner
-from vrun.plan import make_plan
-from vrun.problems import PlanError
-from vrun.schema import typed
+from vrun.planning.plan import make_plan
+from vrun.core.problems import PlanError
+from vrun.config.schema import typed
 
 
 def one_error_line(proc):

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from conftest import plan
-from vrun import calibration, joblog, report, rundir
+from vrun.planning import calibration, report
+from vrun.rundir import joblog, records as rundir
 from vrun.runs import cli
 
 
@@ -125,8 +126,8 @@ def test_a_corrupt_calibration_record_is_none(tmp_path, state_dir):
 
 
 def test_a_local_run_tees_its_output_to_job_log_and_learns(tmp_path, state_dir, verl_lines, capfd):
-    """vrun.local.train: the child's output reaches the terminal and <run dir>/job.log; its steps calibrate."""
-    from vrun import local
+    """vrun.launch.local.train: the child's output reaches the terminal and <run dir>/job.log; its steps calibrate."""
+    from vrun.launch import local
 
     p = planned_run(tmp_path)
     script = "import sys\nfor line in %r: print(line)\nprint('to stderr', file=sys.stderr)\n" % (verl_lines,)

@@ -3,8 +3,8 @@ import itertools
 
 import pytest
 
-from vrun.memory import GIB, Params, estimate, params_from_arch, stage_layout
-from vrun.mesh import Mesh
+from vrun.estimate.memory import GIB, Params, estimate, params_from_arch, stage_layout
+from vrun.estimate.mesh import Mesh
 
 # 4 decoder layers, 1 MTP layer: dense 10 M/layer, experts 100 M/layer, embedding and output 50 M each
 P = Params(embedding=50_000_000, output=50_000_000, dense_per_layer=(10_000_000,) * 4,
@@ -145,7 +145,7 @@ def test_overrun_is_refused_at_plan_time_unless_allowed():
     A peak estimate over the GPU: refused in one line with the margin and run.allow_memory_overrun=true;
     allowed, the plan warns and preflight warns."""
     from conftest import plan, problems_of
-    from vrun import preflight
+    from vrun.launch import preflight
 
     (certain,) = problems_of(["model=kimi_k2_6", "mesh=8gpu", "mesh.cp=1", "mode=plan", "cluster.gpu_mem_gib=40"])
     assert "alone exceed the 40 GiB" in certain and "allow_memory_overrun" not in certain
@@ -170,7 +170,7 @@ def test_plan_json_has_every_stage_and_the_table_names_the_busiest():
     """GLM-5.1 on 256 GPUs (everything offloaded, the rollout ties every stage): plan.json's memory.stages has the
     8 stages with their parts, memory.busiest_stage is the last (the loss's logits), and the table says so."""
     from conftest import plan
-    from vrun.report import plan_json, table
+    from vrun.planning.report import plan_json, table
 
     p = plan(["model=glm5_1", "mesh=256gpu", "algo=grpo", "mode=plan"])
     mem = plan_json(p)["memory"]

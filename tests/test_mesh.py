@@ -2,8 +2,8 @@
 import pytest
 
 from conftest import MODELS, compose, problems_of
-from vrun.mesh import Mesh, mesh_problems
-from vrun.schema import Arch
+from vrun.estimate.mesh import Mesh, mesh_problems
+from vrun.config.schema import Arch
 
 GLM = Arch(layers=78, routed_experts=256, heads=64, kv_heads=64)
 KIMI = Arch(layers=61, routed_experts=384, heads=64)

@@ -4,7 +4,7 @@
   the plan's DP and EDP, and Megatron Lite's pipeline layout function gives the plan's stage layout (plan.json
   `pipeline`), MTP placement included.
 - Random meshes, 300 per model (world 8–1024, TP and ETP in 1/2/4/8 as the models' tp_allowed lists go): the plan's
-  mesh rules (`vrun.mesh.mesh_problems`; batch and rollout checks are not mesh rules) accept exactly the meshes
+  mesh rules (`vrun.estimate.mesh.mesh_problems`; batch and rollout checks are not mesh rules) accept exactly the meshes
   Megatron Lite's init, layout and model-family rules accept — apart from DELIBERATE, where the plan is stricter on
   purpose and says why.
 Each comparison is also run once on a planted disagreement and must name it.
@@ -26,10 +26,10 @@ import subprocess
 import pytest
 
 from conftest import MODELS, PY, ROOT, compose, needs_real_mlite, plan, real_mlite_root
-from vrun import phases
-from vrun.memory import stage_layout
-from vrun.mesh import Mesh, mesh_problems
-from vrun.schema import Arch
+from vrun.planning import phases
+from vrun.estimate.memory import stage_layout
+from vrun.estimate.mesh import Mesh, mesh_problems
+from vrun.config.schema import Arch
 
 
 

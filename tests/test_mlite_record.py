@@ -13,9 +13,10 @@ import pytest
 import yaml
 
 from conftest import PY, ROOT, needs_real_mlite, plan, real_mlite_root, runner, verl_has, without_mlite
-from vrun import mlite, preflight
+from vrun.compose import mlite
+from vrun.launch import preflight
 
-RECORD = ROOT / "vrun" / "mlite_record"
+RECORD = ROOT / "vrun" / "compose" / "mlite_record"
 MLITE_ROOT = real_mlite_root()
 needs_real = needs_real_mlite
 MODELS = {"deepseek_v4": "deepseek_v4", "glm5": "glm5", "kimi_k2": "kimi_k2", "qwen3_5": "qwen3_5"}
@@ -83,7 +84,7 @@ def test_record_is_not_named_verl_mlite():
     # the project's own folders (a Megatron-LM checkout the user unpacked inside the repo is not the project's)
     own = [ROOT / d for d in ("vrun", "hooks", "hydra_plugins", "tests", "conf", "bench")]
     assert not [p for d in own for p in d.rglob("verl_mlite/__init__.py")] and not (ROOT / "verl_mlite").exists()
-    assert mlite.RECORD_PKG == "vrun.mlite_record"
+    assert mlite.RECORD_PKG == "vrun.compose.mlite_record"
 
 
 def test_plan_says_which_it_used(tmp_path):

@@ -3,8 +3,8 @@ built on the meta device, and by hand on a tiny model."""
 import pytest
 
 from conftest import MODELS, compose
-from vrun import params
-from vrun.memory import params_from_arch
+from vrun.estimate import params
+from vrun.estimate.memory import params_from_arch
 
 
 def arch(model, **kw):
@@ -145,7 +145,7 @@ def test_plan_reports_params_and_the_stage_split():
     """plan.json's params: total, active and source, and per stage what one rank holds."""
     from conftest import plan
 
-    from vrun.report import plan_json
+    from vrun.planning.report import plan_json
 
     p = plan_json(plan(["model=glm5_1", "mesh=256gpu", "mode=plan"]))["params"]
     assert p["source"].startswith("facts") and p["total"] == count("glm5_1").total

@@ -2,7 +2,7 @@
 
 The launcher side is composed by Hydra's own compose API from the installed verl's config dir with the
 launcher's override strings (tests/launchers.py), exactly as `python -m verl.trainer.main_ppo ...` would;
-the project side is the run config composed from conf/ and planned by vrun.plan.make_plan. The two trees
+the project side is the run config composed from conf/ and planned by vrun.planning.plan.make_plan. The two trees
 are compared leaf by leaf; only the differences in DELIBERATE are taken out, and every other difference
 fails the test with its key and both values.
 """
@@ -20,7 +20,9 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 import launchers
-from vrun import mlite, plan, schema
+from vrun.compose import mlite
+from vrun.planning import plan
+from vrun.config import schema
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 

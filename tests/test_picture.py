@@ -1,4 +1,4 @@
-"""plan.svg's structure (vrun/picture.py), parsed from the SVG: one bar group per pipeline stage, the GPU's memory
+"""plan.svg's structure (vrun/planning/picture.py), parsed from the SVG: one bar group per pipeline stage, the GPU's memory
 line, one cell per GPU, the rollout replicas; a sweep's overview only when asked (`python -m vrun show`)."""
 import json
 import re
@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from conftest import runner
-from vrun import picture
+from vrun.planning import picture
 from vrun.runs import cli
 
 pytest.importorskip("matplotlib")

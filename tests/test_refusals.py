@@ -180,7 +180,7 @@ def test_sbatch_script_bytes(tmp_path):
 def test_checkpoint_without_weights_fails_preflight(tmp_path):
     """A directory with config.json and no weights plans, and preflight refuses it naming the variable."""
     from conftest import plan
-    from vrun import preflight
+    from vrun.launch import preflight
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

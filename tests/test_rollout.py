@@ -3,11 +3,11 @@ replica mesh=auto chooses, and the GPU table."""
 import pytest
 
 from conftest import MODELS, compose, needs_dapo, plan, problems_of, runner
-from vrun import hardware, rollout
+from vrun.estimate import hardware, rollout
 from vrun.entrypoints.ppo import ppo_batch_problems
-from vrun.mesh import mesh_problems, rollout_problems
-from vrun.schema import Arch
-from vrun.problems import PlanError
+from vrun.estimate.mesh import mesh_problems, rollout_problems
+from vrun.config.schema import Arch
+from vrun.core.problems import PlanError
 
 GIB = 1024 ** 3
 
@@ -89,7 +89,7 @@ def test_choices_follow_the_rules():
     got = rollout.choices(12, 4, a)
     assert {t for t, _ in got} == {1, 2, 4}
     assert all((t * d) in (1, 2, 4, 12) for t, d in got)
-    mesh = __import__("vrun.mesh", fromlist=["Mesh"]).Mesh(3, 4)
+    mesh = __import__("vrun.estimate.mesh", fromlist=["Mesh"]).Mesh(3, 4)
     assert all(rollout_problems(mesh, t, Arch.of(a), "deepseek_v4_flash") == [] for t, _ in got)
 
 
@@ -161,7 +161,7 @@ def test_preflight_refuses_a_rollout_that_holds_no_sequence():
     """A prompt+response that does not fit the KV cache (by the estimate) is refused at plan time unless
     run.allow_memory_overrun; allowed, it is a warning in the plan and in preflight."""
     from conftest import problems_of
-    from vrun import preflight
+    from vrun.launch import preflight
 
     ov = ["model=glm5_1", "mesh=256gpu", "mode=plan", "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.34"]
     (line,) = problems_of(ov)
@@ -208,7 +208,7 @@ def test_auto_plans_the_rollout_too(ov):
 def test_every_listed_mesh_passes_the_checks():
     """Property: for each model and a few GPU counts, each mesh auto lists passes Megatron Lite's rules and the
     batch checks, and the chosen rollout TP passes the rollout check."""
-    from vrun.problems import PlanError
+    from vrun.core.problems import PlanError
 
     planned = 0
     for model in MODELS:

@@ -104,7 +104,7 @@ def test_status_diff_and_export_of_two_plans(tmp_path):
     ex = vrun("export", str(a), "-o", str(script))
     assert ex.returncode == 0, ex.stderr
     text = script.read_text()
-    assert "sekrit" not in text and "WANDB_API_KEY" in text and "vrun.entry" in text  # named, and said so
+    assert "sekrit" not in text and "WANDB_API_KEY" in text and "vrun.launch.entry" in text  # named, and said so
     assert "#   mesh: 256 GPUs = 32 node(s) × 8; dense TP1 · CP8 · PP8 · DP4" in text
     pythonpath = [line.split("=", 1)[1].strip("'\"").split(":") for line in text.splitlines()
                   if line.startswith("export PYTHONPATH=")]

@@ -4,11 +4,11 @@ import random
 import pytest
 
 from conftest import MODELS, compose, plan, problems_of, runner
-from vrun import search
+from vrun.estimate import search
 from vrun.entrypoints import PPO
 from vrun.entrypoints.ppo import ppo_batch_problems
-from vrun.mesh import Mesh, Rules, mesh_problems
-from vrun.schema import Arch
+from vrun.estimate.mesh import Mesh, Rules, mesh_problems
+from vrun.config.schema import Arch
 
 
 def model_facts(model):
@@ -78,7 +78,7 @@ def test_auto_refuses_when_nothing_fits_with_the_lowest_peak_and_the_gpus_that_f
     """Kimi-K2.6 on 64 GPUs: no mesh fits; one line says so, shows the lowest-peak mesh as pasteable overrides and
     how many GPUs would fit. On 96 GPUs (nothing fits either) run.allow_memory_overrun plans the lowest-peak mesh
     the refusal named, the alternatives in order of peak."""
-    from vrun.problems import PlanError
+    from vrun.core.problems import PlanError
 
     proc = runner("model=kimi_k2_6", "mesh=auto", "mesh.nnodes=8", "algo=grpo", "mode=plan",
                   f"hydra.run.dir={tmp_path}/r")

@@ -197,7 +197,7 @@ def test_requeue_keeps_the_run_dir_and_resumes(shared):
             break
         time.sleep(2)
     # one command submits the run dir again: same config, same run dir, verl resumes
-    again = subprocess.run(WRAP + [PY, "-m", "vrun.slurm", "resubmit", str(d)], cwd=ROOT, capture_output=True,
+    again = subprocess.run(WRAP + [PY, "-m", "vrun.launch.slurm.submit", "resubmit", str(d)], cwd=ROOT, capture_output=True,
                            text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     lines = [json.loads(x) for x in attempts.read_text().splitlines()]

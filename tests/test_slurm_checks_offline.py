@@ -6,9 +6,9 @@ import subprocess
 
 from conftest import PY, ROOT, runner
 
-from vrun.runs.cause import decisive_line, pending_words
-from vrun.slurm import Submission
-from vrun.slurm_checks import Partition, gres_gpus, minutes, partition_problems
+from vrun.rundir.cause import decisive_line, pending_words
+from vrun.launch.slurm.submit import Submission
+from vrun.launch.slurm.checks import Partition, gres_gpus, minutes, partition_problems
 
 
 def test_slurm_spellings():

@@ -139,7 +139,7 @@ def test_launcher_values_in_a_sweep_and_the_folder(tmp_path):
 def test_saved_submission_reads_back_both_forms():
     """slurm_job.json's "spec" is read back by `resubmit`: the submitit parameters written now, and the
     field-per-knob form older run dirs hold, give the same sbatch parameters."""
-    from vrun.slurm import Submission
+    from vrun.launch.slurm.submit import Submission
 
     old = {"nodes": 2, "gpus_per_node": 8, "tasks_per_node": 1, "cpus_per_task": None, "mem_gb": 64,
            "timeout_min": 90, "partition": "gpu", "account": None, "qos": None, "constraint": None, "setup": ["x"],
@@ -157,8 +157,8 @@ def test_the_node_reads_the_cluster_group_typed():
     by an older vrun, without newer fields, gets the schema's defaults for them)."""
     import dataclasses
 
-    from vrun.schema import Cluster, ClusterName
-    from vrun.slurm_node import cluster_of
+    from vrun.config.schema import Cluster, ClusterName
+    from vrun.launch.slurm.node import cluster_of
 
     c = Cluster(name=ClusterName.slurm, node_setup=["module load x"])
     c.ray.join_timeout_s = 42
@@ -191,7 +191,7 @@ def test_node_control_files(tmp_path, monkeypatch):
     attempt); what a node publishes appears whole; a failure is seen by the others, not by itself."""
     from types import SimpleNamespace
 
-    from vrun.slurm_node import Node, RunJob
+    from vrun.launch.slurm.node import Node, RunJob
 
     job = RunJob(str(tmp_path), {"env": {}, "env_unset": [], "mesh": {"gpus_per_node": 4}}, {"ray": {}}, "train", 1)
     env = SimpleNamespace(job_id="77", node=1, hostnames=["n0", "n1"], num_nodes=2)

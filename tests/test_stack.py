@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, needs_real_mlite, real_mlite_root, without_mlite
-from vrun import stack
+from vrun.compose import stack
 
 OTHER = os.environ.get("VRUN_TEST_OTHER_PYTHON")
 needs_other_verl = pytest.mark.skipif(not OTHER or not Path(OTHER).exists(),
@@ -93,7 +93,7 @@ def test_a_node_with_another_verl_refuses_before_anything_starts(tmp_path):
     proc = runner("model=glm5_1", "mode=plan", f"hydra.run.dir={tmp_path}/r", env=without_mlite())
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((tmp_path / "r" / "plan.json").read_text())
-    code = ("import json, sys; from vrun.slurm_node import check_stack; "
+    code = ("import json, sys; from vrun.launch.slurm.node import check_stack; "
             f"check_stack(json.load(open({str(tmp_path / 'r' / 'plan.json')!r})), 'node 0 (n0)')")
     out = subprocess.run([OTHER, "-c", code], cwd=ROOT, env=without_mlite(), capture_output=True, text=True,
                          timeout=120)

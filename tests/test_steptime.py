@@ -1,4 +1,4 @@
-"""The step-time estimate and the cost in the plan (vrun/steptime.py, vrun/steptime_plan.py), held to published
+"""The step-time estimate and the cost in the plan (vrun/estimate/steptime.py, vrun/planning/steptime_plan.py), held to published
 GRPO step times (tests/support/published_steps.py) with one fixed set of efficiencies."""
 import json
 import math
@@ -7,8 +7,8 @@ import pytest
 
 from conftest import plan, problems_of
 from support import published_steps as pub
-from vrun import hardware, memory, params, rollout, steptime
-from vrun.mesh import Mesh
+from vrun.estimate import hardware, memory, params, rollout, steptime
+from vrun.estimate.mesh import Mesh
 
 
 @pytest.fixture(autouse=True)
@@ -118,7 +118,7 @@ def test_recompute_and_a_kl_term_cost_more():
 def test_make_run_plan_has_a_step_range_and_gpu_hours(tmp_path):
     p = plan(["model=glm5_1", "mesh=256gpu", "algo=grpo", "mode=plan"], str(tmp_path / "r"))
     assert p.time is not None and 0 < p.time.low < p.time.high
-    from vrun import report
+    from vrun.planning import report
 
     line = [x for x in report.table(p).splitlines() if x.startswith("step    ")]
     assert len(line) == 1 and "≈" in line[0] and "rollout" in line[0] and "GPU-hours" in line[0], line
@@ -162,7 +162,7 @@ def test_a_negative_price_is_one_line():
 
 def test_an_unknown_gpu_part_has_no_estimate_and_says_so(tmp_path):
     p = plan(["model=qwen3_5_35b", "mode=plan", "cluster.gpu=X9", "cluster.gpu_mem_gib=80"], str(tmp_path / "r"))
-    from vrun import report
+    from vrun.planning import report
 
     assert p.time is None and "cluster.gpu=X9" in p.time_note
     assert report.plan_json(p)["time"] == {"unavailable": p.time_note}
@@ -170,7 +170,7 @@ def test_an_unknown_gpu_part_has_no_estimate_and_says_so(tmp_path):
 
 
 def test_predicted_step_is_the_middle(tmp_path):
-    from vrun import steptime_plan
+    from vrun.planning import steptime_plan
 
     p = plan(["model=qwen3_5_35b", "mode=plan"], str(tmp_path / "r"))
     s = steptime_plan.predicted_step_s(p)

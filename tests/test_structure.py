@@ -71,12 +71,12 @@ def test_no_module_imports_another_modules_private_names():
 def test_the_check_sees_a_private_import():
     """The check itself fires on both spellings (a check that cannot fail is no check)."""
     bad = ROOT / "vrun" / "_structure_probe_tmp.py"
-    bad.write_text("from vrun.checks import _gone\nfrom vrun import plan\nplan._private_helper\n")
+    bad.write_text("from vrun.checks.plan_checks import _gone\nfrom vrun import plan\nplan._private_helper\n")
     try:
         found = private_uses(bad)
     finally:
         bad.unlink()
-    assert len(found) == 2 and "_gone" in found[0] and "vrun.plan._private_helper" in found[1]
+    assert len(found) == 2 and "_gone" in found[0] and "vrun.planning.plan._private_helper" in found[1]
 
 
 def test_no_module_is_named_after_a_standard_library_module():

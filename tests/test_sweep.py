@@ -53,7 +53,7 @@ def test_basic_launcher_runs_checked_points(tmp_path):
 def test_planned_point_passes_through_the_run_dir(tmp_path):
     """The sweeper leaves a point's plan in its run dir; the job takes it once (a later run plans afresh)."""
     from conftest import plan
-    from vrun import task
+    from vrun.launch import task
 
     p = plan(["model=qwen3_5_35b", "mode=preflight"], run_dir=str(tmp_path / "r"))
     task.leave_planned(p)

@@ -6,7 +6,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from conftest import needs_dapo, plan
-from vrun import verl_tree
+from vrun.compose import verl_tree
 
 
 def hydra_compose(config_name, overrides):
@@ -41,7 +41,7 @@ def test_kl_selects_mlite_reference():
 
 def test_fast_resolver_equals_omegaconf():
     """The small resolver gives OmegaConf's answer on the composed tree."""
-    t = verl_tree.base_tree("ppo_trainer", ("hydra.searchpath=[pkg://vrun.mlite_record.config]",
+    t = verl_tree.base_tree("ppo_trainer", ("hydra.searchpath=[pkg://vrun.compose.mlite_record.config]",
                                             "actor@actor_rollout_ref.actor=mlite_actor"))
     t["actor_rollout_ref"]["rollout"]["name"] = "vllm"
     assert verl_tree.resolve_fast(t) == OmegaConf.to_container(OmegaConf.create(t), resolve=True)

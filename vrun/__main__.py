@@ -1,7 +1,7 @@
 """`python -m vrun <verb>`: see vrun/runs/cli.py."""
 import sys
 
-from vrun import writer
+from vrun.core import writer
 from vrun.runs.cli import main
 
 writer.install()

@@ -19,9 +19,9 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from vrun import check_composed, check_paths, check_sbatch
-from vrun.problems import PlanError, Problem
-from vrun.schema import Mode
+from vrun.checks import composed as check_composed, paths as check_paths, sbatch as check_sbatch
+from vrun.core.problems import PlanError, Problem
+from vrun.config.schema import Mode
 
 
 @dataclass
@@ -49,7 +49,10 @@ class PlanningSweeper(Sweeper):
     def sweep(self, arguments: List[str]) -> Any:
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-        from vrun import cli_errors, report, slurm, task
+        from vrun.config import cli_errors
+        from vrun.planning import report
+        from vrun.launch.slurm import submit as slurm
+        from vrun.launch import task
 
         # the config loader lets glob() list a group's options, as Hydra's basic sweeper does
         parsed = OverridesParser.create(config_loader=self.hydra_context.config_loader).parse_overrides(arguments)
@@ -139,7 +142,7 @@ class PlanningSweeper(Sweeper):
         if "SlurmLauncher" in str(self.config.hydra.launcher.get("_target_", "")):
             return self._slurm(plans, composed)
         if modes == {Mode.plan}:
-            from vrun.manifest import write_manifest
+            from vrun.planning.manifest import write_manifest
 
             for (idx, overrides, p), (_, _, cfg, _, _) in zip(plans, composed):
                 report.write(p)
@@ -185,7 +188,7 @@ class PlanningSweeper(Sweeper):
 
     def _refuse(self, failures, n_points: int, what: str = "do not plan; nothing was run") -> None:
         """One line per problem; a sweep's lines name their point, a single run's do not."""
-        from vrun import cli_errors
+        from vrun.config import cli_errors
 
         if n_points == 1:
             cli_errors.emit([line for _, _, why in failures for line in why.splitlines()])
@@ -196,10 +199,13 @@ class PlanningSweeper(Sweeper):
         cli_errors.emit(lines)
 
     def _slurm(self, plans, composed) -> Any:
-        """SLURM: every point's verdict shown and every check that needs no GPU made (vrun.slurm_checks) before
+        """SLURM: every point's verdict shown and every check that needs no GPU made (vrun.launch.slurm.checks) before
         anything is written or submitted; then each job written to its run dir and submitted."""
-        from vrun import cli_errors, report, slurm, slurm_checks, writer
-        from vrun.manifest import write_manifest
+        from vrun.config import cli_errors
+        from vrun.planning import report
+        from vrun.launch.slurm import submit as slurm, checks as slurm_checks
+        from vrun.core import writer
+        from vrun.planning.manifest import write_manifest
 
         single = len(plans) == 1
         submitting = {p.config.mode for _, _, p in plans} != {Mode.plan}
@@ -213,7 +219,7 @@ class PlanningSweeper(Sweeper):
             if p.config.mode == Mode.train:
                 found += slurm_checks.login_problems(p)
             elif p.config.mode == Mode.preflight:
-                from vrun import preflight
+                from vrun.launch import preflight
 
                 found += preflight.memory_problems(p)
             errors = [x for x in found if not x.warning]

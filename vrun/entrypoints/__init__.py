@@ -9,7 +9,7 @@ from __future__ import annotations
 from vrun.entrypoints.base import Entrypoint
 from vrun.entrypoints.ppo import ACTOR, PPO, ROLLOUT
 from vrun.entrypoints.sft import SFT, torchrun_argv
-from vrun.schema import EntrypointName, RunConfig
+from vrun.config.schema import EntrypointName, RunConfig
 
 __all__ = ["ACTOR", "ENTRYPOINTS", "Entrypoint", "PPO", "ROLLOUT", "SFT", "of", "torchrun_argv"]
 

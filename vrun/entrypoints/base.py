@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from vrun.mesh import Mesh, Rules
-from vrun.problems import Problem
-from vrun.schema import EntrypointName, RunConfig
+from vrun.estimate.mesh import Mesh, Rules
+from vrun.core.problems import Problem
+from vrun.config.schema import EntrypointName, RunConfig
 
 
 class Entrypoint:
@@ -37,7 +37,7 @@ class Entrypoint:
         raise NotImplementedError
 
     def recipe_problems(self, verl: dict, algo) -> list[Problem]:
-        """The checks that do not depend on the mesh (algo: the config's algo group, vrun.schema.Algo)."""
+        """The checks that do not depend on the mesh (algo: the config's algo group, vrun.config.schema.Algo)."""
         return []
 
     def token_inputs(self, verl: dict) -> dict:
@@ -63,7 +63,7 @@ class Entrypoint:
         raise NotImplementedError
 
     def recipe_rows(self, verl: dict, algo) -> list[str]:
-        """The plan table's lines on what the algorithm applies (algo: vrun.schema.Algo)."""
+        """The plan table's lines on what the algorithm applies (algo: vrun.config.schema.Algo)."""
         return []
 
     def command(self, config: RunConfig, run_dir: str, mesh: Mesh, python: str) -> list[str]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from vrun.dotted import get
+from vrun.core.dotted import get
 from vrun.entrypoints.base import Entrypoint
-from vrun.mesh import Mesh, Rules, divisors, rollout_problems
-from vrun.problems import Problem
-from vrun.schema import EntrypointName, RunConfig
+from vrun.estimate.mesh import Mesh, Rules, divisors, rollout_problems
+from vrun.core.problems import Problem
+from vrun.config.schema import EntrypointName, RunConfig
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -106,7 +106,7 @@ class PPO(Entrypoint):
         return [f"dapo    {dapo_parts(verl)}"] if algo.name == "dapo" else []
 
     def command(self, config: RunConfig, run_dir: str, mesh: Mesh, python: str) -> list[str]:
-        argv = [python, "-m", "vrun.entry", "ppo", "--config", f"{run_dir}/verl_config.yaml"]
+        argv = [python, "-m", "vrun.launch.entry", "ppo", "--config", f"{run_dir}/verl_config.yaml"]
         if config.run.task_runner:
             argv += ["--task-runner", config.run.task_runner]
         for name in config.pass_env:

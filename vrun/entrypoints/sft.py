@@ -4,11 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from vrun.dotted import get
+from vrun.core.dotted import get
 from vrun.entrypoints.base import Entrypoint
-from vrun.mesh import Mesh, Rules, divisors
-from vrun.problems import Problem
-from vrun.schema import EntrypointName, RunConfig
+from vrun.estimate.mesh import Mesh, Rules, divisors
+from vrun.core.problems import Problem
+from vrun.config.schema import EntrypointName, RunConfig
 
 
 class SFT(Entrypoint):

@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from vrun import rundir
-from vrun.runs import state
-from vrun.runs.state import RunDirError
+from vrun.rundir import records as rundir
+from vrun.rundir import state
+from vrun.rundir.state import RunDirError
 
 EXIT_USAGE = 2
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -199,7 +199,7 @@ def log_files(r: state.Run, job_id: str | None = None) -> list:
 
 def cmd_logs(a) -> int:
     r = one_run(a.run)
-    if not r.on_slurm and (r.dir / "job.log").is_file():  # a local run's output, teed by vrun.local
+    if not r.on_slurm and (r.dir / "job.log").is_file():  # a local run's output, teed by vrun.launch.local
         sys.stdout.write((r.dir / "job.log").read_text(errors="replace"))
         return 0
     if not r.on_slurm:
@@ -401,7 +401,7 @@ def cmd_export(a) -> int:
                     "(python runner.py ... mode=plan)")
     text = export.script(r)
     if a.output:
-        from vrun import writer
+        from vrun.core import writer
 
         try:
             writer.write_text(a.output, text, mode=0o755)
@@ -421,9 +421,9 @@ def cmd_resubmit(a) -> int:
     if r.active:
         raise Usage(f"error: run={r.dir}: still {state.describe(r)} (job {r.job_id}); fix: python -m vrun cancel "
                     f"{r.dir} first, or wait for it")
-    from vrun import slurm
+    from vrun.launch.slurm import submit as slurm
 
-    from vrun.problems import PlanError
+    from vrun.core.problems import PlanError
 
     try:
         slurm.resubmit(str(r.dir), a.detach)
@@ -436,7 +436,7 @@ def cmd_resubmit(a) -> int:
 
 def cmd_show(a) -> int:
     """Draw a run's plan.svg, or a sweep dir's overview.svg (its points' peak memory and step time)."""
-    from vrun import picture
+    from vrun.planning import picture
 
     ps = state.points(a.run)
     plans = []

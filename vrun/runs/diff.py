@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vrun.writer import is_secret_name
-from vrun.runs.state import Run
+from vrun.core.writer import is_secret_name
+from vrun.rundir.state import Run
 
 ABSENT = "(absent)"
 
@@ -31,7 +31,7 @@ def _read(d: Path, name: str):
     p = d / name
     if not p.is_file():
         return None
-    from vrun.runs.state import RunDirError
+    from vrun.rundir.state import RunDirError
 
     try:
         text = p.read_bytes().decode("utf-8")
@@ -144,7 +144,7 @@ def _show(v) -> str:
 
 def submission(slurm: dict | None) -> dict:
     """slurm_job.json's submission in one form (run dirs written before hold the field-per-knob form)."""
-    from vrun.slurm import Submission
+    from vrun.launch.slurm.submit import Submission
 
     spec = (slurm or {}).get("spec")
     return Submission.load(spec).saved() if spec else {}

@@ -10,8 +10,8 @@ import re
 import shlex
 from pathlib import Path
 
-from vrun.runs.state import Run
-from vrun.writer import is_secret_name
+from vrun.rundir.state import Run
+from vrun.core.writer import is_secret_name
 
 MARK = "VERL_CONFIG_EOF"
 SFT_ENTRY = ["verl_mlite.launch", "verl.trainer.sft_trainer"]
@@ -118,8 +118,8 @@ def notes(run: Run) -> list[str]:
         runner = c(argv[argv.index("--task-runner") + 1]) if argv.index("--task-runner") + 1 < len(argv) else "?"
         out.append(f"# NOTE: the run used the task runner {runner} (run.task_runner); verl's CLI runs its own "
                    "TaskRunner instead.")
-    if "vrun.entry" in argv:
-        out.append("# NOTE: the project started this config with `python -m vrun.entry ppo`, which does what "
+    if "vrun.launch.entry" in argv:
+        out.append("# NOTE: the project started this config with `python -m vrun.launch.entry ppo`, which does what "
                    "main_ppo.main does (auto_set_device,")
         out.append("# validate_config, run_ppo) and warns of unset pass_env names; verl's CLI below composes the "
                    "same saved config through Hydra first.")
@@ -144,7 +144,7 @@ def sft_entry(argv: list) -> list:
 def _is_project(path: str) -> bool:
     """This project's root on a PYTHONPATH (the script runs without it)."""
     here = Path(__file__).resolve().parent.parent.parent
-    return Path(path) == here or (Path(path) / "vrun" / "entry.py").is_file()
+    return Path(path) == here or (Path(path) / "vrun" / "launch" / "entry.py").is_file()
 
 
 def _ray_address(d: Path):

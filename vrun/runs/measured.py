@@ -1,14 +1,15 @@
 """A run's measured step times beside its plan's estimate: verl's console lines from the job's output
 (<run dir>/job.log on this machine; on SLURM the first node's submitit stdout, found through slurm_job.json's
-folder and the run's job ids), parsed by vrun/joblog.py. A run that measured steps teaches the calibration
-record (vrun/calibration.py) for the next plan of its kind. Standard library only."""
+folder and the run's job ids), parsed by vrun/rundir/joblog.py. A run that measured steps teaches the calibration
+record (vrun/planning/calibration.py) for the next plan of its kind. Standard library only."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional
 
-from vrun import calibration, joblog
-from vrun.runs import state
+from vrun.planning import calibration
+from vrun.rundir import joblog
+from vrun.rundir import state
 
 
 def log_paths(run: state.Run) -> list:

@@ -1,0 +1,209 @@
+"""The composed run config (Hydra's node, before the typed config is built), checked before anything is written:
+keys the typed groups lack, control characters, secrets (vrun.checks.secret), names (vrun.checks.paths) and sbatch
+values (vrun.checks.sbatch).
+
+Entry points: `config_problems(cfg, environ, choices)`, called once per sweep point by the sweeper and, for a
+single run, by `before_run_dir(config)`: the manifest callback's on_run_start, before Hydra creates the run dir.
+That callback holds no state: the directories Hydra is about to create (removed again if the plan is refused)
+are recorded in the run's own Hydra config (hydra.runtime.vrun_created), where the task reads them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import math
+import os
+import typing
+from typing import Any, Optional
+
+from vrun.checks import paths as check_paths, sbatch as check_sbatch, secret as check_secrets
+from vrun.checks.paths import short
+from vrun.checks.secret import leaves
+from vrun.core.problems import CONTROL, Problem
+
+CREATED_KEY = "vrun_created"
+# typed groups whose maps are open (any key): the pass-through and verl's own key spaces, env names
+OPEN = ("verl", "recipe", "engine", "optim", "env", "model.env", "cluster.additional_parameters")
+
+
+def containers(cfg: Any) -> tuple:
+    """(raw, resolved) plain containers of the run config without the hydra node; resolved is the exception when
+    an interpolation fails (composition reports that one, masked)."""
+    from omegaconf import DictConfig, OmegaConf, open_dict
+
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(cfg)
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    raw.pop("hydra", None)
+    try:
+        c = cfg.copy()
+        with open_dict(c):
+            c.pop("hydra", None)
+        resolved = OmegaConf.to_container(c, resolve=True)
+    except Exception as e:  # noqa: BLE001 - reported as one line below
+        resolved = e
+    return raw, resolved
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def unknown_keys(raw: dict) -> list:
+    """Keys under a typed group that its schema lacks (`+mesh.foo=1`): Hydra's `+` adds them, nothing reads them."""
+    from vrun.config.schema import RunConfig
+
+    out = []
+
+    def walk(node: Any, cls: Any, prefix: str) -> None:
+        if not isinstance(node, dict) or not dataclasses.is_dataclass(cls) or prefix in OPEN:
+            return
+        hints = _hints(cls)
+        for k, v in node.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if k not in hints:
+                near = difflib.get_close_matches(str(k), list(hints), n=1, cutoff=0.5)
+                out.append(Problem(key, short(v), f"no such key in the run config's {prefix or 'top level'} "
+                                   "(nothing would read it)", f"drop +{key}" + (f"; did you mean {prefix}.{near[0]}"
+                                                                               if near else "")))
+            elif key not in OPEN:
+                walk(v, hints[k], key)
+
+    walk(raw, RunConfig, "")
+    return out
+
+
+def config_problems(cfg: Any, environ: Optional[dict] = None, choices: Optional[dict] = None) -> list:
+    """Every problem of the composed run config found before the plan: one per key."""
+    environ = dict(os.environ if environ is None else environ)
+    raw, resolved = containers(cfg)
+    problems: list = []
+    seen: set = set()
+
+    def add(ps) -> None:
+        for p in ps:
+            if p.key not in seen:
+                seen.add(p.key)
+                problems.append(p)
+
+    add(unknown_keys(raw))
+    add(check_secrets.check(raw, resolved, environ))
+    for key, v in leaves(raw):
+        if CONTROL.search(key):
+            add([Problem(CONTROL.sub("?", key), None, "a key with a control character", "remove it")])
+        elif isinstance(v, str) and key not in seen and _control(key, v):
+            add([_control_problem(key)])
+    if isinstance(resolved, Exception):
+        from vrun.config import cli_errors
+
+        line = cli_errors.describe(resolved).removeprefix("error: ")
+        key, _, rest = line.partition(": ")
+        if not problems:
+            problems.append(Problem(key, "<unresolved>", rest.split("; fix: ")[0], rest.partition("; fix: ")[2] or
+                                    "fix the interpolation"))
+        return problems
+    for key, v in leaves(resolved):
+        if key in seen or key.startswith("pass_env"):
+            continue
+        if isinstance(v, str) and _control(key, v):
+            add([_control_problem(key)])
+        elif isinstance(v, float) and not math.isfinite(v):
+            add([Problem(key, v, "NaN or infinity: every figure computed from it would be meaningless",
+                         f"{key}=<a finite number>")])
+    add(check_paths.names(resolved, choices, seen))
+    add(check_sbatch.check(resolved, seen))
+    return problems
+
+
+def _control(key: str, v: str) -> bool:
+    setup = key.startswith(check_sbatch.SETUP_KEYS)
+    return bool((check_sbatch.SETUP_CONTROL if setup else CONTROL).search(v))
+
+
+def _control_problem(key: str) -> Problem:
+    return Problem(key, "<control characters>", "a value with a control character (a newline would add a line to "
+                   "sbatch.sh or a command line)", f"give {key} on one line, without control characters")
+
+
+def before_run_dir(config: Any) -> None:
+    """on_run_start of a single run: refuse (one line each, exit 2) before Hydra creates the run dir; record in
+    the run's Hydra config which directories Hydra will create."""
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    from vrun.config import cli_errors
+
+    hc = config.hydra
+    choices = OmegaConf.to_container(hc.runtime.choices, resolve=False) if "runtime" in hc else {}
+    problems = config_problems(config, choices=choices)
+    launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+    if "submitit" in launcher:
+        problems.append(Problem("hydra/launcher", choices.get("hydra/launcher"), "Hydra applies a launcher only "
+                                "in multirun, so this run would train on this machine",
+                                "add cluster=slurm (it submits without -m)"))
+    subdir = OmegaConf.select(config, "hydra.output_subdir", default=None)
+    if subdir is not None:
+        problems.append(Problem("hydra.output_subdir", short(subdir), "Hydra's own copies of the config would be "
+                                "written past the project's writer (and outside the run dir if absolute); plan.json "
+                                "and manifest.json record the config", "drop it (conf/run.yaml sets null)"))
+    run_dir = None
+    if not [p for p in problems if not p.warning]:
+        try:
+            run_dir = OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=True)
+        except Exception as e:  # noqa: BLE001
+            problems.append(Problem("hydra.run.dir", None, cli_errors.describe(e).removeprefix("error: "),
+                                    "hydra.run.dir=<a directory>"))
+        else:
+            resume = bool(OmegaConf.select(config, "run.resume", default=False) is True)
+            problems += check_paths.run_dir(run_dir, "hydra.run.dir", resume=resume)
+    errors = [p for p in problems if not p.warning]
+    if errors:
+        cli_errors.emit([p.line() for p in errors])
+    created = check_paths.new_ancestors(str(run_dir)) if run_dir else []
+    with read_write(hc.runtime), open_dict(hc.runtime):
+        hc.runtime[CREATED_KEY] = created
+
+
+def created_dirs() -> list:
+    """The directories Hydra created for this single run (recorded by before_run_dir), deepest first."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return list(HydraConfig.get().runtime.get(CREATED_KEY) or [])
+    except Exception:  # noqa: BLE001 - no Hydra config (a sweep's job): nothing recorded
+        return []
+
+
+# a sweep larger than this is refused before any point is composed (each point is planned and written)
+MAX_SWEEP_POINTS = 10_000
+
+
+def sweep_size_problems(parsed: list, limit: int = MAX_SWEEP_POINTS) -> list:
+    """The number of points a sweep's parsed overrides expand to (counted, never expanded), refused over `limit`."""
+    import math
+
+    from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
+
+    n, widest = 1, None
+    for o in parsed:
+        if not o.is_sweep_override():
+            continue
+        v = o.value()
+        if isinstance(v, RangeSweep):
+            step = v.step or 1
+            k = max(0, math.ceil((v.stop - v.start) / step)) if v.stop is not None else 0
+        elif isinstance(v, ChoiceSweep):
+            k = len(v.list)
+        elif isinstance(v, Glob):
+            k = max(1, len(v.include))
+        else:
+            k = 1
+        if widest is None or k > widest[1]:
+            widest = (o.key_or_group, k)
+        n *= max(k, 1)
+    if n <= limit:
+        return []
+    return [Problem("--multirun", f"{n:,} points", f"over the limit of {limit:,} points a sweep plans (each point is "
+                    "planned, checked and written)", f"sweep fewer values (the widest: {widest[0]}, {widest[1]:,} "
+                    "values) or split the sweep")]

@@ -1,0 +1,110 @@
+"""The stack a plan was composed against, and the one refusal when it runs on another.
+
+A plan holds for the verl it was composed against (three verls in use differ in their config trees, and one's
+dataclasses reject another's defaults) and for verl_mlite's config interface. `current()` describes this
+environment: verl's version and a fingerprint of its config tree, verl_mlite's source (the real package and its
+checkout's commit when known, or the project's record) and a fingerprint of its config groups. The record and the
+real package at the recorded commit carry the same three group files, so a plan composed against the record is
+not refused where the real package has the same interface. `mismatch()` compares a recorded stack with this one.
+Reads files only: no verl, torch or verl_mlite import.
+"""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+from vrun.compose import mlite, verl_tree
+from vrun.core.problems import Problem
+
+# verl_mlite's config groups the plan composes with (the same relative paths in the record)
+MLITE_GROUPS = ("actor/mlite_actor.yaml", "engine/mlite.yaml", "ref/mlite_ref.yaml")
+
+
+def _digest(root: Path, files: list[Path], parsed: bool = False) -> str:
+    """A short hash of the files' relative paths and contents (parsed: their YAML content, so comments and
+    layout do not count)."""
+    import json
+
+    import yaml
+
+    h = hashlib.sha256()
+    for f in files:
+        body = json.dumps(yaml.safe_load(f.read_text()), sort_keys=True).encode() if parsed else f.read_bytes()
+        h.update(str(f.relative_to(root)).encode() + b"\0" + body + b"\0")
+    return h.hexdigest()[:16]
+
+
+def verl_version() -> Optional[str]:
+    """The installed verl's version (None when verl is not installed); read from its metadata, never imported."""
+    try:
+        return metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def verl_stack() -> dict:
+    version = verl_version()
+    if version is None:
+        return {"version": None, "tree": None}
+    root = verl_tree.verl_config_dir()
+    return {"version": version, "tree": _digest(root, sorted(root.rglob("*.yaml")))}
+
+
+def _git_commit(checkout: Path) -> Optional[str]:
+    """The commit of a Megatron-LM git checkout at exactly this folder (an unpacked archive has none)."""
+    if not (checkout / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def mlite_stack() -> dict:
+    source = mlite.find_source()
+    if source.kind == "record":
+        root = Path(mlite.__file__).parent / "mlite_record" / "config"
+        commit = mlite.record()["megatron_lm_commit"]
+        location = None
+    else:
+        root = Path(source.location) / "config"
+        # <checkout>/experimental/lite/examples/verl/verl_mlite
+        commit = _git_commit(Path(source.location).parents[3])
+        location = source.location
+    return {"source": source.kind, "location": location, "commit": commit,
+            "config": _digest(root, [root / g for g in MLITE_GROUPS if (root / g).is_file()], parsed=True)}
+
+
+def current() -> dict:
+    """This environment's stack, as plan.json and the manifest record it."""
+    return {"verl": verl_stack(), "verl_mlite": mlite_stack()}
+
+
+def _show(side: dict, what: str) -> str:
+    if what == "verl":
+        return f"verl {side.get('version')} (config tree {side.get('tree')})"
+    where = side.get("location") or "the project's record"
+    commit = f" at {side['commit'][:8]}" if side.get("commit") else ""
+    return f"verl_mlite from {where}{commit} (config {side.get('config')})"
+
+
+def mismatch(recorded: Optional[dict], here: Optional[dict] = None) -> list[Problem]:
+    """One line per part of the stack that differs between the plan and this environment."""
+    if not recorded:
+        return [Problem("plan.json", "stack", "the plan records no stack (made by an older vrun)",
+                        "plan again in this environment (the same command with mode=plan)")]
+    here = here or current()
+    out = []
+    for part, keys in (("verl", ("version", "tree")), ("verl_mlite", ("config",))):
+        a, b = recorded.get(part) or {}, here.get(part) or {}
+        if any(a.get(k) != b.get(k) for k in keys):
+            value = b.get("version") if part == "verl" else (b.get("location") or "record")
+            out.append(Problem(part, value, f"the plan was composed against {_show(a, part)}; this "
+                               f"environment has {_show(b, part)}", "plan again in this environment (the same "
+                               "command with mode=plan), or run where the planned stack is installed"))
+    return out

@@ -1,0 +1,329 @@
+"""verl's own config tree, composed from the installed verl package, and overrides applied to it.
+
+The tree is composed once per (config name, group choices) with Hydra's config loader against
+`<verl>/trainer/config` — the installed package's files, never a copy — and kept as plain dicts. Value
+overrides are then applied with Hydra's semantics (a key must exist; `+` adds, and only where it may) and
+interpolations resolved by a small resolver for the grammar verl's tree uses; anything else goes to
+OmegaConf. `tests/test_verl_tree.py` checks both against Hydra's own override path.
+Imports nothing of verl: only `importlib.util.find_spec` locates it.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from vrun.core.dotted import MISSING
+from vrun.core.problems import Problem
+
+
+@dataclass(frozen=True)
+class Override:
+    key: str
+    value: Any
+    # "set": the key must exist; "add": `+key`, the key must not exist
+    mode: str = "set"
+
+    def cli(self) -> str:
+        return ("+" if self.mode == "add" else "") + f"{self.key}={render(self.value)}"
+
+
+def verl_config_dir() -> Path:
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("verl is not installed in this Python")
+    return Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
+
+
+@functools.lru_cache(maxsize=32)
+def _base(config_name: str, groups: tuple[str, ...], config_dir: str) -> dict:
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(config_dir))
+    cfg = loader.load_configuration(config_name=config_name, overrides=list(groups), run_mode=RunMode.RUN)
+    out = OmegaConf.to_container(cfg, resolve=False)
+    out.pop("hydra", None)
+    return out
+
+
+def base_tree(config_name: str, groups: Iterable[str]) -> dict:
+    """A private copy of verl's composed tree (interpolations unresolved)."""
+    return _copy(base_view(config_name, groups))
+
+
+def base_view(config_name: str, groups: Iterable[str]) -> dict:
+    """verl's composed tree, shared and cached: read it, never change it (base_tree gives a copy to change)."""
+    return _base(config_name, tuple(groups), str(verl_config_dir()))
+
+
+def _copy(x: Any) -> Any:
+    """Copy of a tree of dicts, lists and scalars (several times faster than copy.deepcopy)."""
+    if isinstance(x, dict):
+        return {k: _copy(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_copy(v) for v in x]
+    return x
+
+
+def apply(tree: dict, overrides: Iterable[Override], open_maps: Iterable[str] = ()) -> list[Problem]:
+    """Apply overrides in place. Returns a problem for each key verl's tree does not have."""
+    problems = []
+    for ov in overrides:
+        parts = ov.key.split(".")
+        node, missing_at = tree, None
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.get(part, MISSING) if isinstance(node, dict) else MISSING
+            if nxt is MISSING or nxt is None and ov.mode == "add":
+                if ov.mode != "add":
+                    missing_at = i
+                    break
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                missing_at = i
+                break
+            node = nxt
+        leaf = parts[-1]
+        if missing_at is None and ov.mode == "set" and leaf not in node:
+            missing_at = len(parts) - 1
+        if missing_at is not None:
+            problems.append(unknown_key(tree, ov.key, ov.value))
+            continue
+        if ov.mode == "add" and leaf in node:
+            problems.append(Problem(ov.key, ov.value, "an item is already there; `+` only adds",
+                                    f"set it without `+`: {ov.key}={render(ov.value)}"))
+            continue
+        node[leaf] = _copy(ov.value)
+    return problems
+
+
+def unknown_key(tree: dict, key: str, value: Any) -> Problem:
+    import difflib
+
+    parts = key.split(".")
+    node, known = tree, []
+    for part in parts:
+        if isinstance(node, dict) and part in node:
+            known.append(part)
+            node = node[part]
+        else:
+            break
+    prefix = ".".join(known)
+    options = sorted(node.keys()) if isinstance(node, dict) else []
+    bad = parts[len(known)]
+    near = difflib.get_close_matches(bad, options, n=3, cutoff=0.6)
+    where = f"under '{prefix}'" if prefix else "at the top level"
+    fix = (" or ".join(".".join(known + [n] + parts[len(known) + 1:]) for n in near)) if near else \
+        f"one of {options[:12]}{' …' if len(options) > 12 else ''}"
+    return Problem(key, value, f"verl's config has no '{bad}' {where} (it would be ignored or rejected)", fix)
+
+
+# ---------------------------------------------------------------- resolution
+
+_INTERP = re.compile(r"\$\{")
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def resolve(tree: dict) -> dict:
+    """Resolve every interpolation; the fast resolver handles verl's grammar, OmegaConf the rest."""
+    try:
+        return resolve_fast(tree)
+    except _Unsupported:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)
+
+
+def resolve_fast(tree: dict) -> dict:
+    """Resolve with the small resolver only (raises when the tree uses grammar beyond verl's)."""
+    return _Resolver(tree).run()
+
+
+class _Resolver:
+    def __init__(self, tree: dict):
+        self.tree = tree
+        self.done: dict[tuple, Any] = {}
+        self.busy: set[tuple] = set()
+
+    def run(self) -> dict:
+        return self._walk(self.tree, ())
+
+    def _walk(self, node: Any, path: tuple) -> Any:
+        if isinstance(node, dict):
+            return {k: self._walk(v, path + (k,)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [self._walk(v, path + (i,)) for i, v in enumerate(node)]
+        if isinstance(node, str) and "${" in node:
+            return self._value(path)
+        return node
+
+    def _value(self, path: tuple) -> Any:
+        if path in self.done:
+            return self.done[path]
+        node = self._raw(path)
+        if isinstance(node, str) and "${" in node:
+            if path in self.busy:
+                raise _Unsupported("cycle")
+            self.busy.add(path)
+            node = self._string(node, path[:-1])
+            self.busy.discard(path)
+        elif isinstance(node, (dict, list)):
+            node = self._walk(node, path)
+        self.done[path] = node
+        return node
+
+    def _raw(self, path: tuple) -> Any:
+        node: Any = self.tree
+        for p in path:
+            if isinstance(node, dict) and p in node:
+                node = node[p]
+            elif isinstance(node, list) and isinstance(p, int) and p < len(node):
+                node = node[p]
+            else:
+                raise KeyError(path)
+        return node
+
+    def _string(self, s: str, parent: tuple) -> Any:
+        pieces, i = [], 0
+        while i < len(s):
+            j = s.find("${", i)
+            if j < 0:
+                pieces.append(s[i:])
+                break
+            if j > i:
+                pieces.append(s[i:j])
+            end = _match(s, j)
+            pieces.append(self._expr(s[j + 2:end], parent))
+            i = end + 1
+        if len(pieces) == 1:
+            return pieces[0]
+        return "".join("null" if p is None else str(p) for p in pieces)
+
+    def _expr(self, body: str, parent: tuple) -> Any:
+        body = body.strip()
+        if body.startswith("oc.select:"):
+            args = _split_args(body[len("oc.select:"):])
+            key = args[0].strip()
+            default = self._literal(args[1], parent) if len(args) > 1 else None
+            try:
+                return self._value(self._path(key, parent))
+            except KeyError:
+                return default
+        if body.startswith("oc.env:"):
+            import os
+
+            args = _split_args(body[len("oc.env:"):])
+            name = args[0].strip()
+            if name in os.environ:
+                return os.environ[name]
+            if len(args) > 1:
+                v = self._literal(args[1], parent)
+                return None if v is None else str(v)
+            raise _Unsupported(f"unset env {name}")
+        if ":" in body or not re.fullmatch(r"\.*[\w.\-]+", body):
+            raise _Unsupported(body)
+        try:
+            return self._value(self._path(body, parent))
+        except KeyError:
+            raise _Unsupported(body)
+
+    def _path(self, key: str, parent: tuple) -> tuple:
+        if key.startswith("."):
+            dots = len(key) - len(key.lstrip("."))
+            base = parent[: len(parent) - (dots - 1)] if dots > 1 else parent
+            rest = key[dots:]
+            return base + tuple(rest.split(".")) if rest else base
+        return tuple(key.split("."))
+
+    def _literal(self, text: str, parent: tuple) -> Any:
+        t = text.strip()
+        if "${" in t:
+            return self._string(t, parent)
+        low = t.lower()
+        if low == "null":
+            return None
+        if low in ("true", "false"):
+            return low == "true"
+        if t == "[]":
+            return []
+        if t == "{}":
+            return {}
+        if re.fullmatch(r"[-+]?\d+", t):
+            return int(t)
+        if re.fullmatch(r"[-+]?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?", t):
+            return float(t)
+        if re.fullmatch(r"[\w.\-/]+", t):
+            return t
+        raise _Unsupported(t)
+
+
+def _match(s: str, start: int) -> int:
+    depth, i = 0, start
+    while i < len(s):
+        if s.startswith("${", i):
+            depth += 1
+            i += 2
+            continue
+        if s[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise _Unsupported(s)
+
+
+def _split_args(s: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return out
+
+
+# ---------------------------------------------------------------- CLI rendering
+
+_PLAIN = re.compile(r"[A-Za-z0-9_./\-]+")
+
+
+def render(value: Any) -> str:
+    """A value as Hydra's override grammar reads it back (tests round-trip every override)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(render(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{render(v)}" for k, v in value.items()) + "}"
+    s = str(value)
+    if "${" in s and _PLAIN.fullmatch(s.replace("${", "").replace("}", "").replace(",", "")):
+        return s
+    if _PLAIN.fullmatch(s) and s.lower() not in ("null", "true", "false") and not _numeric(s):
+        return s
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _numeric(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False

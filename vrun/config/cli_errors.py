@@ -1,0 +1,178 @@
+"""Every error a user can cause ends as one line (key, value, why, fix) and a non-zero exit: Hydra's
+composition errors are rewritten here, plan errors are printed by the runner."""
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from dataclasses import fields, is_dataclass
+
+EXIT_USAGE = 2
+
+
+def emit(lines: list[str], code: int = EXIT_USAGE) -> None:
+    """Print the lines (never a secret's value: vrun.core.writer.mask) and exit."""
+    from vrun.core.writer import mask
+
+    for line in lines:
+        print(mask(line), file=sys.stderr)
+    sys.exit(code)
+
+
+def one_line_hydra_errors() -> None:
+    """Replace Hydra's error reporter (hydra-core is pinned; tests/test_errors.py covers it)."""
+    import hydra._internal.utils as hu
+
+    def run_and_report(func):
+        try:
+            return func()
+        except SystemExit:
+            raise
+        except Exception as ex:  # noqa: BLE001 - every user error must end in one line
+            import os
+
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            emit([describe(ex)])
+
+    hu.run_and_report = run_and_report
+
+
+def describe(ex: BaseException) -> str:
+    from vrun.core.problems import PlanError
+
+    if isinstance(ex, PlanError):
+        return str(ex)
+    msg = str(ex)
+    cause = ex.__cause__ or ex.__context__
+    m = re.search(r"Could not find '([^']+)'", msg)
+    if m:
+        group, _, option = m.group(1).rpartition("/")
+        avail = re.findall(r"^\t(\S+)$", msg, re.M)
+        near = difflib.get_close_matches(option, avail, n=1, cutoff=0.3)
+        best = f"{group}={near[0]}" if near else f"{group}=<option>"
+        return (f"error: {group}={option}: no such option in conf/{group}; fix: {best} "
+                f"(options: {', '.join(avail)})")
+    m = re.search(r"Could not override '([^']+)'", msg)
+    key = m.group(1) if m else None
+    if key is None and cause is not None:
+        key = getattr(cause, "full_key", None)
+    if key is None:
+        key = getattr(ex, "full_key", None)
+    if key and ("not in struct" in msg or "not in struct" in str(cause) or "Key '" in str(cause or msg)):
+        value = _value_of(key)
+        head = key.split(".")[0]
+        if key.startswith("hydra.launcher."):
+            return _launcher_key(key, value)
+        if head in VERL_SECTIONS:
+            return (f"error: {key}={value}: no such key in the run config; {head}.* is verl's: fix: "
+                    f"verl.{key}={value}")
+        if _is_map(key.rsplit(".", 1)[0]):
+            return (f"error: {key}={value}: a new entry of the map {key.rsplit('.', 1)[0]}; fix: +{key}={value}")
+        return (f"error: {key}={value}: no such key in the run config; fix: {_near_keys(key)}")
+    if cause is not None and getattr(cause, "full_key", None):
+        first = str(cause).splitlines()[0]
+        choices = re.search(r"expected one of \[([^\]]*)\]", first)  # a closed choice (an enum in vrun.config.schema)
+        fix = " or ".join(f"{cause.full_key}={c.strip()}" for c in choices.group(1).split(",")) if choices else \
+            "give a value of the right type"
+        return f"error: {cause.full_key}={_value_of(cause.full_key)}: {first}; fix: {fix}"
+    first = " ".join(line.strip() for line in msg.splitlines() if line.strip())
+    m = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", msg)
+    if m:
+        return (f"error: {m.group(1)}={m.group(2)}: a comma in a value is a list or a sweep to Hydra; fix: quote it "
+                f"({m.group(1)}='a,b'), write a list ({m.group(1)}=[a,b]) or sweep with -m")
+    if any(x in msg for x in ("no viable alternative", "mismatched input", "extraneous input", "LexerNoViableAlt",
+                              "token recognition error")):
+        return (f"error: {first.split(' See https')[0]}: the override does not parse; fix: quote the value "
+                "(key='...') or balance its brackets (Hydra's override grammar)")
+    if "Could not detect" in first and "srun" in first:
+        return ("error: cluster=slurm: no SLURM client on this machine (sbatch/srun not found); fix: submit from a "
+                "SLURM login node (where sinfo works), or mode=plan to write each point's sbatch.sh without submitting")
+    m = re.search(r"Environment variable '([^']+)' not found(?:.*?full_key: (\S+))?", first)
+    if m:
+        where = m.group(2) or _key_with(f"oc.env:{m.group(1)}")
+        return (f"error: {where}: interpolates the unset variable {m.group(1)}; fix: export {m.group(1)}, or "
+                f"give a default: ${{oc.env:{m.group(1)},<default>}}")
+    m = re.search(r"Interpolation key '([^']+)' not found(?:.*?full_key: (\S+))?", first)
+    if m:
+        return (f"error: {m.group(2) or _key_with(m.group(1))}: interpolates ${{{m.group(1)}}}, which does not exist; fix: "
+                "interpolate an existing key of the run config (e.g. ${model.name})")
+    return f"error: {first}; fix: run with mode=plan and the same overrides; README 'Config groups' lists them"
+
+
+# verl's top-level sections: a key under one of them belongs under verl.
+VERL_SECTIONS = ("trainer", "data", "actor_rollout_ref", "algorithm", "reward", "reward_model", "critic",
+                 "ray_kwargs", "custom_reward_function", "checkpoint", "global_profiler", "transfer_queue")
+
+
+def _is_map(path: str) -> bool:
+    """Whether the run config's schema has a map (Dict field) at this dotted path."""
+    import typing
+
+    from vrun.config.schema import RunConfig
+
+    node: typing.Any = RunConfig
+    for part in path.split("."):
+        if not is_dataclass(node):
+            return False
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return False
+        node = hints[part]
+    return typing.get_origin(node) in (dict, typing.Dict)
+
+
+def _value_of(key: str) -> str:
+    from vrun.core.problems import SECRETISH
+
+    if SECRETISH.search(key):
+        return "<hidden>"
+    from vrun.core.problems import show as shown
+
+    for arg in sys.argv[1:]:
+        k, _, v = arg.lstrip("+~").partition("=")
+        if k == key:
+            return shown(v)
+    return "?"
+
+
+def _key_with(text: str) -> str:
+    """The command-line key whose value holds `text` (an interpolation Hydra's error does not place)."""
+    for arg in sys.argv[1:]:
+        k, _, v = arg.lstrip("+~").partition("=")
+        if text in v:
+            return k
+    return "?"
+
+
+def _near_keys(key: str) -> str:
+    from vrun.config.schema import RunConfig
+
+    node, known = RunConfig(), []
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = getattr(node, part, None) if is_dataclass(node) else None
+        if not is_dataclass(child):
+            break
+        node, known = child, known + [part]
+    options = [x.name for x in fields(node)]
+    bad = parts[len(known)]
+    near = difflib.get_close_matches(bad, options, n=2, cutoff=0.5)
+    prefix = "".join(p + "." for p in known)
+    if near:
+        return " or ".join(prefix + n for n in near)
+    return (f"one of {prefix}{{{', '.join(options)}}}; verl keys go under verl. "
+            "(e.g. verl.trainer.save_freq=10)")
+
+
+def _launcher_key(key: str, value: str) -> str:
+    """A hydra.launcher key Hydra's submitit launcher lacks: the sbatch values are the cluster group's knobs."""
+    from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
+
+    parts = key.split(".")
+    if len(parts) > 3 and parts[2] == "additional_parameters":
+        return f"error: {key}={value}: a new sbatch option; fix: +cluster.additional_parameters.{parts[3]}={value}"
+    options = [f.name for f in fields(SlurmQueueConf) if not f.name.startswith("_")]
+    near = difflib.get_close_matches(parts[2], options, n=1, cutoff=0.5)
+    return (f"error: {key}={value}: no such key in Hydra's submitit launcher; fix: " +
+            (f"hydra.launcher.{near[0]}={value}" if near else "a cluster.* knob (vrun/config/schema.py: Cluster)"))

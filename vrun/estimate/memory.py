@@ -1,0 +1,247 @@
+"""Per-GPU memory estimate for the actor (and the colocated rollout engine), as pure arithmetic.
+
+The model (README, "Memory estimate") — every figure is bytes per GPU on the busiest pipeline stage:
+  layout       units [embedding, decoder layer × L, MTP layer × M, loss] split into PP contiguous chunks of
+               near-equal count (earlier stages take the remainder); every stage is estimated (plan.json
+               memory.stages) and the busiest — highest peak, then highest training peak, then the later — is shown
+  per rank     dense params / TP, routed-expert params / (EP·ETP); "sharded" = dense / (DP·CP) + experts / EDP
+  fsdp2        (Megatron Lite's default for the launchers) parameter shards and their grads in fp32, 4 B per
+               sharded param (bf16, 2 B, for DeepSeek-V4: FSDP2_BF16_SHARDS); Adam (fp32 master + two moments,
+               12 B per sharded param) wholly on the host when offload_fraction > 0, else on the GPU;
+               transient: two unsharded bf16 layers (computed + prefetched, 2·2 B) and, in a layer's backward,
+               its unsharded bf16 grads and the fp32 reduce-scatter input (2 + 4 B) — per param of the biggest
+               layer on the rank (its routed experts / (EP·ETP) included)
+  dist_opt     bf16 weights (2 B) and fp32 grads (4 B) replicated across data parallel; Adam 12 B per sharded
+               param, offload_fraction of it on the host. Checked against the source, not built (megatron-core's
+               DistributedOptimizer assumes CUDA): primitive/optimizers/megatron_wrap.py builds megatron-core's
+               DDP with grad_reduce_in_fp32=True (an fp32 grad buffer for every local param), bf16=True and
+               use_distributed_optimizer=True (fp32 main params and both moments sharded over DP), and passes
+               offload_fraction as optimizer_offload_fraction
+  activations  T tokens per GPU (the per-GPU token budget), hidden h, top-k k, TP t (sequence parallel),
+               residual streams m (DeepSeek-V4's mHC carries 4, others 1); 1F1B keeps PP − s micro-batches in
+               flight on stage s (0-based):
+               full recompute: stored layer inputs (PP − s)·L_stage·T·h·m·2/t B plus one layer being recomputed,
+               T·h·(34 + 4k)/t B; no recompute: (PP − s)·L_stage·T·h·(34 + 4k)/t B
+  logits       last stage: T·vocab·(2 + 4) B / t (the loss holds bf16 logits and an fp32 copy; 2 B with
+               cross_entropy_fusion)
+  rollout      colocated vLLM takes gpu_memory_utilization of the GPU while the actor's residents stay:
+               weights unless param_offload, gradients unless grad_offload (the plan passes param_offload: Megatron
+               Lite offloads gradients with the parameters), optimizer unless optimizer_offload;
+               what vLLM does inside its share (weights, KV cache, sequences): vrun/estimate/rollout.py
+  peak         max(training step, rollout phase); training = params + grads + optimizer + activations + logits
+               + transient
+Checked against Megatron Lite's real model: tests/test_memory_oracle.py builds every stage of each model's
+default mesh (meta parameters, fake process group, its FSDP2 wrapping and AdamW) and compares params, grads
+and optimizer (GPU and host) per stage.
+Assumptions: no activation offload, no sequence-length imbalance between DP ranks, MTP layers cost as a
+decoder layer with experts, the optimizer keeps no extra buffers beyond the above.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
+
+from vrun.estimate.mesh import Mesh
+
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class Params:
+    """Parameter counts per unit (logical parameters)."""
+    embedding: int
+    output: int
+    dense_per_layer: tuple      # per decoder layer: attention, norms, router, shared experts, dense MLP
+    expert_per_layer: tuple     # per decoder layer: routed experts
+    mtp_dense: int = 0          # all MTP layers together
+    mtp_expert: int = 0
+    mtp_layers: int = 0
+    source: str = "model group facts (approximate)"
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.output + sum(self.dense_per_layer) + sum(self.expert_per_layer) + \
+            self.mtp_dense + self.mtp_expert
+
+
+def params_from_arch(arch: dict) -> tuple[Optional[Params], str]:
+    """Counts from the architecture facts (vrun/estimate/params.py, every layer with all its parts); None with the
+    reason when a needed fact is missing."""
+    from vrun.estimate import params
+
+    c, why = params.count(arch)
+    if c is None:
+        return None, why
+    return params.to_memory_params(c, mtp=True, vision=False), ""
+
+
+def stage_layout(pp: int, layers: int, mtp_layers: int) -> list[list]:
+    """Units split into pp contiguous chunks: ('emb',), ('layer', i), ('mtp', j), ('loss',)."""
+    units = [("emb",)] + [("layer", i) for i in range(layers)] + [("mtp", j) for j in range(mtp_layers)] + [("loss",)]
+    base, extra = divmod(len(units), pp)
+    out, start = [], 0
+    for s in range(pp):
+        n = base + (1 if s < extra else 0)
+        out.append(units[start:start + n])
+        start += n
+    return out
+
+
+# Megatron Lite's FSDP2 path (primitive/optimizers/fsdp2/optimizer.py, build_fsdp2_training_optimizer) promotes
+# the sharded parameters to fp32 (_DEFAULT_USE_FP32_SHARDS = True) and FSDP2 hands each gradient back in its sharded
+# parameter's dtype; model/deepseek_v4/lite/protocol.py passes use_fp32_shards=False: bf16 shards and grads there.
+FSDP2_BF16_SHARDS = frozenset({"deepseek_v4"})
+ADAM_BYTES = 12            # fp32 master copy + exp_avg + exp_avg_sq (fsdp2/adamw.py FP32AdamW; Megatron's dist_opt)
+
+
+def fsdp2_shard_bytes(family: Optional[str]) -> int:
+    return 2 if family in FSDP2_BF16_SHARDS else 4
+
+
+class Stage(NamedTuple):
+    """What one rank of one pipeline stage holds, bytes per GPU (a named tuple: the mesh search makes many)."""
+    stage: int
+    layers: int
+    params: float
+    grads: float
+    optimizer: float            # on the GPU
+    optimizer_host: float       # on the host (offloaded)
+    activations: float
+    logits: float
+    transient: float            # FSDP2's unsharded layers and the backward's gradient buffers
+    train_peak: float
+    residents: float            # what stays on the GPU while the rollout runs
+    peak: float
+
+    def summary(self) -> dict:
+        g = lambda b: round(b / GIB, 2)  # noqa: E731
+        return {"stage": self.stage, "layers": self.layers, "params_gib": g(self.params), "grads_gib": g(self.grads),
+                "optimizer_gib": g(self.optimizer), "optimizer_host_gib": g(self.optimizer_host),
+                "activations_gib": g(self.activations), "logits_gib": g(self.logits),
+                "transient_gib": g(self.transient), "train_peak_gib": g(self.train_peak),
+                "rollout_residents_gib": g(self.residents), "peak_gib": g(self.peak)}
+
+
+@dataclass
+class Estimate:
+    stage: int                  # the busiest stage: the highest peak, then the highest training peak, then the last
+    layers_on_stage: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    logits: float
+    train_peak: float
+    rollout: float
+    rollout_residents: float
+    peak: float
+    gpu_mem: float
+    params_source: str
+    breakdown: dict = field(default_factory=dict)
+    rollout_detail: Optional[object] = None     # vrun.estimate.rollout.RolloutEstimate (RL runs)
+    assumptions: str = ""
+    optimizer_host: float = 0.0
+    transient: float = 0.0
+    stages: tuple = ()          # Stage per pipeline stage
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.gpu_mem
+
+    def summary(self) -> dict:
+        g = lambda b: round(b / GIB, 1)  # noqa: E731
+        return {"stage": self.stage, "busiest_stage": self.stage, "layers_on_stage": self.layers_on_stage,
+                "weights_gib": g(self.weights), "grads_gib": g(self.grads), "optimizer_gib": g(self.optimizer),
+                "optimizer_host_gib": g(self.optimizer_host), "activations_gib": g(self.activations),
+                "logits_gib": g(self.logits), "transient_gib": g(self.transient),
+                "train_peak_gib": g(self.train_peak), "rollout_gib": g(self.rollout),
+                "rollout_residents_gib": g(self.rollout_residents), "peak_gib": g(self.peak),
+                "gpu_mem_gib": g(self.gpu_mem), "fits": self.fits, "params": self.params_source,
+                "stages": [s.summary() for s in self.stages],
+                "rollout_phase": self.rollout_detail.summary() if self.rollout_detail is not None else None,
+                "assumptions": self.assumptions}
+
+
+@functools.lru_cache(maxsize=4096)
+def _stages(p: Params, pp: int) -> tuple:
+    """Per stage: (dense params, expert params, decoder+MTP layers, holds the loss, biggest layer (dense, expert))."""
+    out = []
+    for units in stage_layout(pp, len(p.dense_per_layer), p.mtp_layers):
+        dense = expert = 0.0
+        layers, loss, biggest = 0, False, (0.0, 0.0)
+        for u in units:
+            if u[0] == "emb":
+                dense += p.embedding
+            elif u[0] == "loss":
+                dense += p.output
+                loss = True
+            else:
+                if u[0] == "layer":
+                    d, e = p.dense_per_layer[u[1]], p.expert_per_layer[u[1]]
+                else:
+                    d, e = p.mtp_dense / max(p.mtp_layers, 1), p.mtp_expert / max(p.mtp_layers, 1)
+                dense, expert, layers = dense + d, expert + e, layers + 1
+                biggest = max(biggest, (d, e), key=sum)
+        out.append((dense, expert, layers, loss, biggest))
+    return tuple(out)
+
+
+def estimate(p: Params, mesh: Mesh, *, optimizer: str, hidden: int, vocab: int, top_k: int, tokens_per_gpu: int,
+             recompute: bool, param_offload: bool, grad_offload: bool, optimizer_offload: bool,
+             offload_fraction: float, gpu_mem_gib: float, rollout_fraction: float = 0.0,
+             cross_entropy_fusion: bool = False, residual_streams: int = 1, family: Optional[str] = None) -> Estimate:
+    frac = 1.0 if optimizer_offload else min(max(offload_fraction or 0.0, 0.0), 1.0)
+    dense_dp, edp, ept = mesh.dp * mesh.cp, mesh.edp, mesh.ep * mesh.etp
+    T = tokens_per_gpu
+    per_layer_act = T * hidden * (34 + 4 * top_k) / mesh.tp
+    rollout = rollout_fraction * gpu_mem_gib * GIB
+    sb = fsdp2_shard_bytes(family)
+    stages = []
+    for s, (dense, expert, layers, loss, biggest) in enumerate(_stages(p, mesh.pp)):
+        d_rank, e_rank = dense / mesh.tp, expert / ept
+        sharded = d_rank / dense_dp + e_rank / edp
+        big = biggest[0] / mesh.tp + biggest[1] / ept      # one layer, unsharded, on this rank
+        if optimizer == "fsdp2":
+            w, gr = sb * sharded, sb * sharded
+            # fsdp2/adamw.py: with any offload_fraction > 0 (cpu_update) the fp32 masters are copied to the host
+            # and the moments are made beside them: all of the optimizer on the host, none on the GPU
+            host = ADAM_BYTES * sharded if frac > 0 else 0.0
+            opt = ADAM_BYTES * sharded - host
+            # FSDP2 (param_dtype bf16, forward_prefetch_depth 1): the layer computed and the one prefetched
+            # unsharded in bf16; in its backward the layer's unsharded bf16 grads and the reduce-scatter's fp32
+            # input (reduce_dtype float32) — for a MoE layer the expert grads at full size on the rank
+            transient = 2 * 2 * big + (2 + 4) * big if layers else 0.0
+        else:
+            w, gr = 2 * (d_rank + e_rank), 4 * (d_rank + e_rank)
+            host = ADAM_BYTES * sharded * frac
+            opt = ADAM_BYTES * sharded - host
+            transient = 0.0
+        # 1F1B: stage s of PP keeps PP − s micro-batches in flight (the first all PP, the last one)
+        in_flight = mesh.pp - s
+        if not layers:
+            act = 0.0
+        elif recompute:
+            act = in_flight * layers * T * hidden * residual_streams * 2 / mesh.tp + per_layer_act
+        else:
+            act = in_flight * layers * per_layer_act
+        # the loss holds the bf16 logits and their fp32 copy (2 + 4 B); fused cross entropy only bf16 chunks
+        logits = T * vocab * (2 if cross_entropy_fusion else 2 + 4) / mesh.tp if loss else 0.0
+        train = w + gr + opt + act + logits + transient
+        residents = (0 if param_offload else w) + (0 if grad_offload else gr) + (0 if optimizer_offload else opt)
+        stages.append(Stage(s, layers, w, gr, opt, host, act, logits, transient, train, residents,
+                            max(train, rollout + residents)))
+    b = max(stages, key=lambda x: (x.peak, x.train_peak, x.stage))
+    return Estimate(stage=b.stage, layers_on_stage=b.layers, weights=b.params, grads=b.grads, optimizer=b.optimizer,
+                    activations=b.activations, logits=b.logits, train_peak=b.train_peak, rollout=rollout,
+                    rollout_residents=b.residents, peak=b.peak, gpu_mem=gpu_mem_gib * GIB, params_source=p.source,
+                    optimizer_host=b.optimizer_host, transient=b.transient, stages=tuple(stages))
+
+
+def stage_split(p: Params, mesh: Mesh) -> list[dict]:
+    """Per pipeline stage: its parameters, and what one rank of it holds (dense / TP, experts / (EP·ETP))."""
+    out = []
+    for s, (dense, expert, layers, loss, _) in enumerate(_stages(p, mesh.pp)):
+        out.append({"stage": s, "layers": layers, "dense": int(dense), "routed_expert": int(expert),
+                    "per_rank": int(dense / mesh.tp + expert / (mesh.ep * mesh.etp)), "has_loss": loss})
+    return out

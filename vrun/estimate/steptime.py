@@ -1,0 +1,308 @@
+"""Step time and cost of a run, as pure arithmetic: an ESTIMATE with a low and a high bound per phase.
+
+A colocated RL step (verl's ray_trainer: gen, old_log_prob, ref, update_actor, update_weights) and an SFT step,
+from what the plan knows. N = active parameters (vrun/estimate/params.py: the top-k experts), T = the step's tokens,
+P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/hardware.py), G = GPUs.
+  rollout     per replica (TP·DP GPUs), S = the step's sequences per replica, C = min(S, the KV cache's fit,
+              DP·max_num_seqs) decoding at once, in ceil(S/C) waves. One decode step reads, per GPU, the dense
+              weights / TP, the routed experts / (TP·DP) that C tokens touch (1 − (1 − k/E)^C of them) and the KV
+              of its C/DP sequences: time = max(bytes / (B·MBU), 2·N·C/DP/TP / (P·MFU)) (the roofline: memory
+              bound until the batch is large). Prefill: 2·N·prompt tokens / (G·P·MFU).
+              At the mean: waves · mean response · step(context prompt + response/2). The step waits for its
+              longest response: at max_response_length, the last wave runs max_response_length decode steps.
+  log-prob    2·N·T / (G·P·MFU) per pass: the old policy always, the reference when a KL term is on
+  training    6·N·T (8·N·T under full recompute: the forward again) / (G·P·MFU) — the 6·N·T rule of Kaplan
+              et al. 2020 (arXiv:2001.08361) and Narayanan et al. 2021 (arXiv:2104.04473, with recompute)
+  bubble      log-prob and training × (1 + (PP − 1) / (m·VPP)), m micro-batches per mini-batch per DP rank
+              (Narayanan et al. 2021, the 1F1B schedule's bubble fraction)
+  sync        the rollout's weights per GPU (bf16) gathered from the training layout: from other nodes over the
+              node's network (a share 1 − 1/nodes of them), within a node over NVLink; the slower bounds it
+  offload     over PCIe per GPU: parameters and gradients loaded and offloaded once per step each
+              (param_offload), the optimizer states too (optimizer_offload)
+  sft         training and bubble only; T = train_batch_size · max_length · the mean fraction
+Not modelled (said in the assumptions): attention FLOPs, reward computation, sequence imbalance between DP ranks,
+MoE load imbalance, communication not named above, start-up and checkpoint saves.
+
+The efficiencies are one fixed set (FACTORS), each a (pessimistic, optimistic) pair with its source, never fitted to
+the published step times the tests hold the estimate to (tests/test_steptime.py). A calibration from recorded
+runs (vrun/planning/calibration.py) scales the result; the plan says so.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from vrun.estimate.hardware import Part
+
+
+@dataclass(frozen=True)
+class Factor:
+    low: float          # the pessimistic efficiency (the high time)
+    high: float         # the optimistic one (the low time)
+    source: str
+
+
+# one fixed set, sourced independently of the published step times
+FACTORS = {
+    "train_mfu": Factor(0.08, 0.47, "low: Megatron Lite's bench, Qwen3.5-35B-A3B proxy on 8×H100, 80.4 TFLOPs/GPU "
+                        "= 8% of 989 (Megatron-LM dev d48bd6be experimental/lite/examples/bench/README.md); high: "
+                        "up to 47% MFU on H100 (Megatron-LM README, GPT weak scaling)"),
+    "decode_mbu": Factor(0.25, 0.60, "model-bandwidth utilisation of a decode step measured with TensorRT-LLM at "
+                         "batch 1–16: 60% at TP2 (H100, A100), 40% at TP4, 25% at TP8 (Databricks, 'LLM Inference "
+                         "Performance Engineering: Best Practices', 2023-10, figures 2–3)"),
+    "network": Factor(0.50, 0.90, "ASSUMED (no measurement read): the share of the NICs' line rate a bulk weight "
+                      "transfer reaches"),
+    "pcie": Factor(0.50, 0.80, "ASSUMED (no measurement read): the share of the PCIe x16 rate a pinned host-device "
+                   "copy reaches"),
+}
+# the mean prompt and response as a share of their maxima when nothing better is known (a calibration replaces it)
+MEAN_FRACTION = 0.5
+# a calibrated bound: the recorded runs' ratios, widened by this much each way (step-to-step variation)
+CALIBRATED_SPREAD = (0.9, 1.1)
+# vLLM's concurrent sequences per engine (verl's rollout.max_num_seqs default)
+MAX_NUM_SEQS = 256
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the plan knows, as numbers (vrun/planning/steptime_plan.py builds it from a plan)."""
+    world: int
+    gpus_per_node: int
+    active_params: float            # N: active per token (training and decode FLOPs)
+    samples: int                    # sequences trained per step (train_batch_size · n; SFT: train_batch_size)
+    prompt_mean: float
+    response_mean: float            # SFT: 0 (prompt_mean carries the whole sequence)
+    response_max: float
+    pp: int = 1
+    vpp: int = 1
+    micro_batches: int = 1          # per mini-batch per DP rank (the bubble's m)
+    recompute: bool = False
+    reference: bool = False         # a KL term: the reference policy's log-prob pass
+    rollout: bool = True            # RL (False: SFT)
+    rollout_tp: int = 1
+    rollout_dp: int = 1
+    rollout_dense: float = 0.0      # parameters vLLM loads: dense, routed experts
+    rollout_routed: float = 0.0
+    experts: int = 0                # E routed experts per layer, k per token
+    top_k: int = 0
+    rollout_weight_bytes: float = 2.0
+    attn_flops_per_key: float = 0.0 # forward FLOPs per token per attended key, all layers (attention_flops_per_key)
+    attn_keys_cap: Optional[int] = None  # sparse attention: keys a query attends at most (index_topk)
+    kv_per_token: float = 0.0       # bytes per token per GPU (vrun/estimate/rollout.py)
+    kv_per_sequence: float = 0.0
+    kv_fits: Optional[int] = None   # sequences per replica the KV cache holds at once
+    max_num_seqs: int = MAX_NUM_SEQS
+    param_bytes: float = 0.0        # per GPU, the busiest stage (vrun/estimate/memory.py's estimate): weights, grads, optim
+    grad_bytes: float = 0.0
+    optimizer_bytes: float = 0.0
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    mean_source: str = f"mean prompt and response = {MEAN_FRACTION:g} × their maxima (assumed)"
+
+    @property
+    def tokens(self) -> float:
+        return self.samples * (self.prompt_mean + self.response_mean)
+
+    def attention_flops(self) -> float:
+        """Forward attention FLOPs of the step's tokens: causal, each token attends half its sequence on average."""
+        keys = (self.prompt_mean + self.response_mean) / 2
+        if self.attn_keys_cap:
+            keys = min(keys, self.attn_keys_cap)
+        return self.tokens * keys * self.attn_flops_per_key
+
+    @property
+    def nodes(self) -> int:
+        return max(1, -(-self.world // self.gpus_per_node))
+
+
+@dataclass(frozen=True)
+class Phase:
+    low: float
+    high: float
+    note: str = ""
+    mid: Optional[float] = None     # the middle efficiencies (geometric); None: the geometric mean of the bound
+
+    @property
+    def middle(self) -> float:
+        return self.mid if self.mid is not None else math.sqrt(self.low * self.high)
+
+    def summary(self) -> dict:
+        return {"low_s": round(self.low, 2), "high_s": round(self.high, 2), "middle_s": round(self.middle, 2),
+                **({"note": self.note} if self.note else {})}
+
+
+@dataclass(frozen=True)
+class StepTime:
+    phases: dict                    # name -> Phase, in step order
+    rollout_at_mean: Optional[Phase] = None
+    rollout_at_max: Optional[Phase] = None
+    assumptions: tuple = ()
+    factors: dict = field(default_factory=dict)
+    scale: float = 1.0              # a calibration's measured/predicted ratio (1: none)
+    calibration: str = ""           # "calibrated from 3 runs" or ""
+    ratios: tuple = ()              # the calibration's measured/predicted ratios (the bound then spans them)
+
+    @property
+    def low(self) -> float:
+        if self.ratios:
+            return self.model_middle * min(self.ratios) * CALIBRATED_SPREAD[0]
+        return sum(p.low for p in self.phases.values()) * self.scale
+
+    @property
+    def high(self) -> float:
+        if self.ratios:
+            return self.model_middle * max(self.ratios) * CALIBRATED_SPREAD[1]
+        return sum(p.high for p in self.phases.values()) * self.scale
+
+    @property
+    def model_middle(self) -> float:
+        """The uncalibrated middle: what a calibration's ratios are taken against."""
+        return sum(p.middle for p in self.phases.values())
+
+    @property
+    def central(self) -> float:
+        """Every phase at the middle efficiencies, the step waiting for one response at max_response_length: the
+        figure held to published step times."""
+        return sum(p.middle for p in self.phases.values()) * self.scale
+
+    def phase(self, name: str) -> Phase:
+        p = self.phases.get(name, Phase(0.0, 0.0))
+        return Phase(p.low * self.scale, p.high * self.scale, p.note, p.middle * self.scale)
+
+    def summary(self) -> dict:
+        return {
+            "estimate": True,
+            "step_low_s": round(self.low, 1), "step_high_s": round(self.high, 1),
+            "step_middle_s": round(self.central, 1),
+            "phases": {k: self.phase(k).summary() for k in self.phases},
+            "rollout_at_mean": self.rollout_at_mean.summary() if self.rollout_at_mean else None,
+            "rollout_at_max_response_length": self.rollout_at_max.summary() if self.rollout_at_max else None,
+            "factors": {k: asdict(v) for k, v in self.factors.items()},
+            "model_middle_s": round(self.model_middle, 2),
+            "calibration": {"scale": round(self.scale, 3), "from": self.calibration,
+                            "ratios": [round(r, 3) for r in self.ratios]} if self.calibration else None,
+            "assumptions": list(self.assumptions),
+        }
+
+
+def calibrated(st: StepTime, ratios: list, how: str) -> StepTime:
+    """The estimate scaled by the median measured/predicted ratio of recorded runs, its bound spanning them."""
+    rs = sorted(ratios)
+    mid = rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2
+    return StepTime(st.phases, st.rollout_at_mean, st.rollout_at_max, st.assumptions, st.factors, mid, how,
+                    tuple(rs))
+
+
+def _bubble(w: Workload) -> float:
+    return (w.pp - 1) / (max(w.micro_batches, 1) * max(w.vpp, 1)) if w.pp > 1 else 0.0
+
+
+def compute_s(flops: float, w: Workload, part: Part, mfu: float) -> float:
+    return flops / (w.world * part.bf16_flops * mfu)
+
+
+def decode_step_s(w: Workload, part: Part, concurrent: int, context: float, mbu: float, mfu: float) -> float:
+    """One decode step of a replica with `concurrent` sequences at `context` tokens each (the roofline)."""
+    tp, dp = w.rollout_tp, w.rollout_dp
+    per_rank = concurrent / dp
+    touched = 1.0 if not w.experts else 1 - (1 - w.top_k / w.experts) ** concurrent
+    weights = (w.rollout_dense / tp + w.rollout_routed / (tp * dp) * touched) * w.rollout_weight_bytes
+    kv = per_rank * (context * w.kv_per_token + w.kv_per_sequence)
+    memory = (weights + kv) / (part.hbm * mbu)
+    flops = 2 * w.active_params * per_rank / tp / (part.bf16_flops * mfu)
+    return max(memory, flops)
+
+
+def rollout_s(w: Workload, part: Part, response: float, mbu: float, mfu: float, longest: bool) -> float:
+    replicas = max(w.world // (w.rollout_tp * w.rollout_dp), 1)
+    share = -(-w.samples // replicas)
+    cap = w.rollout_dp * w.max_num_seqs
+    c = max(1, min(share, cap, w.kv_fits if w.kv_fits is not None and w.kv_fits > 0 else share))
+    waves = -(-share // c)
+    mean_step = decode_step_s(w, part, c, w.prompt_mean + w.response_mean / 2, mbu, mfu)
+    if not longest:
+        decode = waves * response * mean_step
+    else:
+        decode = (waves - 1) * w.response_mean * mean_step + \
+            response * decode_step_s(w, part, c, w.prompt_mean + response / 2, mbu, mfu)
+    prefill = compute_s(2 * w.active_params * w.samples * w.prompt_mean, w, part, mfu)
+    return decode + prefill
+
+
+def middle(f: Factor) -> float:
+    return math.sqrt(f.low * f.high)
+
+
+def attention_flops_per_key(arch: dict) -> tuple[float, Optional[int]]:
+    """Forward FLOPs per token per attended key over the layers with softmax attention: QK^T and AV, 2·H·(d_qk + d_v)
+    per layer (Narayanan et al. 2021's attention term); the sparse families attend at most index_topk keys."""
+    a, fam = arch, arch.get("attention") or "gqa"
+    H = a.get("heads") or 0
+    if fam in ("mla", "mla_dsa"):
+        d = (a.get("qk_nope_head_dim") or 0) + (a.get("qk_rope_head_dim") or 0) + (a.get("v_head_dim") or 0)
+    else:
+        hd = a.get("head_dim") or (a["hidden"] // H if H else 0)
+        d = 2 * hd
+    layers = a.get("layers") or 0
+    if fam == "gdn_hybrid" and a.get("full_attention_interval"):
+        layers //= a["full_attention_interval"]
+    cap = a.get("index_topk") if fam in ("mla_dsa", "csa") else None
+    return 2.0 * H * d * layers, cap
+
+
+def estimate(w: Workload, part: Part, factors: Optional[dict] = None) -> StepTime:
+    f = factors or FACTORS
+    mfu, mbu, net, pcie = f["train_mfu"], f["decode_mbu"], f["network"], f["pcie"]
+    phases: dict = {}
+    at_mean = at_max = None
+    bubble = 1 + _bubble(w)
+    attn = w.attention_flops()
+
+    def compute(flops: float, note: str) -> Phase:
+        return Phase(compute_s(flops, w, part, mfu.high) * bubble, compute_s(flops, w, part, mfu.low) * bubble, note,
+                     compute_s(flops, w, part, middle(mfu)) * bubble)
+
+    if w.rollout:
+        at_mean = Phase(rollout_s(w, part, w.response_mean, mbu.high, mfu.high, False),
+                        rollout_s(w, part, w.response_mean, mbu.low, mfu.low, False), "",
+                        rollout_s(w, part, w.response_mean, middle(mbu), middle(mfu), False))
+        at_max = Phase(rollout_s(w, part, w.response_max, mbu.high, mfu.high, True),
+                       rollout_s(w, part, w.response_max, mbu.low, mfu.low, True), "",
+                       rollout_s(w, part, w.response_max, middle(mbu), middle(mfu), True))
+        phases["rollout"] = Phase(at_mean.low, at_max.high, "low: every response at the mean length; high: the "
+                                  "step waits for one at max_response_length", at_max.middle)
+        passes = 2 if w.reference else 1
+        phases["log_prob"] = compute((2 * w.active_params * w.tokens + attn) * passes,
+                                     "old policy" + (" + reference" if w.reference else ""))
+    k = 8 if w.recompute else 6
+    phases["train"] = compute(k * w.active_params * w.tokens + k / 2 * attn,
+                              f"{k}·N·T + attention, pipeline bubble ×{bubble:.2f}")
+    if w.rollout:
+        per_gpu = (w.rollout_dense / w.rollout_tp + w.rollout_routed / (w.rollout_tp * w.rollout_dp)) * 2
+        remote = 1 - 1 / w.nodes
+        gpn = min(w.gpus_per_node, w.world)
+
+        def sync(e_net: float) -> float:
+            return max(per_gpu * gpn * remote / (part.network * e_net), per_gpu / (part.nvlink * e_net))
+
+        phases["sync"] = Phase(sync(net.high), sync(net.low), "bf16 weights to the rollout, network and NVLink",
+                               sync(middle(net)))
+    moved = (2 * (w.param_bytes + w.grad_bytes) if w.param_offload else 0.0) + \
+        (2 * w.optimizer_bytes if w.optimizer_offload else 0.0)
+    if moved:
+        phases["offload"] = Phase(moved / (part.pcie * pcie.high), moved / (part.pcie * pcie.low),
+                                  f"{moved / 2 ** 30:.0f} GiB per GPU over PCIe", moved / (part.pcie * middle(pcie)))
+    assumptions = (
+        "ESTIMATE: roofline per phase with the efficiencies listed (low time = the optimistic efficiency; the "
+        "middle = their geometric mean with one response at max_response_length)",
+        w.mean_source,
+        "not modelled: reward, DP and MoE load imbalance, collective latency, start-up, checkpoint saves",
+    )
+    return StepTime(phases=phases, rollout_at_mean=at_mean, rollout_at_max=at_max, assumptions=assumptions,
+                    factors=dict(f))
+
+
+def gpu_hours(st: StepTime, steps: float, gpus: int) -> tuple[float, float]:
+    """(low, high) GPU-hours for `steps` steps on `gpus` GPUs."""
+    return st.low * steps * gpus / 3600, st.high * steps * gpus / 3600

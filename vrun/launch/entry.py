@@ -1,0 +1,101 @@
+"""`python -m vrun.launch.entry ppo --config RUN/verl_config.yaml [--task-runner mod:Class] [--pass-env NAME]...`
+
+What verl's `main_ppo.main` does — auto_set_device, validate_config, run_ppo — on the saved config, with a
+task runner the run config may name (verl's CLI hard-codes its own). Secrets named by --pass-env stay in the
+environment: the Ray instance this driver starts (address=local), or the `ray start` daemons of a SLURM job,
+inherit it and hand it to every worker. They are never put into the config or Ray's runtime env, which verl's
+run_ppo and task runner print into the job's logs.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+
+def load_class(path: str):
+    module, _, name = path.replace(":", ".").rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def stack_problems(config_path: str) -> list[str]:
+    """The plan next to the config (plan.json) must have been composed against this environment's verl and
+    verl_mlite: one line per part that differs, naming both versions."""
+    import json
+
+    from vrun.compose import stack
+    from vrun.core.problems import Problem
+
+    plan_file = os.path.join(os.path.dirname(os.path.abspath(config_path)), "plan.json")
+    try:
+        with open(plan_file, "rb") as f:
+            plan = json.loads(f.read().decode("utf-8"))
+        recorded = plan.get("stack") if isinstance(plan, dict) else None
+    except FileNotFoundError:
+        return [Problem(plan_file, "missing", "the config's plan is not beside it: the stack it was composed "
+                        "against is unknown", "run the plan's own argv from its run dir, or plan again").line()]
+    except (OSError, ValueError) as e:
+        return [Problem(plan_file, "unreadable", type(e).__name__, "plan again in this environment").line()]
+    if recorded is not None and not isinstance(recorded, dict):
+        recorded = None
+    return [p.line() for p in stack.mismatch(recorded)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m vrun.launch.entry")
+    ap.add_argument("entrypoint", choices=["ppo"])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--task-runner", default=None)
+    ap.add_argument("--pass-env", action="append", default=[])
+    args = ap.parse_args(argv)
+
+    wrong = stack_problems(args.config)
+    if wrong:  # before Ray or torchrun start, as on every SLURM node (vrun.launch.slurm.node.check_stack)
+        for line in wrong:
+            print(line, file=sys.stderr)
+        return 2
+
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.load(args.config)
+    missing = [n for n in args.pass_env if not os.environ.get(n)]
+    if missing:
+        print(f"entry: pass_env {', '.join(missing)} not set in this environment: the workers will not see them",
+              flush=True)
+
+    from verl.trainer.main_ppo import run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(config)
+    try:
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+    except Exception as e:  # noqa: BLE001 - ImportError, or Hydra's InstantiationException around it
+        # building the mlite engine dataclass imports verl_mlite; a custom runner may not need it
+        if not args.task_runner or "verl_mlite" not in str(e):
+            raise
+        print(f"entry: verl's validate_config skipped ({str(e).splitlines()[0]}); the task runner {args.task_runner} runs without "
+              "Megatron Lite", flush=True)
+
+    if args.task_runner:
+        runner = load_class(args.task_runner)
+    elif config.trainer.use_v1:
+        from verl.trainer.main_ppo import TaskRunnerV1 as runner
+    else:
+        from verl.trainer.main_ppo_v0 import TaskRunner as runner
+    if not hasattr(runner, "remote"):
+        import ray
+
+        runner = ray.remote(num_cpus=1)(runner)
+    run_ppo(config, task_runner_class=runner)
+    return 0
+
+
+if __name__ == "__main__":
+    from vrun.core import writer
+
+    writer.install()
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Hand-off on this machine: the plan's command, in the plan's environment.
+
+The child's output goes to the terminal (stdout and stderr apart) and to <run dir>/job.log (both), where
+`python -m vrun status` reads verl's per-step timings back (vrun/rundir/joblog.py). The environment is built here
+and the command inherits it, so whatever the command starts (Ray's local instance, torchrun's ranks) starts
+from it: variables set, ROCR/HIP unset when CUDA_VISIBLE_DEVICES is set
+(a Ray runtime env can set variables but not unset them). Secrets pass by name only.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from pathlib import Path
+
+from vrun.rundir import records as rundir
+from vrun.rundir.joblog import JOB_LOG
+from vrun.planning.plan import Plan
+
+
+def child_env(plan: Plan, environ: dict | None = None) -> dict:
+    env = dict(os.environ if environ is None else environ)
+    for name in plan.env_unset:
+        env.pop(name, None)
+    env.update(plan.env)
+    env["VRUN_RUN_ID"] = rundir.run_id(plan.run_dir)  # inherited by every process the run starts (cancel checks it)
+    return env
+
+
+def train(plan: Plan) -> int:
+    print(f"launch: {' '.join(plan.argv)}", flush=True)
+    proc = subprocess.Popen(plan.argv, env=child_env(plan), cwd=plan.run_dir, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    rundir.record(plan.run_dir, "entrypoint_started", attempt=0, node=0, pid=proc.pid)
+    try:
+        tee([(proc.stdout, sys.stdout), (proc.stderr, sys.stderr)], Path(plan.run_dir) / JOB_LOG)
+        proc.wait()
+    finally:
+        rundir.record(plan.run_dir, "exited", attempt=0, node=0, rc=proc.poll())
+        learn(plan.run_dir)
+    if proc.returncode:
+        print(f"error: the run exited {proc.returncode}; see the output above and {plan.run_dir}", file=sys.stderr)
+    return proc.returncode
+
+
+def tee(streams: list, path: Path) -> None:
+    """Copy each child stream to its own stream here (stdout to stdout, stderr to stderr) and both to `path`,
+    line by line as they come; returns when every stream has ended."""
+    import threading
+
+    lock = threading.Lock()
+    try:
+        log = open(path, "ab")
+    except OSError:
+        log = None
+
+    def pump(src, dst) -> None:
+        nonlocal log
+        out = dst.buffer
+        for line in iter(src.readline, b""):
+            with lock:
+                out.write(line)
+                out.flush()
+                if log is not None:
+                    try:
+                        log.write(line)
+                        log.flush()
+                    except OSError:
+                        log = None
+
+    threads = [threading.Thread(target=pump, args=pair, daemon=True) for pair in streams]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        if log is not None:
+            log.close()
+
+
+def learn(run_dir: str) -> None:
+    """The run's measured step time into the calibration record (nothing when verl printed no step line)."""
+    try:
+        from vrun.runs import measured
+
+        measured.learn(Path(run_dir))
+    except Exception:  # noqa: BLE001 - learning never fails a finished run
+        pass

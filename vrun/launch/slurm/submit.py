@@ -1,0 +1,346 @@
+"""SLURM from the login node: what is submitted (from the plan), the confirmation, the submission
+(submitit), and `python -m vrun resubmit <run dir>` (also `python -m vrun.launch.slurm.submit resubmit`). The job each
+node runs is vrun.launch.slurm.node.
+
+Every sbatch value has one home: the cluster group (vrun.config.schema.Cluster) and the mesh; Submission.of reads only
+those. Hydra's submitit launcher is only selected (conf/cluster/slurm.yaml). A `hydra.launcher.*` value given by
+hand is put onto the knob it names before the point's checks (take_launcher: its sbatch options without a knob
+become cluster.additional_parameters), refused where the mesh decides it, and named as typed in any error.
+The script previewed in the run dir (sbatch_script) is the one submitit's own executor submits.
+"""
+from __future__ import annotations
+
+import json
+import os
+import math
+import re
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from vrun.rundir import records as rundir
+from vrun.core import writer
+from vrun.core.problems import PlanError, Problem
+from vrun.launch.slurm.node import RunJob  # noqa: F401 - submitted here; jobs pickled as vrun.launch.slurm.submit.RunJob load too
+
+# hydra.launcher.<key> given by hand → the knob it sets: one home per sbatch value. The value is put there as
+# given (interpolations unresolved), so the knob's own checks (secrets, one word, ranges) judge it.
+LAUNCHER_KNOBS = {"partition": "cluster.partition", "account": "cluster.account", "qos": "cluster.qos",
+                  "constraint": "cluster.constraint", "timeout_min": "cluster.time_min",
+                  "cpus_per_task": "cluster.cpus_per_task", "mem_gb": "cluster.mem_gb",
+                  "max_num_timeout": "cluster.max_requeues", "name": "cluster.job_name",
+                  "signal_delay_s": "cluster.signal_delay_s", "setup": "cluster.setup",
+                  "additional_parameters": "cluster.additional_parameters",
+                  # sbatch options without a knob of their own are additional_parameters (the same #SBATCH line)
+                  **{k: f"cluster.additional_parameters.{k}" for k in ("comment", "exclude", "gres", "cpus_per_gpu",
+                                                                     "mem_per_gpu", "mem_per_cpu")}}
+# ... that the mesh decides: refused when they disagree with it (one task per node holds all its GPUs)
+LAUNCHER_MESH = {"nodes": "mesh.nnodes", "gpus_per_node": "mesh.gpus_per_node", "gpus_per_task": "mesh.gpus_per_node",
+                 "tasks_per_node": None}
+# ... that do not apply to this project's jobs
+LAUNCHER_REFUSED = {"array_parallelism": "this project submits one job per sweep point, not a job array",
+                    "stderr_to_stdout": "the run's logs keep stdout and stderr apart (python -m vrun logs reads both)"}
+
+
+def launcher_given(unresolved: dict, overridden: list[str]) -> set[str]:
+    """The hydra.launcher keys set by hand: given on the command line, or differing from the plugin's defaults."""
+    from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.to_container(OmegaConf.structured(SlurmQueueConf), resolve=False)
+    named = {o.lstrip("+~").split("=", 1)[0][len("hydra.launcher."):].split(".")[0]
+             for o in overridden if o.lstrip("+~").startswith("hydra.launcher.")}
+    return {k for k in unresolved if k != "_target_" and (k in named or unresolved[k] != defaults.get(k))}
+
+
+def take_launcher(cfg, launcher: dict, given: set[str], mesh_values: dict) -> tuple[list[Problem], dict]:
+    """Puts the hydra.launcher values given by hand (launcher: unresolved) onto their knobs in the composed point
+    `cfg`, before its checks run. mesh_values: the given LAUNCHER_MESH keys, resolved. Returns the problems and
+    {knob: hydra.launcher key} for naming the launcher key in the knobs' problems (as_given)."""
+    from omegaconf import OmegaConf
+
+    from vrun.config.schema import RunConfig
+
+    out, taken = [], {}
+    default = OmegaConf.structured(RunConfig)
+    for key in sorted(given - {"submitit_folder"}):
+        name = f"hydra.launcher.{key}"
+        if key in LAUNCHER_KNOBS:
+            knob, v = LAUNCHER_KNOBS[key], launcher[key]
+            if isinstance(v, str) and v.replace(" ", "") == "${" + knob + "}":
+                continue  # the launcher pointing at the knob itself: nothing given
+            now = OmegaConf.select(cfg, knob, default=None, throw_on_resolution_failure=False)
+            if key == "setup":  # the launcher's lines, then the cluster group's
+                v = list(v or []) + OmegaConf.to_container(OmegaConf.select(cfg, knob), resolve=False)
+            elif key == "additional_parameters":
+                v = {**OmegaConf.to_container(OmegaConf.select(cfg, knob), resolve=False), **(v or {})}
+            elif now is not None and now != OmegaConf.select(default, knob, default=None) and str(now) != str(v):
+                out.append(Problem(name, v, f"{knob}={now} is given too: one value, two places",
+                                   f"drop {name} or {knob}"))
+                continue
+            OmegaConf.update(cfg, knob, v, merge=False, force_add=True)
+            taken[knob] = name
+        elif key in LAUNCHER_MESH:
+            src, v = LAUNCHER_MESH[key], mesh_values.get(key)
+            want = OmegaConf.select(cfg, src) if src else 1
+            if v is not None and v != want:
+                out.append(Problem(name, v, f"the job's shape comes from the mesh: {src or 'one task per node'} = "
+                                   f"{want}", f"drop {name}" + (f"; set {src}={v}" if src else "")))
+        else:
+            out.append(Problem(name, launcher[key], LAUNCHER_REFUSED.get(key, "not an option this project "
+                               "takes from Hydra's submitit launcher"),
+                               f"drop {name}" + ("" if key in LAUNCHER_REFUSED else
+                                                 "; sbatch options go in +cluster.additional_parameters.<option>")))
+    return out, taken
+
+
+def as_given(problems: list[Problem], taken: dict) -> list[Problem]:
+    """The knobs' problems named by the hydra.launcher key the value came from (the key the user typed)."""
+    import dataclasses
+
+    out = []
+    for p in problems:
+        for knob, name in taken.items():
+            if p.key == knob or p.key.startswith((knob + ".", knob + "[")):
+                p = dataclasses.replace(p, key=name + p.key[len(knob):], fix=p.fix.replace(knob, name))
+                break
+        out.append(p)
+    return out
+
+
+def folder_problems(folder: str, sweep_dir: str) -> list[Problem]:
+    """hydra.launcher.submitit_folder given by hand (absolute): the job's logs and pickles, inside the sweep dir."""
+    import os
+
+    from vrun.core.problems import CONTROL
+
+    key = "hydra.launcher.submitit_folder"
+    if CONTROL.search(folder):
+        return [Problem(key, folder, "a directory name with a control character (it reaches sbatch.sh)",
+                        f"{key}=<a path without control characters>")]
+    base = Path(os.path.normpath(sweep_dir))
+    if base not in Path(os.path.normpath(folder)).parents:
+        return [Problem(key, folder, f"the job's logs and pickles would be written outside the sweep dir {base}",
+                        f"{key}={base}/<dir>/%j (or hydra.sweep.dir=<a dir holding it>)")]
+    return []
+
+
+def job_name(plan) -> str:
+    """The default sbatch job name: model, algorithm and data set (sweep points apart in squeue)."""
+    c = plan.config
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", f"{c.model.name}_{c.algo.name}_{c.data.name}")[:128]
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One sbatch job: submitit's SlurmExecutor parameters (its names) and how often it requeues on timeout."""
+    parameters: dict
+    max_num_timeout: int
+
+    @classmethod
+    def of(cls, plan) -> "Submission":
+        """From the plan: the cluster group and the mesh."""
+        c, m = plan.config.cluster, plan.mesh
+        p: dict[str, Any] = {"nodes": m.nnodes, "gpus_per_node": m.gpus_per_node, "ntasks_per_node": 1,
+                             "time": c.time_min, "job_name": c.job_name or job_name(plan),
+                             "signal_delay_s": c.signal_delay_s, "setup": list(c.setup),
+                             "additional_parameters": dict(c.additional_parameters)}
+        for k in ("cpus_per_task", "partition", "account", "qos", "constraint"):
+            if getattr(c, k) is not None:
+                p[k] = getattr(c, k)
+        if c.mem_gb is not None:
+            p["mem"] = f"{c.mem_gb}GB"
+        return cls(p, c.max_requeues)
+
+    @classmethod
+    def load(cls, saved: dict) -> "Submission":
+        """From slurm_job.json's "spec" (also the field-per-knob form run dirs written before kept)."""
+        saved = dict(saved)
+        n = int(saved.pop("max_num_timeout", 0))
+        if "time" not in saved:
+            renamed = {"timeout_min": "time", "tasks_per_node": "ntasks_per_node", "name": "job_name"}
+            saved = {renamed.get(k, k): v for k, v in saved.items() if v is not None}
+            if "mem_gb" in saved:
+                saved["mem"] = f"{saved.pop('mem_gb')}GB"
+        return cls(saved, n)
+
+    def saved(self) -> dict:
+        return {**self.parameters, "max_num_timeout": self.max_num_timeout}
+
+    @property
+    def nodes(self) -> int:
+        return int(self.parameters["nodes"])
+
+    @property
+    def gpus_per_node(self) -> int:
+        return int(self.parameters["gpus_per_node"])
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.nodes * self.gpus_per_node * self.parameters["time"] / 60.0
+
+    def describe(self) -> str:
+        return (f"{self.nodes} node(s) × {self.gpus_per_node} GPU(s), {self.parameters['time']} min, partition "
+                f"{self.parameters.get('partition') or '(default)'}: {self.gpu_hours:.1f} GPU-hours")
+
+
+def executor(sub: Submission, folder: str):
+    """submitit's SlurmExecutor for this job (creates nothing until it submits)."""
+    import submitit
+
+    ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=sub.max_num_timeout)
+    ex.update_parameters(**sub.parameters)
+    return ex
+
+
+def sbatch_script(sub: Submission, folder: str) -> str:
+    """The sbatch script submitit submits for this job: its template, with the command its SlurmExecutor gives
+    (the folder absolute and quoted). Built without the executor, which needs srun: plans are made anywhere."""
+    import shlex
+
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    path = Path(folder).expanduser().absolute()
+    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(path))])
+    return _make_sbatch_string(command=command, folder=path, **sub.parameters)
+
+
+def job_payload(plan) -> dict:
+    """What the node job needs from the plan (plain values: it is pickled with the job)."""
+    from vrun.config.schema import Mode
+    from vrun.launch.slurm.checks import node_checks
+
+    m = plan.mesh
+    return {"argv": plan.argv, "env": plan.env, "env_unset": plan.env_unset, "mesh": m.summary(),
+            "algo_entrypoint": plan.entrypoint.name.value, "stack": plan.stack,
+            "torchrun": {"python": sys.executable, "module": list(plan.config.run.sft_entry),
+                         "nproc_per_node": m.gpus_per_node},
+            # the checks a node runs first thing when the login preflight was skipped (vrun.launch.slurm.checks)
+            "checks": node_checks(plan) if plan.config.mode == Mode.train and not plan.config.cluster.login_preflight
+            else None}
+
+
+def confirm(total_gpu_hours: float, cluster, stream=None) -> None:
+    """Above cluster.confirm_gpu_hours: ask on a terminal, require cluster.yes=true otherwise."""
+    limit = float(cluster.confirm_gpu_hours or math.inf)
+    if total_gpu_hours <= limit or cluster.yes:
+        return
+    stream = stream or sys.stdin
+    if stream.isatty():
+        answer = input(f"submit {total_gpu_hours:.0f} GPU-hours (over cluster.confirm_gpu_hours={limit:g})? [y/N] ")
+        if answer.strip().lower() in ("y", "yes"):
+            return
+        raise PlanError([Problem("cluster.yes", False, "submission not confirmed", "answer y, or cluster.yes=true")])
+    raise PlanError([Problem("cluster.yes", False, f"{total_gpu_hours:.0f} GPU-hours exceed "
+                             f"cluster.confirm_gpu_hours={limit:g} and there is no terminal to confirm on",
+                             "cluster.yes=true")])
+
+
+def point_line(idx: int, overrides, plan, sub: Submission, warnings: list) -> str:
+    """A sweep point's verdict on one line: the mesh, its peak memory and fit, its warnings, the job."""
+    from vrun.planning import report
+
+    e = plan.memory
+    gib = 1024 ** 3
+    mem = (f"peak {e.peak / gib:.1f} of {e.gpu_mem / gib:g} GiB {'fits' if e.fits else 'DOES NOT FIT'}"
+           if e is not None else "memory: no estimate")
+    n = len(plan.warnings) + len(warnings)
+    return f"{report.one_line(idx, overrides, plan)}\n    {mem} · {n} warning(s) · slurm: {sub.describe()}"
+
+
+def submit(items: list, detach: bool) -> list:
+    """items: (plan, submission, mode, submitit folder). Submits one job per item; unless detached, waits for all,
+    showing each job's progress (vrun.launch.slurm.watch), and returns or exits with their outcome (vrun.launch.slurm.wait)."""
+    import contextlib
+    import io
+    import logging
+
+    from vrun.config import cli_errors
+    from vrun.launch.slurm import checks as slurm_checks, wait as slurm_wait
+
+    logging.getLogger("submitit").setLevel(logging.ERROR)  # its accounting warning: said once by slurm_wait
+    jobs = []
+    for plan, sub, mode, folder in items:
+        run_job = RunJob(plan.run_dir, job_payload(plan), asdict(plan.config.cluster), str(mode))
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's stderr: mapped below
+                job = executor(sub, folder).submit(run_job)
+        except Exception as e:  # noqa: BLE001 - sbatch's refusal, or no sbatch at all
+            problem = slurm_checks.sbatch_problem(e, sub)
+            rundir.record(plan.run_dir, "failed", attempt=0, node="sbatch", error=f"not submitted: {problem.why}")
+            done = [f"submitted before it: {' '.join(j.job_id for j in jobs)}"] if jobs else []
+            cli_errors.emit([problem.line()] + done)
+        writer.write_text(Path(plan.run_dir) / "slurm_job.json", json.dumps(
+            {"job_id": job.job_id, "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
+             "folder": folder, "spec": sub.saved(), "mode": mode, "job": job_json(run_job)}, indent=2,
+            default=str) + "\n", root=plan.run_dir)
+        rundir.record(plan.run_dir, "submitted", job_id=job.job_id, attempt=0, nodes=sub.nodes,
+                      gpus_per_node=sub.gpus_per_node)
+        print(f"submitted job {job.job_id}: {plan.run_dir}  logs {job.paths.stdout}", flush=True)
+        jobs.append(job)
+    if detach:
+        print(f"detached: {len(jobs)} job(s); watch with: python -m vrun runs "
+              f"{' '.join(plan.run_dir for plan, *_ in items)}", flush=True)
+        return jobs
+    slurm_wait.until_ended([(job, plan.run_dir) for job, (plan, *_) in zip(jobs, items)])
+    return jobs
+
+
+def job_json(job: RunJob) -> dict:
+    """The node job's plain values, as slurm_job.json keeps them for resubmit."""
+    return {"run_dir": job.run_dir, "plan": job.plan, "cluster": job.cluster, "mode": job.mode, "attempt": job.attempt}
+
+
+def job_from_json(info: dict, run_dir: str) -> Optional[RunJob]:
+    """The job slurm_job.json records, checked: its run dir is this one, its fields of the right types."""
+    j = info.get("job")
+    if not isinstance(j, dict) or not isinstance(j.get("plan"), dict) or not isinstance(j.get("cluster"), dict) \
+            or not isinstance(j.get("mode"), str) or isinstance(j.get("attempt"), bool) \
+            or not isinstance(j.get("attempt"), int) or j["attempt"] < 0 \
+            or os.path.realpath(str(j.get("run_dir"))) != os.path.realpath(run_dir) \
+            or not isinstance(j["plan"].get("argv"), list) or not isinstance(j["plan"].get("env"), dict):
+        return None
+    return RunJob(str(j["run_dir"]), j["plan"], j["cluster"], j["mode"], j["attempt"])
+
+
+def resubmit(run_dir: str, detach: bool = False) -> list:
+    """Submit again from a run dir: same config, same run dir, verl resumes from its checkpoints."""
+    from vrun.rundir import files
+
+    info = files.slurm_job(Path(run_dir))  # validated JSON: no pickle is loaded from a run dir
+    job_fn = job_from_json(info, run_dir) if info is not None else None
+    if job_fn is None:
+        raise PlanError([Problem(f"{run_dir}/slurm_job.json", "job", "holds no job to submit again (submitted by an "
+                                 "older vrun, or edited)", "submit it again with python runner.py ... cluster=slurm")])
+    sub = Submission.load(info["spec"])
+    job = executor(sub, info["folder"]).submit(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode,
+                                                      job_fn.attempt + 1))
+    rundir.record(run_dir, "submitted", job_id=job.job_id, attempt=job_fn.attempt + 1, nodes=sub.nodes,
+                  gpus_per_node=sub.gpus_per_node)
+    info.update(job_id=job.job_id, stdout=str(job.paths.stdout), stderr=str(job.paths.stderr))
+    info["job"] = job_json(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode, job_fn.attempt + 1))
+    writer.write_text(Path(run_dir) / "slurm_job.json", json.dumps(info, indent=2, default=str) + "\n", root=run_dir)
+    print(f"resubmitted job {job.job_id}: {run_dir}  logs {job.paths.stdout}", flush=True)
+    if not detach:
+        from vrun.launch.slurm import wait as slurm_wait
+
+        slurm_wait.until_ended([(job, run_dir)])
+    return [job]
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m vrun.launch.slurm.submit")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("resubmit", help="submit a run dir again (same config, resumes)")
+    r.add_argument("run_dir")
+    r.add_argument("--detach", action="store_true")
+    a = ap.parse_args()
+    writer.install()
+    try:
+        resubmit(a.run_dir, a.detach)
+    except Exception as e:  # noqa: BLE001
+        print(f"error: {a.run_dir}: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,121 @@
+"""The run manifest (what ran, from which code, with which packages): a Hydra callback for runs
+(conf/run.yaml hydra.callbacks), written by the sweeper for the points it plans itself."""
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from vrun.core.problems import SECRETISH
+
+PACKAGES = ("verl", "ray", "hydra-core", "omegaconf", "torch", "submitit", "hydra-submitit-launcher", "vllm")
+
+
+def redact(obj: Any) -> Any:
+    """Values under secret-looking keys become '<redacted>'."""
+    if isinstance(obj, dict):
+        return {k: "<redacted>" if SECRETISH.search(str(k)) and v not in (None, "") else redact(v)
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def redact_arg(arg: str) -> str:
+    key, eq, _ = arg.partition("=")
+    return f"{key}=<redacted>" if eq and SECRETISH.search(key) else arg
+
+
+@functools.lru_cache(maxsize=1)
+def git_state() -> dict:
+    root = Path(__file__).resolve().parent.parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {"commit": commit, "dirty": dirty}
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for name in PACKAGES:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        entry = {"version": dist.version}
+        try:
+            direct = json.loads(dist.read_text("direct_url.json") or "{}")
+            if direct.get("vcs_info", {}).get("commit_id"):
+                entry["commit"] = direct["vcs_info"]["commit_id"]
+        except (json.JSONDecodeError, OSError):
+            pass
+        out[name] = entry
+    return out
+
+
+def _stack() -> dict:
+    from vrun.compose import stack
+
+    try:
+        return stack.current()
+    except ModuleNotFoundError as e:  # no verl: the plan itself says so
+        return {"unavailable": str(e)}
+
+
+def manifest(config: DictConfig, output_dir: str, overrides: list[str]) -> dict:
+    from omegaconf import open_dict
+
+    c = config
+    if "hydra" in config:
+        c = config.copy()
+        with open_dict(c):
+            c.pop("hydra", None)
+    run_cfg = OmegaConf.to_container(c, resolve=True)
+    return {
+        "command": [Path(sys.argv[0]).name] + [redact_arg(a) for a in sys.argv[1:]],
+        "overrides": [redact_arg(a) for a in overrides],
+        "python": sys.executable,
+        "run_dir": output_dir,
+        "git": git_state(),
+        "packages": versions(),
+        "stack": _stack(),
+        "config": redact(run_cfg),
+    }
+
+
+class RunManifest(Callback):
+    """Checks the composed config before Hydra creates the run dir (vrun.checks.composed), so a refused run leaves
+    nothing behind. The manifest itself is written by the task once the plan is made (vrun.launch.task)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from vrun.checks import composed as check_composed
+
+        check_composed.before_run_dir(config)
+
+
+def write_manifest(config: DictConfig, run_dir: str, overrides: list[str]) -> None:
+    out = Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    from vrun.core import writer
+
+    writer.write_text(out / "manifest.json", json.dumps(manifest(config, str(out), overrides), indent=2) + "\n",
+                      root=out)
+
+
+def _is_rank_zero() -> bool:
+    import os
+
+    return os.environ.get("SLURM_PROCID", "0") == "0"

@@ -1,0 +1,283 @@
+"""The plan as a picture: <run dir>/plan.svg from plan.json (matplotlib, Agg/SVG, imported only here).
+
+Three panels: per pipeline stage, the training and rollout phases' memory per GPU as stacked bars against the GPU's
+memory line; the step-time estimate per phase (low and high); the GPU grid (nodes × GPUs per node) coloured by
+pipeline stage with the rollout replicas outlined. Every artist the tests look for carries an SVG id (gid):
+`stage<S>-<phase>-<part>` for a bar segment, `gpu-limit`, `time-<phase>`, `gpu-cells` (a collection: one path per
+GPU), `rollout-replicas` (one path per replica);
+a sweep's overview: `point-<i>-memory`, `point-<i>-time`.
+
+A single run renders beside its plan when it is planned (Prerenderer: a child process imports matplotlib while
+the plan is made, so the plan waits only for the drawing); sweep points render only when asked
+(`python -m vrun show`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+PICTURE = "plan.svg"
+OVERVIEW = "overview.svg"
+TRAIN_PARTS = ("weights", "grads", "optimizer", "activations", "logits")
+ROLLOUT_PARTS = ("vllm", "residents")
+COLOURS = {"weights": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52",
+           "logits": "#8172b3", "transient": "#937860", "vllm": "#64b5cd", "residents": "#8c8c8c"}
+
+
+def stage_memory(plan: dict) -> list[dict]:
+    """Per pipeline stage, GiB per GPU: {"stage", "training": {part: GiB}, "rollout": {part: GiB}}.
+
+    The one place that reads per-stage memory from plan.json: `memory.stages` when the plan carries it, else the
+    busiest stage's estimate spread over the stages by their parameters per rank (params.per_stage) and their
+    decoder layers (activations); the loss stage alone holds the logits."""
+    mem = plan.get("memory") or {}
+    if "weights_gib" not in mem:
+        return []
+    vllm = float(mem.get("rollout_gib") or 0.0)
+    stages = mem.get("stages")
+    if stages:
+        return [{"stage": int(s.get("stage", i)),
+                 "training": {"weights": s.get("params_gib", 0.0), "grads": s.get("grads_gib", 0.0),
+                              "optimizer": s.get("optimizer_gib", 0.0), "activations": s.get("activations_gib", 0.0),
+                              "transient": s.get("transient_gib", 0.0)},
+                 "rollout": {"vllm": vllm, "residents": s.get("rollout_residents_gib",
+                                                              mem.get("rollout_residents_gib", 0.0))}}
+                for i, s in enumerate(stages)]
+    per = ((plan.get("params") or {}).get("per_stage")) or []
+    busy = int(mem.get("stage") or 0)
+    if not per or busy >= len(per):
+        per, busy = [{"stage": 0, "layers": 1, "per_rank": 1, "has_loss": True}], 0
+    ref = per[busy]
+    out = []
+    for s in per:
+        w = (s.get("per_rank") or 0) / (ref.get("per_rank") or 1)
+        layers = (s.get("layers") or 0) / (ref.get("layers") or 1)
+        train = {"weights": mem["weights_gib"] * w, "grads": mem["grads_gib"] * w,
+                 "optimizer": mem["optimizer_gib"] * w,
+                 "activations": mem["activations_gib"] * layers,
+                 "logits": mem["logits_gib"] if s.get("has_loss") and ref.get("has_loss") else 0.0}
+        out.append({"stage": int(s.get("stage", len(out))), "training": train,
+                    "rollout": {"vllm": vllm, "residents": float(mem.get("rollout_residents_gib") or 0.0) * w}})
+    return out
+
+
+def gpu_layout(plan: dict) -> tuple[int, int, list, list]:
+    """(nodes, GPUs per node, pipeline stage per rank, rollout replica per rank). Megatron's rank order puts the
+    pipeline outermost (a stage is world/PP consecutive ranks); a rollout replica is TP·DP consecutive ranks."""
+    m = plan.get("mesh") or {}
+    nodes, gpn = int(m.get("nnodes") or 1), int(m.get("gpus_per_node") or 1)
+    world, pp = nodes * gpn, max(int(m.get("pp") or 1), 1)
+    stage = [r // max(world // pp, 1) for r in range(world)]
+    r = ((plan.get("batch") or {}).get("rollout")) or {}
+    size = int(r.get("tp") or 0) * int(r.get("dp") or 1)
+    replica = [x // size for x in range(world)] if size > 0 else []
+    return nodes, gpn, stage, replica
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    # text stays text in the SVG (no glyph outlines): smaller and several times faster to write
+    matplotlib.rcParams["svg.fonttype"] = "none"
+    from matplotlib.figure import Figure
+
+    return Figure
+
+
+def render(plan: dict, out: str) -> str:
+    """Draw plan.json's picture into `out` (SVG). Returns the path."""
+    Figure = _figure()
+    from matplotlib.collections import PatchCollection
+    from matplotlib.patches import Patch, Rectangle
+
+    fig = Figure(figsize=(14, 9))
+    grid = fig.add_gridspec(2, 2, height_ratios=[3, 2], left=0.06, right=0.98, bottom=0.07, top=0.92, hspace=0.3,
+                            wspace=0.15)
+    ax_mem, ax_time, ax_gpu = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[:, 1])
+    model = (plan.get("model") or {}).get("name", "?")
+    fig.suptitle(f"{model} · {plan.get('algo')} · {(plan.get('mesh') or {}).get('world')} GPUs — estimates "
+                 "(plan.json says how)", fontsize=11)
+
+    stages = stage_memory(plan)
+    limit = (plan.get("memory") or {}).get("gpu_mem_gib")
+    for s in stages:
+        for offset, phase, parts in ((-0.2, "training", s["training"]), (0.2, "rollout", s["rollout"])):
+            bottom = 0.0
+            for name, gib in parts.items():
+                if not gib:
+                    continue
+                bar = ax_mem.bar(s["stage"] + offset, gib, width=0.38, bottom=bottom, color=COLOURS.get(name, "#999"),
+                                 edgecolor="white", linewidth=0.3)
+                bar.patches[0].set_gid(f"stage{s['stage']}-{phase}-{name}")
+                bottom += gib
+    if limit:
+        line = ax_mem.axhline(limit, color="black", linestyle="--", linewidth=1)
+        line.set_gid("gpu-limit")
+        ax_mem.text(0.0, limit, f" GPU memory {limit:g} GiB", va="bottom", fontsize=8,
+                    transform=ax_mem.get_yaxis_transform())
+    ax_mem.set_xticks([s["stage"] for s in stages], [f"PP{s['stage']}" for s in stages], fontsize=7)
+    ax_mem.set_ylabel("GiB per GPU (estimate)")
+    ax_mem.set_title("memory per stage: training (left) · rollout (right)", fontsize=9)
+    used = [n for n in COLOURS if any(s["training"].get(n) or s["rollout"].get(n) for s in stages)]
+    ax_mem.legend(handles=[Patch(color=COLOURS[n], label=n) for n in used], fontsize=7, ncol=4, loc="upper right")
+
+    t = plan.get("time") or {}
+    phases = t.get("phases") or {}
+    for i, (name, p) in enumerate(phases.items()):
+        seg = ax_time.barh(i, p["high_s"] - p["low_s"], left=p["low_s"], color="#c6dbef", edgecolor="#4c72b0")
+        seg.patches[0].set_gid(f"time-{name}")
+        ax_time.plot([p.get("middle_s", p["low_s"])] * 2, [i - 0.35, i + 0.35], color="#08306b", linewidth=1.5)
+    ax_time.set_yticks(range(len(phases)), list(phases), fontsize=8)
+    ax_time.invert_yaxis()
+    ax_time.set_xlabel("seconds per step (estimate: low–high, the middle marked)")
+    title = f"step ≈ {t.get('step_low_s')}–{t.get('step_high_s')} s" if phases else "no step-time estimate"
+    if (t.get("calibration") or {}).get("from"):
+        title += f" ({t['calibration']['from']})"
+    ax_time.set_title(title, fontsize=9)
+
+    nodes, gpn, stage, replica = gpu_layout(plan)
+    cmap = _stage_colours(max(stage) + 1 if stage else 1)
+    cells = [Rectangle((r % gpn, r // gpn), 0.92, 0.92) for r in range(nodes * gpn)]
+    grid_cells = PatchCollection(cells, facecolors=[cmap[s] for s in stage], edgecolors="none")
+    grid_cells.set_gid("gpu-cells")   # one path per GPU, rank order (node-major)
+    ax_gpu.add_collection(grid_cells)
+    boxes = []
+    for first, last in _runs(replica):
+        n0, g0 = divmod(first, gpn)
+        n1, g1 = divmod(last, gpn)
+        if n0 == n1:
+            boxes.append(Rectangle((g0 - 0.03, n0 - 0.03), g1 - g0 + 0.98, 0.98))
+        else:
+            boxes.append(Rectangle((-0.03, n0 - 0.03), gpn + 0.02, n1 - n0 + 0.98))
+    if boxes:
+        outlines = PatchCollection(boxes, facecolors="none", edgecolors="black", linewidths=0.8)
+        outlines.set_gid("rollout-replicas")   # one path per replica
+        ax_gpu.add_collection(outlines)
+    ax_gpu.set_xlim(-0.2, gpn + 0.1)
+    ax_gpu.set_ylim(nodes + 0.1, -0.2)
+    ax_gpu.set_xlabel("GPU in node")
+    ax_gpu.set_ylabel("node")
+    ax_gpu.set_aspect("auto")
+    r = ((plan.get("batch") or {}).get("rollout")) or {}
+    ax_gpu.set_title(f"GPUs coloured by pipeline stage; rollout replicas (TP{r.get('tp')}·DP{r.get('dp')}) "
+                     "outlined" if replica else "GPUs coloured by pipeline stage", fontsize=9)
+    ax_gpu.legend(handles=[Patch(color=cmap[s], label=f"PP{s}") for s in sorted(set(stage))][:16], fontsize=7,
+                  loc="upper right", ncol=2)
+    fig.savefig(out, format=Path(out).suffix.lstrip(".") or "svg")
+    return out
+
+
+def _stage_colours(n: int) -> list:
+    from matplotlib import colormaps
+
+    cm = colormaps["tab20" if n > 10 else "tab10"]
+    return [cm(i % cm.N) for i in range(n)]
+
+
+def _runs(replica: list) -> list:
+    """(first rank, last rank) of each replica."""
+    out: list = []
+    for r, x in enumerate(replica):
+        if not out or replica[out[-1][0]] != x:
+            out.append([r, r])
+        else:
+            out[-1][1] = r
+    return [tuple(x) for x in out]
+
+
+def render_overview(points: list, out: str) -> str:
+    """A sweep's points: peak memory per GPU (bars, the GPU's line) and the step-time estimate (low–high)."""
+    Figure = _figure()
+
+    fig = Figure(figsize=(max(8, len(points) * 0.25 + 4), 5))
+    fig.subplots_adjust(bottom=0.35)
+    ax = fig.add_subplot(111)
+    ax2 = ax.twinx()
+    limit = None
+    for i, (name, plan) in enumerate(points):
+        mem = plan.get("memory") or {}
+        peak = mem.get("peak_gib")
+        limit = limit or mem.get("gpu_mem_gib")
+        if peak is not None:
+            b = ax.bar(i, peak, color="#4c72b0" if mem.get("fits") else "#c44e52", width=0.6)
+            b.patches[0].set_gid(f"point-{i}-memory")
+        t = plan.get("time") or {}
+        if t.get("step_low_s") is not None:
+            (ln,) = ax2.plot([i, i], [t["step_low_s"], t["step_high_s"]], color="black", linewidth=2)
+            ln.set_gid(f"point-{i}-time")
+    if limit:
+        ax.axhline(limit, color="black", linestyle="--", linewidth=1).set_gid("gpu-limit")
+    ax.set_xticks(range(len(points)), [n for n, _ in points], rotation=90, fontsize=6)
+    ax.set_ylabel("peak GiB per GPU (estimate; red: does not fit)")
+    ax2.set_ylabel("step seconds (estimate, low–high)")
+    fig.savefig(out, format=Path(out).suffix.lstrip(".") or "svg")
+    return out
+
+
+class Prerenderer:
+    """A child process that imports matplotlib while the plan is made, then draws plan.json when given its path
+    (the plan waits for the drawing, not for the import). A child that fails is a note, never a failed plan."""
+
+    def __init__(self) -> None:
+        root = str(Path(__file__).resolve().parent.parent.parent)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        try:
+            self.proc: Optional[subprocess.Popen] = subprocess.Popen(
+                [sys.executable, "-m", "vrun.planning.picture"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, env=env)
+        except OSError:
+            self.proc = None
+
+    def render(self, plan_json: str, timeout: float = 120.0) -> tuple[Optional[str], str]:
+        """(the picture's path, "") or (None, why)."""
+        out = str(Path(plan_json).with_name(PICTURE))
+        if self.proc is None:
+            return None, "no process to draw it"
+        try:
+            stdout, stderr = self.proc.communicate(json.dumps({"plan": plan_json, "out": out}) + "\n", timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return None, f"drawing took over {timeout:g} s"
+        if self.proc.returncode:
+            return None, (stderr.strip().splitlines() or ["failed"])[-1]
+        return out, ""
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+def _serve() -> int:
+    """The Prerenderer's child: import first, then one request from stdin (EOF: nothing to draw)."""
+    import io
+
+    try:
+        os.nice(5)  # the plan in the parent comes first where CPUs are short
+    except OSError:
+        pass
+    Figure = _figure()
+    import matplotlib.backends.backend_svg  # noqa: F401
+    import matplotlib.collections  # noqa: F401
+    import matplotlib.patches  # noqa: F401
+
+    warm = Figure(figsize=(2, 1))  # fonts and the SVG writer loaded before the plan arrives
+    warm.add_subplot(111).bar([0], [1], label="x")
+    warm.savefig(io.StringIO(), format="svg")
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    req = json.loads(line)
+    render(json.loads(Path(req["plan"]).read_text()), req["out"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_serve())

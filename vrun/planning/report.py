@@ -1,0 +1,161 @@
+"""A plan, reported: the table printed before anything runs, plan.json and verl_config.yaml in the run dir,
+and the one line per point a sweep prints. Reads the plan only."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from vrun.rundir import records as rundir
+from vrun.estimate.memory import GIB
+from vrun.planning.plan import Plan
+
+
+def plan_json(plan: Plan) -> dict:
+    c = plan.config
+    return {
+        "format": rundir.FORMAT, "run_id": rundir.run_id(plan.run_dir), "mode": str(c.mode), "cluster": str(c.cluster.name),
+        "entrypoint": plan.entrypoint.launches, "argv": plan.argv, "env": plan.env, "env_unset": plan.env_unset,
+        "pass_env": plan.pass_env, "mesh": plan.mesh.summary(), "run_dir": plan.run_dir,
+        "model": {"name": c.model.name, "path": plan.model_path, "path_from": plan.model_path_source},
+        "algo": c.algo.name, "optimizer": c.optimizer.name.value,
+        "verl_config": f"{plan.run_dir}/verl_config.yaml", "verl_config_name": plan.request.config_name,
+        "verl_groups": list(plan.request.groups), "verl_overrides": [o.cli() for o in plan.request.overrides],
+        "mlite": {"source": plan.mlite.kind, "location": plan.mlite.location},
+        "stack": plan.stack,
+        "batch": plan.batch,
+        "memory": plan.memory.summary() if plan.memory is not None else {"unavailable": plan.memory_note},
+        "mesh_search": plan.search.summary() if plan.search is not None else None,
+        "checkpoint": plan.checkpoint.summary() if plan.checkpoint is not None else None,
+        "pipeline": plan.pipeline,
+        "time": time_json(plan),
+        "cost": plan.cost if plan.cost is not None else {"unavailable": plan.time_note},
+        "params": plan.params.summary() if plan.params is not None else None,
+        "warnings": [w.line() for w in plan.warnings],
+    }
+
+
+def time_json(plan: Plan) -> dict:
+    from vrun.planning import steptime_plan
+
+    if plan.time is None:
+        return {"unavailable": plan.time_note}
+    return {**plan.time.summary(), "kind": steptime_plan.kind(plan.config, plan.verl)}
+
+
+def write(plan: Plan, extra: Optional[dict] = None) -> None:
+    """<run dir>/verl_config.yaml and plan.json (with `extra` sections, e.g. the SLURM submission), through the
+    one writer (vrun.core.writer): masked, never through a link; verl_config.yaml verbatim or refused."""
+    import yaml
+
+    from vrun.checks import paths as check_paths
+    from vrun.core import writer
+    from vrun.core.problems import PlanError, Problem
+
+    d = Path(plan.run_dir)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    text = yaml.dump(plan.verl, Dumper=dumper, sort_keys=False, default_flow_style=False)
+    if getattr(plan.config.run, "resume", False):
+        found = check_paths.same_plan(plan.run_dir, text)
+        if found:
+            raise PlanError(found)
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        writer.write_text(d / "verl_config.yaml", text, root=d, verbatim=True)
+        writer.write_text(d / "plan.json", json.dumps({**plan_json(plan), **(extra or {})}, indent=2) + "\n", root=d)
+    except writer.SecretRefused as e:
+        raise PlanError([Problem("verl", "<hidden>", f"{e}: verl must run what the plan says, so it is not "
+                                 "rewritten", "remove the secret from the config; pass it by name in pass_env")])
+    except OSError as e:
+        raise PlanError([Problem("hydra.run.dir", plan.run_dir, str(e), "a plain directory of your own, without "
+                                 "links")])
+    rundir.index_add(plan.run_dir)
+
+
+def table(plan: Plan) -> str:
+    m, c = plan.mesh, plan.config
+    rows = [
+        f"run     {c.model.name} · {c.algo.name} · optimizer {c.optimizer.name} · cluster "
+        f"{c.cluster.name} · mode {c.mode}",
+        f"GPUs    {m.world} = {m.nnodes} node(s) × {m.gpus_per_node}",
+        f"dense   TP{m.tp} · CP{m.cp} · PP{m.pp} · DP{m.dp} = {m.world}",
+        f"expert  ETP{m.etp} · EP{m.ep} · PP{m.pp} · EDP{m.edp} = {m.world}   (vpp {m.vpp})",
+    ]
+    rows += plan.entrypoint.batch_rows(plan.batch)
+    rows += plan.entrypoint.recipe_rows(plan.verl, c.algo)
+    rows += memory_rows(plan)
+    rows += time_rows(plan)
+    rows += [
+        f"model   {plan.model_path or '(unset)'}  [{plan.model_path_source}]",
+        f"entry   {plan.entrypoint.launches}",
+        f"verl    {plan.request.config_name} + {len(plan.request.overrides)} overrides; verl_mlite from "
+        f"{plan.mlite.kind}",
+        f"run dir {plan.run_dir}",
+    ]
+    rows += [w.line() for w in plan.warnings]
+    return "\n".join(rows)
+
+
+def one_line(idx: int, overrides, plan: Plan) -> str:
+    m = plan.mesh
+    return (f"point {idx} [{' '.join(overrides)}]: {m.world} GPUs TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} "
+            f"EP{m.ep} ETP{m.etp} EDP{m.edp} → {plan.run_dir}")
+
+
+def time_rows(plan: Plan) -> list[str]:
+    from vrun.planning import steptime_plan
+
+    if plan.time is None:
+        return [f"step    no estimate: {plan.time_note}"]
+    return [steptime_plan.time_line(plan.time, plan.cost)]
+
+
+def memory_rows(plan: Plan) -> list[str]:
+    rows = []
+    if plan.search is not None:
+        s = plan.search
+        rows.append(f"auto    {s.valid_meshes} valid meshes searched in {s.search_ms} ms; chosen "
+                    f"{s.chosen['overrides']} (peak {s.chosen['peak_gib']} GiB)")
+        for alt in s.alternatives:
+            rows.append(f"        alternative {alt['overrides']}  DP{alt['dp']} EDP{alt['edp']}  peak "
+                        f"{alt['peak_gib']} GiB{'' if alt['fits'] else '  (does not fit)'}")
+    if plan.checkpoint is not None:
+        t = plan.checkpoint.totals
+        b = lambda n: f"{n:,}"  # noqa: E731  (exact logical parameter counts)
+        rows.append(f"params  checkpoint: {b(t['total'])} = dense {b(t['dense'])} + routed experts "
+                    f"{b(t['routed_expert'])} + MTP {b(t['mtp'])} + vision {b(t['vision'])}"
+                    f"{'' if plan.checkpoint.complete else ' (incomplete: unknown layouts)'}")
+    e = plan.memory
+    if e is None:
+        rows.append(f"memory  no estimate: {plan.memory_note}")
+        return rows
+    g = lambda x: f"{x / GIB:.1f}"  # noqa: E731
+    which = f"busiest stage {e.stage} of {len(e.stages)}" if len(e.stages) > 1 else f"stage {e.stage}"
+    rows.append(f"memory  per GPU, {which} ({e.layers_on_stage} layers): params {g(e.weights)} + grads "
+                f"{g(e.grads)} + optimizer {g(e.optimizer)} (host {g(e.optimizer_host)}) + activations "
+                f"{g(e.activations)} + logits {g(e.logits)} + transient {g(e.transient)} = {g(e.train_peak)} GiB "
+                "training")
+    r = e.rollout_detail
+    if r is not None:
+        rows.append(f"        rollout phase: vLLM {g(r.budget)} GiB = weights {g(r.weights)} (TP{r.tp}·DP{r.dp}) + "
+                    f"reserve {g(r.reserve)} + KV cache {g(r.kv_cache)}; actor residents {g(e.rollout_residents)} "
+                    f"GiB beside it")
+        per_tok = f"{r.kv.per_token / 1024:.1f} KiB/token" + \
+            (f" + {r.kv.per_sequence / 2 ** 20:.1f} MiB/sequence" if r.kv.per_sequence else "")
+        rows.append(f"        KV      {per_tok} per GPU ({r.kv.formula}); {r.fits} of the step's {r.step_share} "
+                    f"sequences per replica fit at once ({r.seq_len} tokens each)")
+    if r is not None and not r.holds_one:
+        verdict = "(the rollout does NOT fit: see the warning)"
+    else:
+        verdict = "(fits)" if e.fits else "(DOES NOT FIT)"
+    rows.append(f"        peak {g(e.peak)} of {g(e.gpu_mem)} GiB per GPU {verdict}"
+                f" = max(training {g(e.train_peak)}, rollout {g(e.rollout)} + residents {g(e.rollout_residents)})")
+    if plan.params is not None:
+        pc = plan.params
+        active = f", active {pc.active / 1e9:.1f}B" if pc.active else ""
+        mtp = f" ({(pc.total - pc.mtp) / 1e9:.1f}B without the {pc.mtp / 1e9:.1f}B MTP)" if pc.mtp else ""
+        rows.append(f"params  {pc.total / 1e9:.1f}B total{mtp}{active} [{pc.source}]"
+                    + (f"; not sourced: {', '.join(pc.estimates)}" if pc.estimates else ""))
+    if e.assumptions:
+        rows.append(f"assume  {e.assumptions}")
+    return rows

@@ -1,0 +1,169 @@
+"""The step-time estimate and the cost of a plan: vrun/estimate/steptime.py's Workload read from what the plan knows
+(mesh, batch, lengths, token budget, parameter counts, the memory and rollout estimates, the GPU part), the
+calibration from recorded runs applied (vrun/planning/calibration.py), and GPU-hours for the configured steps.
+
+predicted_step_s(plan) is the one figure a ranking of meshes by time can use (the middle of the estimate)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+from vrun.estimate import hardware, steptime
+from vrun.core.dotted import get
+from vrun.estimate.steptime import MEAN_FRACTION, StepTime, Workload
+
+ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> Optional[Workload]:
+    """config: the typed run config; counts: vrun.estimate.params.ParamCounts; est: vrun.estimate.memory.Estimate (or None)."""
+    from vrun.estimate import params as counting
+    from vrun.planning.plan import memory_inputs
+
+    facts, _ = counting.count(arch)
+    active = (counts.active if counts is not None and counts.active else None) or (facts.active if facts else None)
+    if not active:
+        return None
+    inputs = memory_inputs(config, entrypoint, verl)
+    common = dict(world=mesh.world, gpus_per_node=mesh.gpus_per_node, active_params=float(active), pp=mesh.pp,
+                  vpp=mesh.vpp, recompute=inputs["recompute"], param_offload=inputs["param_offload"],
+                  optimizer_offload=inputs["optimizer_offload"],
+                  param_bytes=est.weights if est is not None else 0.0,
+                  grad_bytes=est.grads if est is not None else 0.0,
+                  optimizer_bytes=est.optimizer if est is not None else 0.0)
+    attn, cap = steptime.attention_flops_per_key(arch)
+    common.update(attn_flops_per_key=attn, attn_keys_cap=cap)
+    if not entrypoint.has_rollout:
+        tbs = int(get(verl, "data.train_batch_size") or 0)
+        seq = float(get(verl, "data.max_length") or 0) * MEAN_FRACTION
+        budget = float(entrypoint.token_inputs(verl)["tokens_per_gpu"] or 0)
+        micro = _micro(tbs * seq / max(mesh.dp, 1), budget * mesh.cp)
+        return Workload(samples=tbs, prompt_mean=seq, response_mean=0.0, response_max=0.0, rollout=False,
+                        micro_batches=micro, mean_source=f"mean sequence = {MEAN_FRACTION:g} × data.max_length "
+                        "(assumed)", **common)
+    from vrun.entrypoints.ppo import needs_reference
+
+    tbs = int(get(verl, "data.train_batch_size") or 0)
+    n = int(get(verl, f"{ROLLOUT}.n") or 1)
+    pmax = float(get(verl, "data.max_prompt_length") or 0)
+    rmax = float(get(verl, "data.max_response_length") or 0)
+    mini = int(get(verl, f"{ACTOR}.ppo_mini_batch_size") or tbs) * n
+    seq = (pmax + rmax) * MEAN_FRACTION
+    budget = float(entrypoint.token_inputs(verl)["tokens_per_gpu"] or 0)
+    micro = _micro(mini * seq / max(mesh.dp, 1), budget * mesh.cp)
+    r = est.rollout_detail if est is not None else None
+    rollout = counts.rollout if counts is not None else (0, 0)
+    return Workload(
+        samples=tbs * n, prompt_mean=pmax * MEAN_FRACTION, response_mean=rmax * MEAN_FRACTION, response_max=rmax,
+        micro_batches=micro,
+        reference=needs_reference({f"{ACTOR}.use_kl_loss": get(verl, f"{ACTOR}.use_kl_loss"),
+                                   "algorithm.use_kl_in_reward": get(verl, "algorithm.use_kl_in_reward")}),
+        rollout_tp=int(get(verl, f"{ROLLOUT}.tensor_model_parallel_size") or 1),
+        rollout_dp=int(get(verl, f"{ROLLOUT}.data_parallel_size") or 1),
+        rollout_dense=float(rollout[0]), rollout_routed=float(rollout[1]),
+        experts=int(arch.get("routed_experts") or 0), top_k=int(arch.get("experts_per_token") or 0),
+        rollout_weight_bytes=float(r.weight_bytes) if r is not None else 2.0,
+        kv_per_token=r.kv.per_token if r is not None else 0.0, kv_per_sequence=r.kv.per_sequence if r else 0.0,
+        kv_fits=r.fits if r is not None else None,
+        max_num_seqs=int(get(verl, f"{ROLLOUT}.max_num_seqs") or steptime.MAX_NUM_SEQS), **common)
+
+
+def _micro(tokens_per_rank: float, budget: float) -> int:
+    return max(1, math.ceil(tokens_per_rank / budget)) if budget > 0 else 1
+
+
+def estimate(config, entrypoint, verl: dict, mesh, counts, est) -> tuple[Optional[StepTime], str]:
+    """The plan's step time (calibrated when recorded runs of its kind exist), or None with the reason."""
+    part = hardware.part(config.cluster.gpu)
+    if part is None:
+        return None, f"cluster.gpu={config.cluster.gpu}: no peak FLOP/s or bandwidth known for it"
+    w = workload(config, entrypoint, verl, mesh, counts, est, config.model.arch.facts())
+    if w is None:
+        return None, "no active parameter count (the model group's facts are incomplete)"
+    st = steptime.estimate(w, part)
+    from vrun.planning import calibration
+
+    return calibration.apply(st, kind(config, verl)), ""
+
+
+def kind(config, verl: dict) -> dict:
+    """What a calibration is kept per: the model, the GPU part, the rollout engine (SFT: none), the algorithm."""
+    engine = get(verl, f"{ROLLOUT}.name") if config.algo.name != "sft" else "none"
+    return {"model": config.model.name, "gpu": str(config.cluster.gpu), "engine": str(engine or "none"),
+            "algo": str(config.algo.name)}
+
+
+def predicted_step_s(plan) -> Optional[float]:
+    """The plan's predicted step time in seconds (the estimate's middle; calibrated when it is): for ranking."""
+    return plan.time.central if getattr(plan, "time", None) is not None else None
+
+
+def steps(verl: dict, has_rollout: bool) -> tuple[Optional[int], str]:
+    """The run's optimizer steps and where the figure comes from: trainer.total_training_steps, else the train
+    file's rows (parquet metadata, when readable) · epochs / batch, else None (the cost is given per 100 steps)."""
+    total = get(verl, "trainer.total_training_steps")
+    if isinstance(total, int) and total > 0:
+        return total, "trainer.total_training_steps"
+    files = get(verl, "data.train_files")
+    files = [files] if isinstance(files, str) else list(files or [])
+    tbs = get(verl, "data.train_batch_size")
+    epochs = get(verl, "trainer.total_epochs") or 1
+    if not files or not isinstance(tbs, int) or tbs < 1:
+        return None, "per 100 steps (no trainer.total_training_steps and no train file to count)"
+    rows = 0
+    for f in files:
+        n = parquet_rows(str(f))
+        if n is None:
+            return None, f"per 100 steps (no trainer.total_training_steps; {f} not readable here)"
+        rows += n
+    return max(rows // tbs, 1) * int(epochs), f"{rows:,} rows of data.train_files / {tbs} × {epochs} epoch(s)"
+
+
+def parquet_rows(path: str) -> Optional[int]:
+    """The row count from a parquet file's footer (no data read), or None."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        return None
+    try:
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(str(p)).metadata.num_rows)
+    except Exception:  # noqa: BLE001 - an unreadable or foreign file: the cost falls back to per 100 steps
+        return None
+
+
+def cost(st: StepTime, gpus: int, verl: dict, has_rollout: bool, price: Optional[float]) -> dict:
+    n, source = steps(verl, has_rollout)
+    count = n if n is not None else 100
+    lo, hi = steptime.gpu_hours(st, count, gpus)
+    out = {"estimate": True, "steps": count, "steps_from": source, "gpus": gpus,
+           "gpu_hours_low": round(lo, 1), "gpu_hours_high": round(hi, 1),
+           "wall_hours_low": round(st.low * count / 3600, 2), "wall_hours_high": round(st.high * count / 3600, 2)}
+    if price is not None:
+        out.update(gpu_hour_price=price, price_low=round(lo * price, 2), price_high=round(hi * price, 2))
+    return out
+
+
+def time_line(st: StepTime, c: dict) -> str:
+    """The plan table's one line."""
+    parts = ", ".join(f"{name} {_range(st.phase(name))}" for name in st.phases)
+    per = f"{c['steps']:,} steps ({c['steps_from']})" if not c["steps_from"].startswith("per 100") else "per 100 steps"
+    money = f" ≈ {c['price_low']:,.0f}–{c['price_high']:,.0f} at {c['gpu_hour_price']:g}/GPU-hour" \
+        if "gpu_hour_price" in c else ""
+    how = f"; {st.calibration}" if st.calibration else ""
+    return (f"step    ≈ {_num(st.low)}–{_num(st.high)} s ({parts}){how}; {per}: "
+            f"{_num(c['gpu_hours_low'])}–{_num(c['gpu_hours_high'])} GPU-hours{money} (estimate)")
+
+
+def _range(p) -> str:
+    return f"{_num(p.low)}–{_num(p.high)}"
+
+
+def _num(x: float) -> str:
+    if x >= 100:
+        return f"{x:,.0f}"
+    if x >= 10:
+        return f"{x:.0f}"
+    return f"{x:.1f}" if x >= 1 else f"{x:.2g}"
