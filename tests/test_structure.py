@@ -1,4 +1,5 @@
-"""The code's shape: no module reaches into another project module's private names."""
+"""The code's shape: the packages are layers and imports only go down; no cycles; no module reaches into another
+project module's private names."""
 import ast
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def test_no_module_imports_another_modules_private_names():
 def test_the_check_sees_a_private_import():
     """The check itself fires on both spellings (a check that cannot fail is no check)."""
     bad = ROOT / "vrun" / "_structure_probe_tmp.py"
-    bad.write_text("from vrun.checks.plan_checks import _gone\nfrom vrun import plan\nplan._private_helper\n")
+    bad.write_text("from vrun.checks.plan_checks import _gone\nfrom vrun.planning import plan\nplan._private_helper\n")
     try:
         found = private_uses(bad)
     finally:
@@ -85,3 +86,118 @@ def test_no_module_is_named_after_a_standard_library_module():
 
     clashes = [f"{f.relative_to(ROOT)}" for f in project_files() if f.stem in sys.stdlib_module_names]
     assert clashes == [], clashes
+
+
+# The stages a run passes through, lowest first (each package's docstring says what it owns). A module may import
+# its own package and the packages before it, never one after it; `vrun/__init__.py` and `vrun/__main__.py` sit
+# on top.
+LAYERS = ("core", "config", "rundir", "estimate", "entrypoints", "compose", "checks", "planning", "launch", "runs")
+
+
+def vrun_modules() -> dict[str, Path]:
+    return {module_name(f): f for f in sorted((ROOT / "vrun").rglob("*.py"))}
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else len(LAYERS)
+
+
+def imports_of(path: Path, known: dict) -> set[str]:
+    """Every project module `path` imports, at module level or inside a function (`from vrun.x import y` counts
+    as the module vrun.x.y when that is a module, else vrun.x)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] == "vrun":
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                out.add(full if full in known else node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "vrun"}
+    return {m for m in out if m in known}
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = vrun_modules()
+    return {m: imports_of(f, known) - {m} for m, f in known.items()}
+
+
+def upward(graph: dict) -> list[str]:
+    return sorted(f"{a} imports {b} ({LAYERS[layer(a)] if layer(a) < len(LAYERS) else 'top'} < {LAYERS[layer(b)]})"
+                  for a, targets in graph.items() for b in targets if layer(b) > layer(a))
+
+
+def cycles(graph: dict) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_module_lives_in_a_layer_package():
+    """No flat modules under vrun/ besides the package's own __init__ and __main__."""
+    files = vrun_modules()
+    flat = [m for m, f in files.items() if f.parent == ROOT / "vrun" and f.name not in ("__init__.py", "__main__.py")]
+    assert flat == [], f"modules outside the layer packages {LAYERS}: {flat}"
+    packages = {f.parent.name for f in files.values() if f.parent.parent == ROOT / "vrun" and f.name == "__init__.py"}
+    assert packages == set(LAYERS)
+
+
+def test_every_package_says_what_it_owns():
+    """Each package's docstring says what it owns; each layer package says what it may import."""
+    code_packages = [ROOT / "vrun", *(d for d in (ROOT / "vrun").iterdir() if (d / "__init__.py").is_file()),
+                     ROOT / "vrun" / "launch" / "slurm"]
+    for init in (d / "__init__.py" for d in sorted(code_packages)):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert len(doc) > 80, f"{init.relative_to(ROOT)}: no docstring saying what the package owns"
+        if init.parent.parent.name == "vrun" and init.parent.name in LAYERS[1:]:
+            assert "import" in doc, f"{init.relative_to(ROOT)}: the docstring does not say what it may import"
+
+
+def test_imports_only_go_down():
+    """No module imports a package of a later stage, at module level or inside a function."""
+    assert upward(import_graph()) == []
+
+
+def test_no_import_cycles():
+    """No two project modules import each other, directly or through others (lazy imports included)."""
+    assert cycles(import_graph()) == []
+
+
+def test_the_layer_checks_fire():
+    """Both checks see what they are for (a check that cannot fail is no check)."""
+    graph = {"vrun.core.a": {"vrun.launch.b"}, "vrun.launch.b": {"vrun.core.a"}, "vrun.estimate.c": set()}
+    assert upward(graph) == ["vrun.core.a imports vrun.launch.b (core < launch)"]
+    assert cycles(graph) == [["vrun.core.a", "vrun.launch.b"]]
+    probe = ROOT / "vrun" / "core" / "_layer_probe_tmp.py"
+    probe.write_text("def f():\n    from vrun.launch import task\n")
+    try:
+        known = vrun_modules()
+        assert imports_of(probe, known) == {"vrun.launch.task"}
+    finally:
+        probe.unlink()

@@ -1,1 +1,7 @@
-"""TODO package docstring."""
+"""verl's side of a plan: which verl and `verl_mlite` the plan is composed against (`stack.py`, `mlite.py` with
+its record in `mlite_record/`), verl's own config tree composed, overridden and resolved once (`verl_tree.py`),
+the run config translated into verl's request (`translate.py`) and the installed verl's closed choices read
+from its source (`verl_values.py`).
+
+May import: `vrun.core`, `vrun.config`, `vrun.estimate`, `vrun.entrypoints`.
+"""

@@ -3,6 +3,9 @@
 Each says where its keys live in verl's tree, which verl config and groups it composes, its batch checks,
 what the memory estimate reads from its tree, its batch summary and its command. The plan looks the record up
 once (`of(config)`); no other module branches on the entrypoint's name.
+
+May import: `vrun.core`, `vrun.config`, `vrun.estimate`. Adding an entrypoint touches its record here and its
+conf group only.
 """
 from __future__ import annotations
 

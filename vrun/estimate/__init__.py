@@ -1,1 +1,7 @@
-"""TODO package docstring."""
+"""The arithmetic of a plan, as pure functions of typed inputs: the mesh and its rules (`mesh.py`: one frozen,
+validated `Mesh`), parameter counts from the architecture facts (`params.py`) or a checkpoint's headers
+(`checkpoint.py`), per-GPU memory of the training phase (`memory.py`) and of the rollout with its KV cache
+(`rollout.py`), GPU parts (`hardware.py`) and `mesh=auto`'s search (`search.py`). Each formula cites its source.
+
+May import: `vrun.core`, `vrun.config`. No I/O beyond reading a checkpoint's JSON headers; no Hydra or verl.
+"""
