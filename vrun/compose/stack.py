@@ -10,6 +10,7 @@ Reads files only: no verl, torch or verl_mlite import.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import subprocess
 from importlib import metadata
@@ -25,27 +26,43 @@ MLITE_GROUPS = ("actor/mlite_actor.yaml", "engine/mlite.yaml", "ref/mlite_ref.ya
 
 def _digest(root: Path, files: list[Path], parsed: bool = False) -> str:
     """A short hash of the files' relative paths and contents (parsed: their YAML content, so comments and
-    layout do not count)."""
+    layout do not count). Hashed once per process for the same files unchanged (path, size, mtime): a sweep
+    records the stack at every point."""
+    stats = []
+    for f in files:
+        st = f.stat()
+        stats.append((str(f), st.st_size, st.st_mtime_ns))
+    return _hash(str(root), tuple(stats), parsed)
+
+
+@functools.lru_cache(maxsize=16)
+def _hash(root: str, stats: tuple, parsed: bool) -> str:
     import json
 
     import yaml
 
     h = hashlib.sha256()
-    for f in files:
+    for name, _, _ in stats:
+        f = Path(name)
         body = json.dumps(yaml.safe_load(f.read_text()), sort_keys=True).encode() if parsed else f.read_bytes()
         h.update(str(f.relative_to(root)).encode() + b"\0" + body + b"\0")
     return h.hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=1)
 def verl_version() -> Optional[str]:
-    """The installed verl's version (None when verl is not installed); read from its metadata, never imported."""
+    """The installed verl's version (None when verl is not installed); read from its metadata, never imported
+    (once per process: the metadata lookup scans every distribution on the path)."""
     try:
         return metadata.version("verl")
     except metadata.PackageNotFoundError:
         return None
 
 
+@functools.lru_cache(maxsize=1)
 def verl_stack() -> dict:
+    """The installed verl's version and config-tree fingerprint (once per process: a sweep records it at every
+    point, and the installed package does not change under a running process)."""
     version = verl_version()
     if version is None:
         return {"version": None, "tree": None}
@@ -82,7 +99,7 @@ def mlite_stack() -> dict:
 
 def current() -> dict:
     """This environment's stack, as plan.json and the manifest record it."""
-    return {"verl": verl_stack(), "verl_mlite": mlite_stack()}
+    return {"verl": dict(verl_stack()), "verl_mlite": mlite_stack()}
 
 
 def _show(side: dict, what: str) -> str:

@@ -76,14 +76,9 @@ def _stack() -> dict:
 
 
 def manifest(config: DictConfig, output_dir: str, overrides: list[str]) -> dict:
-    from omegaconf import open_dict
-
-    c = config
-    if "hydra" in config:
-        c = config.copy()
-        with open_dict(c):
-            c.pop("hydra", None)
-    run_cfg = OmegaConf.to_container(c, resolve=True)
+    # each section resolved in place (interpolations still see the whole config); no copy of the config
+    run_cfg = {k: OmegaConf.to_container(config[k], resolve=True) if OmegaConf.is_config(config[k]) else config[k]
+               for k in config if k != "hydra"}
     return {
         "command": [Path(sys.argv[0]).name] + [redact_arg(a) for a in sys.argv[1:]],
         "overrides": [redact_arg(a) for a in overrides],
