@@ -125,7 +125,6 @@ def unknown_key(tree: dict, key: str, value: Any) -> Problem:
 
 # ---------------------------------------------------------------- resolution
 
-_INTERP = re.compile(r"\$\{")
 
 
 class _Unsupported(Exception):

@@ -141,7 +141,8 @@ class Model:
 
 
 @dataclass
-class Mesh:
+class MeshConfig:
+    # the mesh knobs as composed (conf/mesh); the validated mesh with DP/EDP derived is vrun.estimate.mesh.Mesh
     nnodes: int = 1
     gpus_per_node: int = 8
     # mesh=auto: search every valid mesh for nnodes × gpus_per_node and take the best (tp..cp are then ignored)
@@ -232,7 +233,8 @@ class Cluster:
 
 
 @dataclass
-class Run:
+class RunSettings:
+    # the `run` group; a run dir read back is vrun.rundir.state.Run
     project_name: str = MISSING
     experiment_name: str = MISSING
     # write rollout generations under <run dir>/rollouts (verl's trainer.rollout_data_dir)
@@ -252,12 +254,12 @@ class RunConfig:
     # plan: write and print the plan only; preflight: plan + target-environment checks; train: launch
     mode: Mode = Mode.train
     model: Model = field(default_factory=Model)
-    mesh: Mesh = field(default_factory=Mesh)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
     optimizer: Optimizer = field(default_factory=Optimizer)
     algo: Algo = field(default_factory=Algo)
     data: Data = field(default_factory=Data)
     cluster: Cluster = field(default_factory=Cluster)
-    run: Run = field(default_factory=Run)
+    run: RunSettings = field(default_factory=RunSettings)
     # verl engine keys (actor_rollout_ref.actor.engine for PPO, engine for SFT)
     engine: Dict[str, Any] = field(default_factory=dict)
     # verl optimizer keys (actor_rollout_ref.actor.optim for PPO, optim for SFT)

@@ -294,23 +294,3 @@ def to_memory_params(c: Count, *, mtp: bool, vision: bool):
                   expert_per_layer=tuple(x.routed for x in c.layers),
                   mtp_dense=sum(x.dense for x in m), mtp_expert=sum(x.routed for x in m), mtp_layers=len(m),
                   source=c.source)
-
-
-@dataclass(frozen=True)
-class Published:
-    total: float
-    active: float
-    active_rounding: float      # "3B" means 2.5–3.5B: ±0.5B
-    figure: str
-    source: str
-
-
-# the figures the counts are held to (tests/test_params.py); ../notes: megatron-lite.md's table
-PUBLISHED = {
-    "deepseek_v4_flash": Published(284e9, 13e9, 0.5e9, "284B total / 13B active", "DeepSeek-V4 release pages [web]"),
-    "deepseek_v4_pro": Published(1.6e12, 49e9, 0.5e9, "1.6T total / 49B active", "DeepSeek-V4 release pages [web]"),
-    "glm5_1": Published(744e9, 40e9, 0.5e9, "744B total / 40B active",
-                        "Megatron-Bridge GLM-5 docs; card.yaml 1.4878e12 bf16 bytes = 743.9B"),
-    "kimi_k2_6": Published(1.0e12, 32e9, 0.5e9, "1T total / 32B active", "Kimi-K2 model card"),
-    "qwen3_5_35b": Published(35e9, 3e9, 0.5e9, "35B total / 3B active (the name: 35B-A3B)", "Qwen3.5 model card"),
-}

@@ -109,8 +109,3 @@ def write_manifest(config: DictConfig, run_dir: str, overrides: list[str]) -> No
     writer.write_text(out / "manifest.json", json.dumps(manifest(config, str(out), overrides), indent=2) + "\n",
                       root=out)
 
-
-def _is_rank_zero() -> bool:
-    import os
-
-    return os.environ.get("SLURM_PROCID", "0") == "0"

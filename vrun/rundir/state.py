@@ -18,7 +18,6 @@ from typing import Optional
 
 from vrun.rundir import records as rundir
 
-TERMINAL = ("completed", "failed", "cancelled", "lost", "planned")
 # the order of the phases within one attempt (a submitter and a node may write in either order)
 RANK = {"submitted": 0, "requeued": 0, "started": 1, "nodes_joined": 2, "ray_up": 3, "entrypoint_started": 4,
         "exited": 5, "failed": 5, "cancelled": 6}
