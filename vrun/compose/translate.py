@@ -125,22 +125,8 @@ def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, e
     req = VerlRequest(ep.config_name, tuple(ep.groups(source.searchpath, values)), problems=problems)
     base = verl_tree.base_view(req.config_name, req.groups)
     allowed_impl = set(mlite.impl_cfg_fields(config.model.mlite_name))
-    recipe = f"recipe.{ep.name.value}"
-    if config.algo.dynamic_sampling is False:
-        # DAPO without dynamic sampling: the group file's filter_groups block goes; where verl has the section, it
-        # is switched off explicitly (the pass-through may still set it, and the checks then say so)
-        values = {k: v for k, v in values.items()
-                  if not (origin[k] == recipe and k.startswith("algorithm.filter_groups."))}
-        if dotted.get(base, "algorithm.filter_groups", dotted.MISSING) is not dotted.MISSING \
-                and "algorithm.filter_groups.enable" not in values:
-            values["algorithm.filter_groups.enable"] = False
-            origin["algorithm.filter_groups.enable"] = "project"
-    # what the algorithm's own group file sets in a section this verl lacks: one line, not one per key
-    from_algo = {k: v for k, v in values.items() if origin[k] == recipe}
-    missing = _missing_capabilities(base, from_algo, config.algo.name)
-    req.problems += [p for _, p in missing]
-    values = {k: v for k, v in values.items()
-              if not (k in from_algo and any(k.startswith(section + ".") for section, _ in missing))}
+    values, algo_problems = ep.algorithm_values(config.algo, base, values, origin, stack.verl_version() or "?")
+    req.problems += algo_problems
     rec = mlite.interface()
     pre = {"engine": ep.engine, "optim": ep.optim}
     for key, value in values.items():
@@ -150,28 +136,6 @@ def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, e
         else:
             req.overrides.append(Override(key, value, mode))
     return req
-
-
-# sections of verl's tree an algorithm relies on, which not every verl has → what the algorithm loses without it
-CAPABILITIES = {
-    "algorithm.filter_groups": "dynamic sampling",
-}
-
-
-
-
-def _missing_capabilities(base: dict, values: dict, algo: str) -> list[tuple[str, Problem]]:
-    """(section, problem) for each capability section the values set and the installed verl's tree lacks."""
-    out = []
-    for section, loses in CAPABILITIES.items():
-        if any(k.startswith(section + ".") for k in values) and dotted.get(base, section, dotted.MISSING) is dotted.MISSING:
-            version = stack.verl_version() or "?"
-            out.append((section, Problem("algo", algo, f"the installed verl {version} has no {section} in "
-                                         f"its config: {algo}'s {loses} would be read by nothing",
-                                         "install verl main 1dda039b or later (it has both this and the engine fields "
-                                         "Megatron Lite sets; README 'Which verl'), or plan without it: "
-                                         "algo.dynamic_sampling=false")))
-    return out
 
 
 def _mode(base, key, value, pre, allowed_impl, rec, model, origin):

@@ -40,6 +40,13 @@ class Entrypoint:
         """The checks that do not depend on the mesh (algo: the config's algo group, vrun.config.schema.Algo)."""
         return []
 
+    def algorithm_values(self, algo, base: dict, values: dict, origin: dict,
+                         verl_version: str) -> tuple[dict, list[Problem]]:
+        """What the algorithm changes in the values bound for verl's tree before they become overrides (algo: the
+        config's algo group; base: verl's composed tree; origin: key → which block set it, `recipe.<name>` for the
+        group files) and the problems it finds with the installed verl."""
+        return values, []
+
     def token_inputs(self, verl: dict) -> dict:
         """tokens_per_gpu and rollout_fraction for the memory estimate."""
         raise NotImplementedError

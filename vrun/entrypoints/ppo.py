@@ -4,13 +4,15 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from vrun.core.dotted import get
+from vrun.core.dotted import MISSING, get
 from vrun.entrypoints.base import Entrypoint
 from vrun.estimate.mesh import Mesh, Rules, divisors, rollout_problems
 from vrun.core.problems import Problem
 from vrun.config.schema import EntrypointName, RunConfig
 
 ACTOR = "actor_rollout_ref.actor"
+# sections of verl's tree an algorithm relies on, which not every verl has → what the algorithm loses without it
+CAPABILITIES = {"algorithm.filter_groups": "dynamic sampling"}
 ROLLOUT = "actor_rollout_ref.rollout"
 
 
@@ -54,6 +56,33 @@ class PPO(Entrypoint):
 
     def recipe_problems(self, verl: dict, algo) -> list[Problem]:
         return algorithm_problems(verl, algo.name, algo.dynamic_sampling)
+
+    def algorithm_values(self, algo, base: dict, values: dict, origin: dict,
+                         verl_version: str) -> tuple[dict, list[Problem]]:
+        recipe = f"recipe.{self.name.value}"
+        if algo.dynamic_sampling is False:
+            # DAPO without dynamic sampling: the group file's filter_groups block goes; where verl has the section,
+            # it is switched off explicitly (the pass-through may still set it, and the checks then say so)
+            values = {k: v for k, v in values.items()
+                      if not (origin[k] == recipe and k.startswith("algorithm.filter_groups."))}
+            if get(base, "algorithm.filter_groups", MISSING) is not MISSING \
+                    and "algorithm.filter_groups.enable" not in values:
+                values["algorithm.filter_groups.enable"] = False
+                origin["algorithm.filter_groups.enable"] = "project"
+        # what the algorithm's own group file sets in a section this verl lacks: one line, not one per key
+        from_algo = {k for k in values if origin[k] == recipe}
+        problems, lacking = [], []
+        for section, loses in CAPABILITIES.items():
+            if any(k.startswith(section + ".") for k in from_algo) and get(base, section, MISSING) is MISSING:
+                lacking.append(section)
+                problems.append(Problem("algo", algo.name, f"the installed verl {verl_version} has no {section} in "
+                                        f"its config: {algo.name}'s {loses} would be read by nothing",
+                                        "install verl main 1dda039b or later (it has both this and the engine fields "
+                                        "Megatron Lite sets; README 'Which verl'), or plan without it: "
+                                        "algo.dynamic_sampling=false"))
+        values = {k: v for k, v in values.items()
+                  if not (k in from_algo and any(k.startswith(section + ".") for section in lacking))}
+        return values, problems
 
     def token_inputs(self, verl: dict) -> dict:
         seq = (get(verl, "data.max_prompt_length") or 0) + (get(verl, "data.max_response_length") or 0)
