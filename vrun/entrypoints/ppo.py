@@ -16,6 +16,12 @@ CAPABILITIES = {"algorithm.filter_groups": "dynamic sampling"}
 ROLLOUT = "actor_rollout_ref.rollout"
 
 
+def sequence_length(verl: dict) -> int:
+    """One full sequence: the prompt and the response at their maxima (what the token budget and the rollout's
+    KV cache must hold)."""
+    return int((get(verl, "data.max_prompt_length") or 0) + (get(verl, "data.max_response_length") or 0))
+
+
 class PPO(Entrypoint):
     name = EntrypointName.ppo
     config_name = "ppo_trainer"
@@ -85,7 +91,7 @@ class PPO(Entrypoint):
         return values, problems
 
     def token_inputs(self, verl: dict) -> dict:
-        seq = (get(verl, "data.max_prompt_length") or 0) + (get(verl, "data.max_response_length") or 0)
+        seq = sequence_length(verl)
         tokens = get(verl, f"{ACTOR}.ppo_max_token_len_per_gpu") if get(verl, f"{ACTOR}.use_dynamic_bsz") else \
             (get(verl, f"{ACTOR}.ppo_micro_batch_size_per_gpu") or 1) * seq
         return {"tokens_per_gpu": int(tokens or 0),
@@ -196,7 +202,7 @@ def ppo_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
                                    f"{[m for m in divisors(tbs * n // dp) if m <= 8]}"))
     else:
         budget = get(verl, f"{ACTOR}.ppo_max_token_len_per_gpu")
-        seq = (get(verl, "data.max_prompt_length") or 0) + (get(verl, "data.max_response_length") or 0)
+        seq = sequence_length(verl)
         if isinstance(budget, int) and seq and budget < seq:
             out.append(Problem(f"{ACTOR}.ppo_max_token_len_per_gpu", budget,
                                f"smaller than one full sequence (max_prompt_length+max_response_length = {seq})",

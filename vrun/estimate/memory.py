@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 from vrun.estimate.mesh import Mesh
+from vrun.core.units import GIB
 
-GIB = 1024 ** 3
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-GIB = 1024 ** 3
+from vrun.core.units import GIB
+
 RESERVE = 2 * GIB
 BLOCK_TOKENS = 16       # vLLM's default KV block size on CUDA (CacheConfig.block_size)
 MLA_BLOCK_TOKENS = 64   # FlashMLA's block size (vLLM forces 64 for MLA backends)

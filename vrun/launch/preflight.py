@@ -15,6 +15,7 @@ from pathlib import Path
 from vrun.core import dotted
 from vrun.compose import mlite, stack, verl_tree
 from vrun.planning.plan import Plan
+from vrun.core.units import GIB
 from vrun.core.problems import PlanError, Problem
 from vrun.config.schema import ClusterName
 
@@ -158,7 +159,7 @@ def memory_problems(plan: Plan) -> list[Problem]:
         out += [dataclasses.replace(p, warning=allow) for p in phases.rollout_problems(r)]
     if e.fits:
         return out
-    gib = 1024 ** 3
+    gib = GIB
     return out + [Problem("memory", f"{e.peak / gib:.1f}GiB", f"the per-GPU estimate (stage {e.stage}) exceeds "
                     f"{e.gpu_mem / gib:g} GiB per GPU (cluster.gpu / cluster.gpu_mem_gib): the job would likely "
                     "run out of memory",

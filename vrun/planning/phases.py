@@ -10,6 +10,7 @@ from vrun.estimate import memory, rollout
 from vrun.compose import mlite
 from vrun.core.dotted import get
 from vrun.entrypoints import ROLLOUT, Entrypoint
+from vrun.entrypoints.ppo import sequence_length
 from vrun.config.schema import RunConfig
 
 
@@ -43,7 +44,7 @@ def rollout_inputs(entrypoint: Entrypoint, verl: dict, gpu_mem_gib: float) -> Op
     if not entrypoint.has_rollout:
         return None
     r = get(verl, ROLLOUT, {}) or {}
-    seq = int((get(verl, "data.max_prompt_length") or 0) + (get(verl, "data.max_response_length") or 0))
+    seq = sequence_length(verl)
     return dict(gpu_mem_gib=gpu_mem_gib, utilization=float(r.get("gpu_memory_utilization") or 0.0),
                 seq_len=seq, step_sequences=int((get(verl, "data.train_batch_size") or 0) * (r.get("n") or 1)),
                 dtype=str(r.get("dtype") or "bfloat16"), quantization=r.get("quantization"),

@@ -1,0 +1,3 @@
+"""Units shared by every figure the project prints or records."""
+
+GIB = 1024 ** 3
