@@ -109,3 +109,13 @@ def runner(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int =
     e.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([PY, str(ROOT / "runner.py"), *args], cwd=cwd, env=e, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def params_from_arch(arch: dict):
+    """The memory estimate's units counted from architecture facts (vrun.estimate.params), or (None, why)."""
+    from vrun.estimate import params
+
+    c, why = params.count(arch)
+    if c is None:
+        return None, why
+    return params.to_memory_params(c, mtp=True, vision=False), ""

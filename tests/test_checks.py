@@ -188,7 +188,7 @@ def test_grad_offload_apart_from_param_offload_is_a_warning():
 def test_memory_estimate_moves_gradients_with_parameters():
     """The estimate's gradients follow param_offload whatever grad_offload says."""
     from conftest import plan
-    from vrun.planning.plan import memory_inputs
+    from vrun.planning.phases import memory_inputs
 
     for params, grads in ((True, False), (False, True)):
         # without param_offload vLLM and the actor's residents exceed 80 GiB by the estimate: allowed here

@@ -3,7 +3,8 @@ import itertools
 
 import pytest
 
-from vrun.estimate.memory import GIB, Params, estimate, params_from_arch, stage_layout
+from conftest import params_from_arch
+from vrun.estimate.memory import GIB, Params, estimate, stage_layout
 from vrun.estimate.mesh import Mesh
 
 # 4 decoder layers, 1 MTP layer: dense 10 M/layer, experts 100 M/layer, embedding and output 50 M each

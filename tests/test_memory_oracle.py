@@ -25,7 +25,7 @@ from conftest import MODELS, PY, ROOT, needs_real_mlite, plan, real_mlite_root
 from test_mlite_oracle import _has_megatron_core
 from vrun.planning import phases
 from vrun.estimate.memory import GIB
-from vrun.planning.plan import memory_inputs
+from vrun.planning.phases import memory_inputs
 
 pytestmark = [needs_real_mlite, pytest.mark.skipif(
     not _has_megatron_core(),

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import MODELS, compose
 from vrun.estimate import params
-from vrun.estimate.memory import params_from_arch
+from conftest import params_from_arch
 
 
 @dataclass(frozen=True)

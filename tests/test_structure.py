@@ -99,8 +99,11 @@ def vrun_modules() -> dict[str, Path]:
 
 
 def layer(module: str) -> int:
+    """The layer's index; `vrun` itself (a docstring, no code) is below all, `vrun.__main__` above all."""
     parts = module.split(".")
-    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else len(LAYERS)
+    if len(parts) == 1:
+        return 0
+    return LAYERS.index(parts[1]) if parts[1] in LAYERS else len(LAYERS)
 
 
 def imports_of(path: Path, known: dict) -> set[str]:
@@ -123,7 +126,8 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def upward(graph: dict) -> list[str]:
-    return sorted(f"{a} imports {b} ({LAYERS[layer(a)] if layer(a) < len(LAYERS) else 'top'} < {LAYERS[layer(b)]})"
+    name = lambda m: LAYERS[layer(m)] if layer(m) < len(LAYERS) else "top"  # noqa: E731
+    return sorted(f"{a} imports {b} ({name(a)} < {name(b)})"
                   for a, targets in graph.items() for b in targets if layer(b) > layer(a))
 
 

@@ -65,17 +65,6 @@ class Params:
             self.mtp_dense + self.mtp_expert
 
 
-def params_from_arch(arch: dict) -> tuple[Optional[Params], str]:
-    """Counts from the architecture facts (vrun/estimate/params.py, every layer with all its parts); None with the
-    reason when a needed fact is missing."""
-    from vrun.estimate import params
-
-    c, why = params.count(arch)
-    if c is None:
-        return None, why
-    return params.to_memory_params(c, mtp=True, vision=False), ""
-
-
 def stage_layout(pp: int, layers: int, mtp_layers: int) -> list[list]:
     """Units split into pp contiguous chunks: ('emb',), ('layer', i), ('mtp', j), ('loss',)."""
     units = [("emb",)] + [("layer", i) for i in range(layers)] + [("mtp", j) for j in range(mtp_layers)] + [("loss",)]

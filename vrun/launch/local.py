@@ -83,7 +83,7 @@ def tee(streams: list, path: Path) -> None:
 def learn(run_dir: str) -> None:
     """The run's measured step time into the calibration record (nothing when verl printed no step line)."""
     try:
-        from vrun.runs import measured
+        from vrun.planning import measured
 
         measured.learn(Path(run_dir))
     except Exception:  # noqa: BLE001 - learning never fails a finished run

@@ -12,6 +12,7 @@ from vrun.core.dotted import get
 from vrun.entrypoints import ROLLOUT, Entrypoint
 from vrun.entrypoints.ppo import sequence_length
 from vrun.config.schema import RunConfig
+from vrun.core.problems import PlanError
 
 
 def engine(entrypoint: Entrypoint, verl: dict) -> dict:
@@ -153,3 +154,31 @@ def rollout_problems(r: Optional[rollout.RolloutEstimate], key: str = f"{ROLLOUT
                         f"than the {r.step_share} of the step each of {r.replicas} replicas generates (vLLM queues "
                         "the rest)", cure, warning=True)]
     return []
+
+
+def memory_inputs(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> dict:
+    """What the estimate reads from the run and verl configs (everything but the mesh)."""
+    eng = get(verl, entrypoint.engine, {})
+    optim = get(verl, entrypoint.optim, {})
+    recompute = get(eng, "impl_cfg.recompute")
+    arch = config.model.arch
+    return dict(
+        optimizer=get(eng, "impl_cfg.optimizer"), hidden=arch.hidden, vocab=arch.vocab or 0,
+        top_k=arch.experts_per_token or 0,
+        recompute=bool(recompute) and recompute not in ("none", ["none"]),
+        # Megatron Lite offloads gradients exactly when it offloads parameters (grad_offload is read by nothing)
+        param_offload=bool(eng.get("param_offload")), grad_offload=bool(eng.get("param_offload")),
+        optimizer_offload=bool(eng.get("optimizer_offload")),
+        offload_fraction=float(get(optim, "override_optimizer_config.offload_fraction") or 0.0),
+        gpu_mem_gib=gpu_mem(config), residual_streams=int(arch.hc_mult or 1), family=config.model.mlite_name,
+        cross_entropy_fusion=bool(eng.get("cross_entropy_fusion") or get(eng, "impl_cfg.cross_entropy_fusion")),
+        **entrypoint.token_inputs(verl))
+
+
+def gpu_mem(config: RunConfig) -> float:
+    from vrun.estimate import hardware
+
+    mem, problems = hardware.gpu_mem_gib({"gpu": config.cluster.gpu, "gpu_mem_gib": config.cluster.gpu_mem_gib})
+    if problems:
+        raise PlanError(problems)
+    return mem

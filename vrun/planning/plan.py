@@ -327,37 +327,9 @@ def with_built_mtp(params, config: RunConfig, entrypoint: Entrypoint, verl: dict
     return dataclasses.replace(params, mtp_layers=built)
 
 
-def memory_inputs(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> dict:
-    """What the estimate reads from the run and verl configs (everything but the mesh)."""
-    eng = get(verl, entrypoint.engine, {})
-    optim = get(verl, entrypoint.optim, {})
-    recompute = get(eng, "impl_cfg.recompute")
-    arch = config.model.arch
-    return dict(
-        optimizer=get(eng, "impl_cfg.optimizer"), hidden=arch.hidden, vocab=arch.vocab or 0,
-        top_k=arch.experts_per_token or 0,
-        recompute=bool(recompute) and recompute not in ("none", ["none"]),
-        # Megatron Lite offloads gradients exactly when it offloads parameters (grad_offload is read by nothing)
-        param_offload=bool(eng.get("param_offload")), grad_offload=bool(eng.get("param_offload")),
-        optimizer_offload=bool(eng.get("optimizer_offload")),
-        offload_fraction=float(get(optim, "override_optimizer_config.offload_fraction") or 0.0),
-        gpu_mem_gib=gpu_mem(config), residual_streams=int(arch.hc_mult or 1), family=config.model.mlite_name,
-        cross_entropy_fusion=bool(eng.get("cross_entropy_fusion") or get(eng, "impl_cfg.cross_entropy_fusion")),
-        **entrypoint.token_inputs(verl))
-
-
-def gpu_mem(config: RunConfig) -> float:
-    from vrun.estimate import hardware
-
-    mem, problems = hardware.gpu_mem_gib({"gpu": config.cluster.gpu, "gpu_mem_gib": config.cluster.gpu_mem_gib})
-    if problems:
-        raise PlanError(problems)
-    return mem
-
-
 def memory_estimate(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
                     counts: Optional[ParamCounts] = None, model_path: Optional[str] = None) -> Estimate:
-    inputs = memory_inputs(config, entrypoint, verl)
+    inputs = phases.memory_inputs(config, entrypoint, verl)
     est = memory.estimate(params, mesh, **inputs)
     return phases.attach(est, config, entrypoint, verl, mesh, rollout_params(params, counts), inputs, model_path)
 
@@ -460,7 +432,7 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
         if pinned is not None:
             tps = [x for x in tps if x[0] == pinned]
     valid = search.valid_meshes(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
-    inputs = memory_inputs(config, entrypoint, verl) if params is not None else None
+    inputs = phases.memory_inputs(config, entrypoint, verl) if params is not None else None
     if params is not None:
         ranked = search.rank(valid, lambda m: memory.estimate(params, m, **inputs))
     else:

@@ -20,7 +20,7 @@ ROLLOUT = "actor_rollout_ref.rollout"
 def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> Optional[Workload]:
     """config: the typed run config; counts: vrun.estimate.params.ParamCounts; est: vrun.estimate.memory.Estimate (or None)."""
     from vrun.estimate import params as counting
-    from vrun.planning.plan import memory_inputs
+    from vrun.planning.phases import memory_inputs
 
     facts, _ = counting.count(arch)
     active = (counts.active if counts is not None and counts.active else None) or (facts.active if facts else None)

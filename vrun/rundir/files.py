@@ -7,7 +7,13 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from vrun.rundir.state import RunDirError
+
+class RunDirError(Exception):
+    """Bad input: one line naming the thing, the value, why, and the fix."""
+
+    def __init__(self, thing: str, value, why: str, fix: str):
+        super().__init__(f"error: {thing}={value}: {why}; fix: {fix}")
+
 
 # plan.json's fields the verbs read, and their JSON types
 PLAN_FIELDS = {"format": int, "run_id": str, "mode": str, "cluster": str, "entrypoint": str, "argv": list,

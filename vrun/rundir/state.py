@@ -17,17 +17,11 @@ from pathlib import Path
 from typing import Optional
 
 from vrun.rundir import records as rundir
+from vrun.rundir.files import RunDirError
 
 # the order of the phases within one attempt (a submitter and a node may write in either order)
 RANK = {"submitted": 0, "requeued": 0, "started": 1, "nodes_joined": 2, "ray_up": 3, "entrypoint_started": 4,
         "exited": 5, "failed": 5, "cancelled": 6}
-
-
-class RunDirError(Exception):
-    """Bad input: one line naming the thing, the value, why, and the fix."""
-
-    def __init__(self, thing: str, value, why: str, fix: str):
-        super().__init__(f"error: {thing}={value}: {why}; fix: {fix}")
 
 
 @dataclass

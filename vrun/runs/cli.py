@@ -86,7 +86,7 @@ def cmd_runs(a) -> int:
     if a.json:
         print(json.dumps([r.summary() for r in runs], indent=1))
         return 0
-    from vrun.runs import measured
+    from vrun.planning import measured
 
     head = ("WHEN", "MODEL", "ALGO", "GPUS", "MODE", "STATE", "JOB", "ATT", "ELAPSED", "GPU-H", "STEP S (MEAS/EST)",
             "CKPT", "RUN DIR")
@@ -120,7 +120,7 @@ def one_run(path: str) -> state.Run:
 
 
 def cmd_status(a) -> int:
-    from vrun.runs import measured
+    from vrun.planning import measured
 
     r = one_run(a.run)
     m = measured.of(r)
