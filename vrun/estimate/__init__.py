@@ -1,7 +1,8 @@
 """The arithmetic of a plan, as pure functions of typed inputs: the mesh and its rules (`mesh.py`: one frozen,
 validated `Mesh`), parameter counts from the architecture facts (`params.py`) or a checkpoint's headers
-(`checkpoint.py`), per-GPU memory of the training phase (`memory.py`) and of the rollout with its KV cache
-(`rollout.py`), GPU parts (`hardware.py`) and `mesh=auto`'s search (`search.py`). Each formula cites its source.
+(`checkpoint.py`), per-GPU memory of the training phase per pipeline stage (`memory.py`) and of the rollout with
+its KV cache (`rollout.py`), GPU parts with their memory, FLOP/s and bandwidths (`hardware.py`), the step time
+(`steptime.py`) and `mesh=auto`'s search and ranking (`search.py`). Each formula cites its source.
 
 May import: `vrun.core`, `vrun.config`. No I/O beyond reading a checkpoint's JSON headers; no Hydra or verl.
 """

@@ -1,4 +1,6 @@
 """SLURM: `submit.py` on the login node (the sbatch job from the cluster group and the mesh, confirmation,
-submission, `resubmit`), `node.py` on every allocated node (the control dir, Ray head/worker or torchrun, failure
-propagation), `watch.py` (progress while a submission waits).
+submission, `resubmit`), `checks.py` (what is checked before sbatch: the login preflight, shared storage, the
+partition's limits, sbatch's refusals mapped to fixes; the same checks on a node), `wait.py` and `watch.py`
+(the submitter's wait: progress, the outcome read from the run dir and squeue, never blocking), `node.py` on
+every allocated node (the control dir, Ray head/worker or torchrun, failure propagation).
 """
