@@ -22,7 +22,7 @@ from typing import Optional
 
 PICTURE = "plan.svg"
 OVERVIEW = "overview.svg"
-TRAIN_PARTS = ("weights", "grads", "optimizer", "activations", "logits")
+TRAIN_PARTS = ("weights", "grads", "optimizer", "activations", "logits", "transient")
 ROLLOUT_PARTS = ("vllm", "residents")
 COLOURS = {"weights": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52",
            "logits": "#8172b3", "transient": "#937860", "vllm": "#64b5cd", "residents": "#8c8c8c"}
@@ -43,7 +43,7 @@ def stage_memory(plan: dict) -> list[dict]:
         return [{"stage": int(s.get("stage", i)),
                  "training": {"weights": s.get("params_gib", 0.0), "grads": s.get("grads_gib", 0.0),
                               "optimizer": s.get("optimizer_gib", 0.0), "activations": s.get("activations_gib", 0.0),
-                              "transient": s.get("transient_gib", 0.0)},
+                              "logits": s.get("logits_gib", 0.0), "transient": s.get("transient_gib", 0.0)},
                  "rollout": {"vllm": vllm, "residents": s.get("rollout_residents_gib",
                                                               mem.get("rollout_residents_gib", 0.0))}}
                 for i, s in enumerate(stages)]
