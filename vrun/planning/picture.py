@@ -79,6 +79,11 @@ def gpu_layout(plan: dict) -> tuple[int, int, list, list]:
 
 
 def _figure():
+    # matplotlib's font cache goes to vrun's own state dir (beside the runs index), never the user's home
+    if "MPLCONFIGDIR" not in os.environ:
+        from vrun.rundir import records
+
+        os.environ["MPLCONFIGDIR"] = str(records.state_dir() / "matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")

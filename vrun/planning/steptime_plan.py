@@ -107,9 +107,10 @@ def steps(verl: dict, has_rollout: bool) -> tuple[Optional[int], str]:
     if isinstance(total, int) and total > 0:
         return total, "trainer.total_training_steps"
     files = get(verl, "data.train_files")
-    files = [files] if isinstance(files, str) else list(files or [])
+    files = [files] if isinstance(files, str) else list(files) if isinstance(files, (list, tuple)) else []
     tbs = get(verl, "data.train_batch_size")
-    epochs = get(verl, "trainer.total_epochs") or 1
+    epochs = get(verl, "trainer.total_epochs")
+    epochs = epochs if isinstance(epochs, int) and not isinstance(epochs, bool) and epochs >= 1 else 1
     if not files or not isinstance(tbs, int) or tbs < 1:
         return None, "per 100 steps (no trainer.total_training_steps and no train file to count)"
     rows = 0
