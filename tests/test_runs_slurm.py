@@ -88,9 +88,10 @@ def test_two_runs_listed_followed_cancelled_failed_diffed_exported(shared, tmp_p
     assert a.returncode == 0, a.stdout[-2000:] + a.stderr[-2000:]
     b = run(shared, "model=qwen3_5_35b", *TWO_NODES, "mode=preflight", "cluster.detach=true",
             "cluster.ray.join_timeout_s=30", "hydra.sweep.subdir=b",
-            "+cluster.node_setup=['if [ \"$SLURM_NODEID\" = 1 ]; then echo node setup broke >&2; exit 3; fi']")
+            "+cluster.node_setup=['if [ \"$SLURM_NODEID\" = 1 ]; then echo node setup broke >&2; exit 3; fi']",
+            sweep="sweep_b")  # a sweep dir is one sweep's: B is its own
     assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
-    da, db = shared / "sweep" / "a", shared / "sweep" / "b"
+    da, db = shared / "sweep" / "a", shared / "sweep_b" / "b"
     wait_for("A's task runner", lambda: (da / "hold.json").exists())
 
     rows = {Path(r["run_dir"]).name: r for r in json.loads(vrun("runs", "--json").stdout)}

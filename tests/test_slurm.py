@@ -91,13 +91,13 @@ def shared(request):
     assert not left, leftovers
 
 
-def run(shared, *overrides, env=None, timeout=400):
+def run(shared, *overrides, env=None, timeout=400, sweep="sweep"):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("MLITE", "RAY_"))}
     e.update(HOME=str(shared / "home"), QWEN3_5_35B_MODEL_PATH=str(shared / "ckpt"),
              FLASH_MODEL_PATH=str(shared / "ckpt"), PYTHONPATH=str(ROOT / "tests" / "support"))
     e.update(env or {})
     e.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run(WRAP + [PY, str(ROOT / "runner.py"), *overrides, f"hydra.sweep.dir={shared}/sweep"],
+    return subprocess.run(WRAP + [PY, str(ROOT / "runner.py"), *overrides, f"hydra.sweep.dir={shared}/{sweep}"],
                           cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
 
 

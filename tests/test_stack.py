@@ -20,7 +20,7 @@ needs_other_verl = pytest.mark.skipif(not OTHER or not Path(OTHER).exists(),
 
 
 def stack_in(python: str, env: dict) -> dict:
-    out = subprocess.run([python, "-c", "import json; from vrun import stack; print(json.dumps(stack.current()))"],
+    out = subprocess.run([python, "-c", "import json; from vrun.compose import stack; print(json.dumps(stack.current()))"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)

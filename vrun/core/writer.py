@@ -32,8 +32,10 @@ WORDS = frozenset({"token", "tokens", "secret", "secrets", "password", "password
 PARTS = ("token", "secret", "passw", "apikey", "credential", "privatekey", "accesskey", "authkey")
 # names that look secret by the rule and are known not to be
 ALLOW = frozenset({"TOKENIZERS_PARALLELISM", "SSH_AUTH_SOCK", "KEYTIMEOUT", "GPG_AGENT_INFO", "PWD", "OLDPWD",
-                   "XAUTHORITY", "KRB5CCNAME", "PASSWORD_STORE_DIR", "SSH_ASKPASS", "SUDO_ASKPASS", "GIT_ASKPASS"})
-TRIVIAL = frozenset({"", "0", "1", "true", "false", "none", "null", "yes", "no", "on", "off"})
+                   "XAUTHORITY", "KRB5CCNAME", "PASSWORD_STORE_DIR", "SSH_ASKPASS", "SUDO_ASKPASS", "GIT_ASKPASS",
+                   "RAY_AUTH_MODE"})
+TRIVIAL = frozenset({"", "0", "1", "true", "false", "none", "null", "yes", "no", "on", "off", "enabled", "disabled",
+                     "required", "optional", "auto"})
 URL_USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.-]*://)([^/@\s'\"]+)@")
 _SEGMENTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 
@@ -49,7 +51,7 @@ class UnsafePath(OSError):
 @functools.lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
     """WANDB_API_KEY, HF_TOKEN, DB_PASS, OPENAI_KEY, Slack_Token, wandb_token, hfToken: yes.
-    TOKENIZERS_PARALLELISM, PATH, CUDA_VISIBLE_DEVICES: no."""
+    TOKENIZERS_PARALLELISM, PATH, CUDA_VISIBLE_DEVICES, RAY_AUTH_MODE: no."""
     if name.upper() in ALLOW:
         return False
     for seg in _SEGMENTS.findall(name):
