@@ -314,12 +314,15 @@ def resubmit(run_dir: str, detach: bool = False) -> list:
         raise PlanError([Problem(f"{run_dir}/slurm_job.json", "job", "holds no job to submit again (submitted by an "
                                  "older vrun, or edited)", "submit it again with python runner.py ... cluster=slurm")])
     sub = Submission.load(info["spec"])
+    # the next attempt follows every one the run dir recorded (SLURM's requeues included, which slurm_job.json's
+    # job does not see)
+    attempt = max([job_fn.attempt] + [e["attempt"] for e in rundir.events(run_dir) if "attempt" in e]) + 1
     job = executor(sub, info["folder"]).submit(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode,
-                                                      job_fn.attempt + 1))
-    rundir.record(run_dir, "submitted", job_id=job.job_id, attempt=job_fn.attempt + 1, nodes=sub.nodes,
+                                                      attempt))
+    rundir.record(run_dir, "submitted", job_id=job.job_id, attempt=attempt, nodes=sub.nodes,
                   gpus_per_node=sub.gpus_per_node)
     info.update(job_id=job.job_id, stdout=str(job.paths.stdout), stderr=str(job.paths.stderr))
-    info["job"] = job_json(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode, job_fn.attempt + 1))
+    info["job"] = job_json(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode, attempt))
     writer.write_text(Path(run_dir) / "slurm_job.json", json.dumps(info, indent=2, default=str) + "\n", root=run_dir)
     print(f"resubmitted job {job.job_id}: {run_dir}  logs {job.paths.stdout}", flush=True)
     if not detach:
