@@ -71,7 +71,7 @@ def main():
 
 def picture_time(plan_json: Path) -> None:
     """plan.svg's drawing alone (the plan above waits for it; matplotlib's import runs beside the planning)."""
-    code = ("import json, sys, time; from vrun import picture; picture._figure(); "
+    code = ("import json, sys, time; from vrun.planning import picture; picture._figure(); "
             "import matplotlib.backends.backend_svg, matplotlib.collections; p = json.load(open(sys.argv[1])); "
             "ts = []\nfor _ in range(3):\n t = time.perf_counter(); picture.render(p, sys.argv[2]); "
             "ts.append(time.perf_counter() - t)\nprint(sorted(ts)[1])")
