@@ -119,3 +119,11 @@ def params_from_arch(arch: dict):
     if c is None:
         return None, why
     return params.to_memory_params(c, mtp=True, vision=False), ""
+
+
+@pytest.fixture
+def own_state_dir(tmp_path, monkeypatch):
+    """A state dir of the test's own: no calibration record or index from elsewhere is read or written."""
+    d = tmp_path / "state"
+    monkeypatch.setenv("VRUN_STATE_DIR", str(d))
+    return d

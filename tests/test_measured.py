@@ -13,10 +13,8 @@ from vrun.runs import cli
 
 
 @pytest.fixture
-def state_dir(tmp_path, monkeypatch):
-    d = tmp_path / "state"
-    monkeypatch.setenv("VRUN_STATE_DIR", str(d))
-    return d
+def state_dir(own_state_dir):
+    return own_state_dir
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,8 @@ pytest.importorskip("matplotlib")
 
 
 @pytest.fixture(autouse=True)
-def state_dir(tmp_path, monkeypatch):
-    """A state dir of the test's own: no calibration record from elsewhere scales these estimates."""
-    d = tmp_path / "state"
-    monkeypatch.setenv("VRUN_STATE_DIR", str(d))
-    return d
+def state_dir(own_state_dir):
+    return own_state_dir
 
 
 def ids(svg_path):

@@ -32,10 +32,8 @@ def one_error_line(proc, *needles):
 
 
 @pytest.fixture
-def state_dir(tmp_path, monkeypatch):
-    d = tmp_path / "state"
-    monkeypatch.setenv("VRUN_STATE_DIR", str(d))
-    return d
+def state_dir(own_state_dir):
+    return own_state_dir
 
 
 def test_runs_lists_an_indexed_plan_sweep(tmp_path, state_dir):

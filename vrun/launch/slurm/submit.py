@@ -22,7 +22,7 @@ from typing import Any, Optional
 from vrun.rundir import records as rundir
 from vrun.core import writer
 from vrun.core.problems import PlanError, Problem
-from vrun.launch.slurm.node import RunJob  # noqa: F401 - submitted here; jobs pickled as vrun.launch.slurm.submit.RunJob load too
+from vrun.launch.slurm.node import RunJob  # noqa: F401 - submitted here
 
 # hydra.launcher.<key> given by hand → the knob it sets: one home per sbatch value. The value is put there as
 # given (interpolations unresolved), so the knob's own checks (secrets, one word, ranges) judge it.
