@@ -1,4 +1,9 @@
-"""Compose → check → plan → hand off to verl.  `python runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan`"""
+"""Compose → check → plan → hand off to verl.  `python runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan`
+
+Every run passes through the project's sweeper (hydra_plugins/vrun_sweeper: compose, check and plan each point)
+and its launcher (hydra_plugins/vrun_launcher: write, check the target, run or submit). Hydra never calls the task
+function below: conf/run.yaml sets hydra.mode=MULTIRUN, and hydra.mode=RUN is refused before anything is written.
+"""
 import hydra
 from omegaconf import DictConfig
 
@@ -10,9 +15,7 @@ schema.register()
 
 @hydra.main(version_base=None, config_path="conf", config_name="run")
 def main(cfg: DictConfig) -> None:
-    from vrun.launch.task import run
-
-    run(cfg)
+    cli_errors.emit([cli_errors.sweeper_only_problem("RUN")])
 
 
 if __name__ == "__main__":

@@ -245,26 +245,6 @@ def test_writer_never_writes_through_a_link(seed, tmp_path):
             assert check_paths.run_dir(str(run), "hydra.run.dir", resume=True)
 
 
-def test_pickle_validated_before_load(tmp_path):
-    from vrun.launch import task
-    from vrun.core.problems import PlanError
-
-    run = tmp_path / "r"
-    run.mkdir()
-    marker = tmp_path / "ran"
-    payload = b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
-    (tmp_path / "elsewhere.pickle").write_bytes(payload)
-    (run / task.PLANNED).symlink_to(tmp_path / "elsewhere.pickle")
-    with pytest.raises(PlanError):
-        task.take_planned(str(run))
-    (run / task.PLANNED).unlink()
-    (run / task.PLANNED).write_bytes(payload)
-    os.chmod(run / task.PLANNED, 0o666)
-    with pytest.raises(PlanError):
-        task.take_planned(str(run))
-    assert not marker.exists()
-
-
 # ---------------------------------------------------------------- pid values
 
 def test_cancel_signals_only_the_runs_own_process(tmp_path):

@@ -104,7 +104,7 @@ def test_launcher_values_are_checked_like_the_knobs(tmp_path):
                           ("hydra.launcher.gres=gpu:4", "mesh.gpus_per_node"),
                           ("cluster.mem_gb=10|hydra.launcher.mem_per_gpu=4G", "sbatch takes one of --mem"),
                           ("cluster.partition=a|hydra.launcher.partition=b", "one value, two places"),
-                          ("hydra/launcher=submitit_local", "cluster=slurm submits through Hydra's submitit_slurm"),
+                          ("hydra/launcher=submitit_local", "the project's launchers only"),
                           ("hydra.launcher.submitit_folder=/tmp/elsewhere/%j", "outside the sweep dir")):
         proc, script = _sbatch(tmp_path, *override.split("|"))
         assert proc.returncode == 2 and not script and "Traceback" not in proc.stderr, override

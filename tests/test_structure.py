@@ -199,9 +199,65 @@ def test_the_layer_checks_fire():
     assert upward(graph) == ["vrun.core.a imports vrun.launch.b (core < launch)"]
     assert cycles(graph) == [["vrun.core.a", "vrun.launch.b"]]
     probe = ROOT / "vrun" / "core" / "_layer_probe_tmp.py"
-    probe.write_text("def f():\n    from vrun.launch import task\n")
+    probe.write_text("def f():\n    from vrun.launch import local\n")
     try:
         known = vrun_modules()
-        assert imports_of(probe, known) == {"vrun.launch.task"}
+        assert imports_of(probe, known) == {"vrun.launch.local"}
     finally:
         probe.unlink()
+
+
+def test_no_run_dir_payload_is_unpickled():
+    """The plan travels as plan.json (one reader: vrun.rundir.record); nothing in the project's code imports pickle
+    (submitit pickles its own job callable, which holds no plan of ours to load back)."""
+    found = []
+    for f in project_files():
+        if f.parts[len(ROOT.parts)] not in ("vrun", "hydra_plugins") and f.name != "runner.py":
+            continue
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{f.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in
+                      ("pickle", "cloudpickle", "dill")]
+    assert found == [], "\n".join(found)
+
+
+def test_one_caller_of_make_plan():
+    """Every run, a single one too, is planned by the sweeper: make_plan has one caller in the project's code."""
+    callers = []
+    for f in project_files():
+        if f.parts[len(ROOT.parts)] in ("tests", "bench"):
+            continue
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == \
+                    "make_plan":
+                callers.append(f"{f.relative_to(ROOT)}:{node.lineno}")
+    assert callers == ["hydra_plugins/vrun_sweeper/vrun_sweeper.py:" + callers[0].rsplit(":", 1)[1]] if callers \
+        else False, callers
+
+
+def target_matching(tree: ast.AST) -> list[int]:
+    """Lines that read a config's _target_ (`x["_target_"]`, `x.get("_target_")`, `select(x, "…_target_")`) or
+    look for a launcher's name in a string (`"Launcher" in …`, `"submitit" in …`)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "_target_":
+            out.append(node.lineno)
+        elif isinstance(node, ast.Call) and any(isinstance(a, ast.Constant) and isinstance(a.value, str) and
+                                                a.value.endswith("_target_") for a in node.args):
+            out.append(node.lineno)
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and \
+                isinstance(node.left.value, str) and any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops) and \
+                (node.left.value == "submitit" or any(w in node.left.value.lower() for w in ("launcher", "_target_"))):
+            out.append(node.lineno)
+    return out
+
+
+def test_no_class_name_or_target_matching():
+    """Launchers are told apart by type (hydra_plugins/vrun_launcher: PlannedLauncher) and the group choice, never
+    by their class name or _target_ string."""
+    found = [f"{f.relative_to(ROOT)}:{n}" for f in project_files() if f.parts[len(ROOT.parts)] not in ("tests", "bench")
+             for n in target_matching(ast.parse(f.read_text(), filename=str(f)))]
+    assert found == [], "\n".join(found)
+    probe = ast.parse('a = cfg.get("_target_", "")\nb = "SlurmLauncher" in str(a)\nc = x["_target_"]\n')
+    assert target_matching(probe) == [1, 2, 3] or sorted(target_matching(probe)) == [1, 2, 3]

@@ -39,27 +39,28 @@ def test_model_path_for_several_models(tmp_path):
     assert single.returncode == 0 and "/ckpt/one  [MODEL_PATH]" in single.stdout
 
 
-def test_basic_launcher_runs_checked_points(tmp_path):
-    """Past the checks, points go to the configured launcher (here: preflight, which fails without verl_mlite in
-    reach)."""
-    proc = runner("-m", "model=qwen3_5_35b", "mode=preflight", f"hydra.sweep.dir={tmp_path}/s", env=without_mlite())
-    assert "1 point(s) planned and checked; launching" in proc.stdout
+def test_local_launcher_runs_checked_points(tmp_path):
+    """Past the checks, points go to the local launcher, which runs them by mode one after the other (here:
+    preflight, which fails without verl_mlite in reach): the first failing point ends the sweep with its error."""
+    proc = runner("-m", "model=qwen3_5_35b,glm5_1", "mode=preflight", f"hydra.sweep.dir={tmp_path}/s",
+                  env=without_mlite())
+    assert "2 point(s) planned and checked; launching" in proc.stdout
     assert proc.returncode == 2 and "error: MLITE_ROOT=" in proc.stderr
-    assert (tmp_path / "s" / "0_qwen3_5_35b_grpo_fsdp2" / "plan.json").exists()
-    # the job took the plan the sweeper left in its run dir
-    assert not (tmp_path / "s" / "0_qwen3_5_35b_grpo_fsdp2" / ".plan.pickle").exists()
+    first, second = tmp_path / "s" / "0_qwen3_5_35b_grpo_fsdp2", tmp_path / "s" / "1_glm5_1_grpo_fsdp2"
+    assert (first / "plan.json").exists() and not second.exists()
+    # nothing but the run's own files: no payload is left for a job to load
+    assert sorted(p.name for p in first.iterdir()) == ["manifest.json", "plan.json", "progress.jsonl",
+                                                       "verl_config.yaml"]
 
 
-def test_planned_point_passes_through_the_run_dir(tmp_path):
-    """The sweeper leaves a point's plan in its run dir; the job takes it once (a later run plans afresh)."""
-    from conftest import plan
-    from vrun.launch import task
-
-    p = plan(["model=qwen3_5_35b", "mode=preflight"], run_dir=str(tmp_path / "r"))
-    task.leave_planned(p)
-    got = task.take_planned(p.run_dir)
-    assert got.argv == p.argv and got.verl == p.verl and got.mesh == p.mesh and got.config == p.config
-    assert task.take_planned(p.run_dir) is None
+def test_one_point_sweep_prints_its_table(tmp_path):
+    """A sweep of one point (-m with hydra.sweep.dir) lands in the sweep dir and prints the plan's table, as a run
+    does; a run (no sweep syntax) lands in hydra.run.dir."""
+    proc = runner("-m", "model=qwen3_5_35b", "mode=plan", f"hydra.sweep.dir={tmp_path}/s")
+    assert proc.returncode == 0, proc.stderr
+    assert f"run dir {tmp_path}/s/0_qwen3_5_35b_grpo_fsdp2" in proc.stdout and "memory  per GPU" in proc.stdout
+    run = runner("model=qwen3_5_35b", "mode=plan", f"hydra.run.dir={tmp_path}/r")
+    assert run.returncode == 0 and f"run dir {tmp_path}/r\n" in run.stdout
 
 
 def test_sweep_points_equal_single_runs(tmp_path):

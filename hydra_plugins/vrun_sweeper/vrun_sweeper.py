@@ -1,13 +1,17 @@
-"""The project's sweeper (hydra/sweeper=vrun, the default in conf/run.yaml).
+"""The project's sweeper (hydra/sweeper=vrun, the default in conf/run.yaml): every run passes through it, a single
+run being a sweep of one point (conf/run.yaml sets hydra.mode=MULTIRUN).
 
-Hydra's basic sweeper only composes each point. This one expands the sweep the same way, then plans and
-checks every point before the first runs: one invalid point and nothing runs, with that point named.
-mode=plan sweeps stop there (every point's run dir written, one line per point); other modes hand the
-checked points to the configured launcher, and each job reuses its plan.
+It expands the sweep as Hydra's basic sweeper does, composes each point, checks it (vrun.checks.composed, the run
+dir, the launcher's own point checks) and plans it (vrun.planning.plan.make_plan: its one caller). One invalid
+point and nothing is written or run, with that point named. Then it hands the planned points to the launcher
+(hydra_plugins/vrun_launcher: vrun_local for cluster=local, submitit_slurm for cluster=slurm), which launches
+them; the sweeper launches nothing.
+
+Where a point lands: a run (one point, no sweep syntax, no hydra.sweep.dir given) in hydra.run.dir; a sweep's
+points in hydra.sweep.dir/<hydra.sweep.subdir>.
 """
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
@@ -19,154 +23,151 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from vrun.checks import composed as check_composed, paths as check_paths, sbatch as check_sbatch
+from vrun.checks import composed as check_composed, paths as check_paths
 from vrun.core.problems import PlanError, Problem
-from vrun.config.schema import Mode
 
 
 @dataclass
 class PlanningSweeperConf:
     _target_: str = "hydra_plugins.vrun_sweeper.vrun_sweeper.PlanningSweeper"
-    max_batch_size: Optional[int] = None
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="vrun", node=PlanningSweeperConf, provider="vrun")
 
 
 class PlanningSweeper(Sweeper):
-    def __init__(self, max_batch_size: Optional[int] = None):
-        self.max_batch_size = max_batch_size
+    def __init__(self) -> None:
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
         self.launcher = None
-        self.task_function: Optional[TaskFunction] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        self.config, self.hydra_context = config, hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
                                                                 task_function=task_function, config=config)
 
     def sweep(self, arguments: List[str]) -> Any:
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
+        from hydra_plugins.vrun_launcher.vrun_launcher import PlannedLauncher
         from vrun.config import cli_errors
-        from vrun.planning import report
-        from vrun.launch.slurm import submit as slurm
-        from vrun.launch import task
+        from vrun.config.schema import typed
+        from vrun.launch.points import Point, Sweep, refuse
+        from vrun.planning.plan import make_plan
 
+        choices = OmegaConf.to_container(self.config.hydra.runtime.choices, resolve=False)
+        if not isinstance(self.launcher, PlannedLauncher):
+            cli_errors.emit([Problem("hydra/launcher", choices.get("hydra/launcher"), "the project's sweeper hands "
+                                     "planned runs to the project's launchers only", "drop hydra/launcher=... "
+                                     "(cluster=local and cluster=slurm select theirs)").line()])
         # the config loader lets glob() list a group's options, as Hydra's basic sweeper does
         parsed = OverridesParser.create(config_loader=self.hydra_context.config_loader).parse_overrides(arguments)
         too_many = check_composed.sweep_size_problems(parsed)
         if too_many:
             cli_errors.emit([p.line() for p in too_many])
         points: Sequence[Sequence[str]] = BasicSweeper.split_arguments(parsed, None)[0]
+        hydra_overrides = list(self.config.hydra.overrides.hydra)
+        given = {o.lstrip("+~").split("=", 1)[0] for o in hydra_overrides}
+        run_dir_given = [o.split("=", 1)[1] for o in hydra_overrides if o.startswith("hydra.run.dir=")]
+        single = len(points) == 1 and not any(o.is_sweep_override() for o in parsed) and \
+            "hydra.sweep.dir" not in given
+        problems = self._sweep_problems(len(points), single, run_dir_given)
+        if problems:
+            cli_errors.emit([p.line() for p in problems])
         # resolve the sweep dir once: every point, the launcher and the jobs see the same one
         with open_dict(self.config):
             self.config.hydra.sweep.dir = str(Path(str(self.config.hydra.sweep.dir)).absolute())
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        self.launcher.prepare(len(points))
         composed, failures = [], []
         bases: dict = {}
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        # hydra.run.dir given with a run that is a multirun (cluster=slurm): honoured for one point, else refused
-        run_dir_given = [o.split("=", 1)[1] for o in self.config.hydra.overrides.hydra
-                         if o.startswith("hydra.run.dir=")]
-        problems = check_paths.run_dir(str(sweep_dir), "hydra.sweep.dir", resume=True)
-        if run_dir_given and len(points) > 1:
-            problems.append(Problem("hydra.run.dir", run_dir_given[-1], f"a sweep of {len(points)} points has one "
-                                    "run dir per point, under hydra.sweep.dir", f"hydra.sweep.dir={run_dir_given[-1]}"))
-        if problems:
-            cli_errors.emit([p.line() for p in problems])
         for idx, overrides in enumerate(points):
             try:
-                cfg, subdir, launcher, choices = self._compose(list(overrides), bases)
-                submitit_slurm = "SlurmLauncher" in str(launcher.get("_target_", ""))
-                if "submitit" in str(launcher.get("_target_", "")) and choices.get("cluster") != "slurm":
+                cfg, dirs, launcher, point_choices = self._compose(list(overrides), bases)
+                if point_choices.get("hydra/launcher") != choices.get("hydra/launcher"):
                     failures.append((idx, overrides, Problem(
-                        "hydra/launcher", choices.get("hydra/launcher"), "the submitit launcher takes its nodes, "
-                        "GPUs and time from the cluster group", "add cluster=slurm (it selects the launcher "
-                        "itself)").line()))
+                        "hydra/launcher", point_choices.get("hydra/launcher"), "a sweep's points share one launcher "
+                        f"({choices.get('hydra/launcher')})", "sweep cluster=... in separate commands").line()))
                     continue
-                if choices.get("cluster") == "slurm" and not submitit_slurm:
-                    failures.append((idx, overrides, Problem(
-                        "hydra/launcher", choices.get("hydra/launcher"), "cluster=slurm submits through Hydra's "
-                        "submitit_slurm launcher (another would run the job on this machine)",
-                        "drop hydra/launcher=... and hydra.launcher._target_ (cluster=slurm selects it)").line()))
+                if point_choices.get("cluster") != self.launcher.cluster:
+                    failures.append((idx, overrides, self._wrong_cluster(point_choices).line()))
                     continue
-                point_dir = sweep_dir
                 with open_dict(cfg):
-                    if run_dir_given:
-                        point_dir = Path(run_dir_given[-1]).absolute()
-                        subdir = "."
                     cfg.hydra = {"job": {"num": idx, "id": str(idx), "name": str(self.config.hydra.job.name)},
-                                 "sweep": {"subdir": subdir, "dir": str(point_dir)}, "launcher": launcher}
-                    run_dir = os.path.normpath(str(point_dir / str(cfg.hydra.sweep.subdir)))
-                    given = slurm.launcher_given(launcher, list(self.config.hydra.overrides.hydra)) \
-                        if submitit_slurm else set()
-                    # resolved here only what the mesh decides and the job's folder: every other launcher value
-                    # goes onto its knob unresolved, for the knob's checks
-                    resolved = {k: OmegaConf.select(cfg, f"hydra.launcher.{k}")
-                                for k in (given & set(slurm.LAUNCHER_MESH)) | {"submitit_folder"} if k in launcher}
+                                 "run": {"dir": dirs["run"]}, "sweep": {"subdir": dirs["subdir"],
+                                                                        "dir": str(sweep_dir)},
+                                 "launcher": launcher}
+                    if single:  # a run: hydra.run.dir (resolved with the point's values)
+                        run_dir, key = str(Path(str(cfg.hydra.run.dir)).absolute()), "hydra.run.dir"
+                        inside = None
+                    else:
+                        run_dir = os.path.normpath(str(sweep_dir / str(cfg.hydra.sweep.subdir)))
+                        key, inside = "hydra.sweep.subdir", str(sweep_dir)
+                    problems, taken = self.launcher.point_problems(cfg, launcher, hydra_overrides, str(sweep_dir),
+                                                                   run_dir, key if single else "hydra.sweep.dir")
                     del cfg["hydra"]
-                problems, taken = slurm.take_launcher(cfg, launcher, given, resolved) if submitit_slurm else ([], {})
-                folder = str(Path(str(resolved.get("submitit_folder") or sweep_dir / ".submitit/%j")).absolute())
-                if "submitit_folder" in given:
-                    problems += slurm.folder_problems(folder, str(sweep_dir))
-                problems += slurm.as_given(check_composed.config_problems(cfg, choices=choices), taken)
-                if not problems:
-                    problems = check_paths.run_dir(run_dir, "hydra.sweep.subdir", inside=str(point_dir),
-                                                   resume=OmegaConf.select(cfg, "run.resume", default=False) is True)
-                if not problems and submitit_slurm:
-                    problems = check_sbatch.expanded_path(run_dir, "hydra.run.dir" if run_dir_given else
-                                                          "hydra.sweep.dir")
+                problems += self.launcher.as_given(check_composed.config_problems(cfg, choices=point_choices),
+                                                   taken)
+                if not [p for p in problems if not p.warning]:
+                    problems += check_paths.run_dir(run_dir, key, inside=inside, resume=OmegaConf.select(
+                        cfg, "run.resume", default=False) is True)
                 errors = [p for p in problems if not p.warning]
                 if errors:
                     failures.append((idx, overrides, "\n".join(p.line() for p in errors)))
                     continue
-                composed.append((idx, overrides, cfg, run_dir, (folder, taken)))
+                composed.append((idx, overrides, cfg, run_dir, taken))
             except Exception as e:  # noqa: BLE001 - reported per point below
                 failures.append((idx, overrides, cli_errors.describe(e)))
         resume = any(OmegaConf.select(c, "run.resume", default=False) is True for _, _, c, _, _ in composed)
-        for p in check_paths.sweep(str(sweep_dir), [d for _, _, _, d, _ in composed], resume):
-            failures.append((-1, ["(all points)"], p.line()))
+        if not single:
+            for p in check_paths.sweep(str(sweep_dir), [d for _, _, _, d, _ in composed], resume):
+                failures.append((-1, ["(all points)"], p.line()))
         models = {c.model.name for _, _, c, _, _ in composed}
-        plans = []
-        for idx, overrides, cfg, run_dir, (_, taken) in composed:
+        planned = []
+        for idx, overrides, cfg, run_dir, taken in composed:
             try:
-                plans.append((idx, overrides, task.plan_config(cfg, run_dir, single_model=len(models) == 1)))
+                plan = make_plan(typed(cfg), run_dir, single_model=len(models) == 1)
+                planned.append(Point(idx, tuple(overrides), plan, cfg, taken))
             except PlanError as e:
-                failures.append((idx, overrides, str(PlanError(slurm.as_given(e.problems, taken), e.hints))))
+                failures.append((idx, overrides, str(PlanError(self.launcher.as_given(e.problems, taken),
+                                                               e.hints))))
             except Exception as e:  # noqa: BLE001
                 failures.append((idx, overrides, cli_errors.describe(e)))
         if failures:
-            self._refuse(failures, len(points))
-        modes = {p.config.mode for _, _, p in plans}
-        if "SlurmLauncher" in str(self.config.hydra.launcher.get("_target_", "")):
-            return self._slurm(plans, composed)
-        if modes == {Mode.plan}:
-            from vrun.planning.manifest import write_manifest
+            refuse(failures, len(points))
+        return self.launcher.launch_planned(Sweep(str(sweep_dir), tuple(planned), single=len(planned) == 1))
 
-            for (idx, overrides, p), (_, _, cfg, _, _) in zip(plans, composed):
-                report.write(p)
-                write_manifest(cfg, p.run_dir, list(overrides))
-                print(report.one_line(idx, overrides, p), flush=True)
-            print(f"sweep: {len(plans)} point(s) planned and checked under {self.config.hydra.sweep.dir}", flush=True)
-            return []
-        for idx, overrides, p in plans:
-            task.leave_planned(p)
-        print(f"sweep: {len(plans)} point(s) planned and checked; launching", flush=True)
-        returns = []
-        batch = self.max_batch_size or len(points)
-        for start in range(0, len(points), batch):
-            chunk = [list(o) for o in points[start:start + batch]]
-            results = self.launcher.launch(chunk, initial_job_idx=start)
-            returns.append(results)
-            for r in results:
-                _ = r.return_value  # re-raises a failed job's exception
-        return returns
+    def _sweep_problems(self, n_points: int, single: bool, run_dir_given: list) -> list:
+        """The sweep's own problems, before any point is composed."""
+        from vrun.checks.paths import short
 
-    def _compose(self, overrides: List[str], bases: dict) -> DictConfig:
-        """A point's task config and its raw hydra.sweep.subdir: Hydra composes once per distinct set of group
-        choices; the value overrides are then applied to a copy with Hydra's own override logic
-        (tests/test_sweep.py checks the equivalence with plain runs)."""
+        out = []
+        if run_dir_given and n_points > 1:
+            out.append(Problem("hydra.run.dir", run_dir_given[-1], f"a sweep of {n_points} points has one run dir "
+                               "per point, under hydra.sweep.dir", f"hydra.sweep.dir={run_dir_given[-1]}"))
+        elif not single:
+            out += check_paths.run_dir(str(Path(str(self.config.hydra.sweep.dir)).absolute()), "hydra.sweep.dir",
+                                       resume=True)
+        subdir = OmegaConf.select(self.config, "hydra.output_subdir", default=None)
+        if subdir is not None:
+            out.append(Problem("hydra.output_subdir", short(subdir), "Hydra's own copies of the config would be "
+                               "written past the project's writer (and outside the run dir if absolute); plan.json "
+                               "and manifest.json record the config", "drop it (conf/run.yaml sets null)"))
+        return out
+
+    def _wrong_cluster(self, choices: dict) -> Problem:
+        if self.launcher.cluster == "slurm":
+            return Problem("hydra/launcher", choices.get("hydra/launcher"), "the submitit launcher takes its nodes, "
+                           "GPUs and time from the cluster group", "add cluster=slurm (it selects the launcher itself)")
+        return Problem("hydra/launcher", choices.get("hydra/launcher"), f"cluster={choices.get('cluster')} "
+                       f"launches through its own launcher (this one runs on {self.launcher.cluster})",
+                       "drop hydra/launcher=... (the cluster group selects it)")
+
+    def _compose(self, overrides: List[str], bases: dict) -> tuple:
+        """A point's task config, its raw run dir and sweep subdir, its hydra.launcher node (unresolved) and
+        its group choices: Hydra composes once per distinct set of group choices; the value overrides are then
+        applied to a copy with Hydra's own override logic (tests/test_sweep.py checks the equivalence with plain
+        runs)."""
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -175,89 +176,17 @@ class PlanningSweeper(Sweeper):
         key = tuple(groups)
         if key not in bases:
             full = self.hydra_context.config_loader.load_sweep_config(self.config, groups)
-            subdir = OmegaConf.to_container(full.hydra.sweep, resolve=False)["subdir"]
+            dirs = {"run": OmegaConf.to_container(full.hydra.run, resolve=False)["dir"],
+                    "subdir": OmegaConf.to_container(full.hydra.sweep, resolve=False)["subdir"]}
             launcher = OmegaConf.to_container(full.hydra.launcher, resolve=False)
             choices = OmegaConf.to_container(full.hydra.runtime.choices, resolve=False)
             with open_dict(full):
                 del full["hydra"]  # copying Hydra's own node per point would cost more than the plan
-            bases[key] = (full, subdir, launcher, choices)
-        base, subdir, launcher, choices = bases[key]
+            bases[key] = (full, dirs, launcher, choices)
+        base, dirs, launcher, choices = bases[key]
         cfg = base.copy()
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
-        return cfg, subdir, launcher, choices
-
-    def _refuse(self, failures, n_points: int, what: str = "do not plan; nothing was run") -> None:
-        """One line per problem; a sweep's lines name their point, a single run's do not."""
-        from vrun.config import cli_errors
-
-        if n_points == 1:
-            cli_errors.emit([line for _, _, why in failures for line in why.splitlines()])
-        lines = [f"sweep: {len(failures)} of {n_points} point(s) {what}"]
-        for idx, overrides, why in sorted(failures):
-            for line in why.splitlines():
-                lines.append(f"point {idx} [{' '.join(overrides)}]: {line}" if idx >= 0 else f"sweep: {line}")
-        cli_errors.emit(lines)
-
-    def _slurm(self, plans, composed) -> Any:
-        """SLURM: every point's verdict shown and every check that needs no GPU made (vrun.launch.slurm.checks) before
-        anything is written or submitted; then each job written to its run dir and submitted."""
-        from vrun.config import cli_errors
-        from vrun.planning import report
-        from vrun.launch.slurm import submit as slurm, checks as slurm_checks
-        from vrun.core import writer
-        from vrun.planning.manifest import write_manifest
-
-        single = len(plans) == 1
-        submitting = {p.config.mode for _, _, p in plans} != {Mode.plan}
-        parts = slurm_checks.partitions() if submitting else None
-        checked, refused = [], []
-        for (idx, overrides, p), (_, _, cfg, _, (folder, _)) in zip(plans, composed):
-            sub = slurm.Submission.of(p)
-            found = []
-            if submitting:
-                found += slurm_checks.storage_problems(p, folder) + slurm_checks.partition_problems(sub, parts or [])
-            if p.config.mode == Mode.train:
-                found += slurm_checks.login_problems(p)
-            elif p.config.mode == Mode.preflight:
-                from vrun.launch import preflight
-
-                found += preflight.memory_problems(p)
-            errors = [x for x in found if not x.warning]
-            if errors:
-                refused.append((idx, overrides, "\n".join(x.line() for x in errors)))
-            checked.append((idx, overrides, p, cfg, folder, sub, [x for x in found if x.warning]))
-        for idx, overrides, p, _, _, sub, warnings in checked:
-            if single:
-                print(report.table(p), flush=True)
-                for w in warnings:
-                    print(w.line(), flush=True)
-                print(f"slurm   {sub.describe()}", flush=True)
-            else:
-                print(slurm.point_line(idx, overrides, p, sub, warnings), flush=True)
-                for w in list(p.warnings) + warnings:
-                    print(f"    {w.line()}", flush=True)
-        if refused:
-            self._refuse(refused, len(plans), "refused before sbatch; nothing was submitted")
-        items, total = [], 0.0
-        for idx, overrides, p, cfg, folder, sub, _ in checked:
-            report.write(p, extra={"slurm": {"parameters": sub.parameters, "max_num_timeout": sub.max_num_timeout,
-                                             "gpu_hours": sub.gpu_hours, "submitit_folder": folder,
-                                             "sbatch": "sbatch.sh"}})
-            write_manifest(cfg, p.run_dir, list(overrides))
-            writer.write_text(Path(p.run_dir) / "sbatch.sh", slurm.sbatch_script(sub, folder), root=p.run_dir)
-            items.append((p, sub, p.config.mode, folder))
-            total += sub.gpu_hours
-        if not single:
-            print(f"sweep: {len(items)} job(s), {total:.1f} GPU-hours", flush=True)
-        if not submitting:
-            print("plan only: nothing submitted (sbatch.sh in " + ("the run dir)" if single else "each run dir)"),
-                  flush=True)
-            return []
-        try:
-            slurm.confirm(total, plans[0][2].config.cluster)
-        except Exception as e:  # noqa: BLE001 - one line, non-zero exit
-            cli_errors.emit([cli_errors.describe(e)])
-        return slurm.submit(items, detach=plans[0][2].config.cluster.detach)
+        return cfg, dirs, launcher, choices
 
     def _is_group(self, override) -> bool:
         key = override.key_or_group

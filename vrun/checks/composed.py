@@ -2,10 +2,8 @@
 keys the typed groups lack, control characters, secrets (vrun.checks.secret), names (vrun.checks.paths) and sbatch
 values (vrun.checks.sbatch).
 
-Entry points: `config_problems(cfg, environ, choices)`, called once per sweep point by the sweeper and, for a
-single run, by `before_run_dir(config)`: the manifest callback's on_run_start, before Hydra creates the run dir.
-That callback holds no state: the directories Hydra is about to create (removed again if the plan is refused)
-are recorded in the run's own Hydra config (hydra.runtime.vrun_created), where the task reads them.
+Entry points: `config_problems(cfg, environ, choices)`, called once per point (a run is a sweep of one point) by
+the sweeper, before anything is written; `sweep_size_problems(parsed)` before the sweep is expanded.
 """
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ from vrun.checks.paths import short
 from vrun.checks.secret import leaves
 from vrun.core.problems import CONTROL, Problem
 
-CREATED_KEY = "vrun_created"
 # typed groups whose maps are open (any key): the pass-through and verl's own key spaces, env names
 OPEN = ("verl", "recipe", "engine", "optim", "env", "model.env", "cluster.additional_parameters")
 
@@ -125,54 +122,6 @@ def _control(key: str, v: str) -> bool:
 def _control_problem(key: str) -> Problem:
     return Problem(key, "<control characters>", "a value with a control character (a newline would add a line to "
                    "sbatch.sh or a command line)", f"give {key} on one line, without control characters")
-
-
-def before_run_dir(config: Any) -> None:
-    """on_run_start of a single run: refuse (one line each, exit 2) before Hydra creates the run dir; record in
-    the run's Hydra config which directories Hydra will create."""
-    from omegaconf import OmegaConf, open_dict, read_write
-
-    from vrun.config import cli_errors
-
-    hc = config.hydra
-    choices = OmegaConf.to_container(hc.runtime.choices, resolve=False) if "runtime" in hc else {}
-    problems = config_problems(config, choices=choices)
-    launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
-    if "submitit" in launcher:
-        problems.append(Problem("hydra/launcher", choices.get("hydra/launcher"), "Hydra applies a launcher only "
-                                "in multirun, so this run would train on this machine",
-                                "add cluster=slurm (it submits without -m)"))
-    subdir = OmegaConf.select(config, "hydra.output_subdir", default=None)
-    if subdir is not None:
-        problems.append(Problem("hydra.output_subdir", short(subdir), "Hydra's own copies of the config would be "
-                                "written past the project's writer (and outside the run dir if absolute); plan.json "
-                                "and manifest.json record the config", "drop it (conf/run.yaml sets null)"))
-    run_dir = None
-    if not [p for p in problems if not p.warning]:
-        try:
-            run_dir = OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=True)
-        except Exception as e:  # noqa: BLE001
-            problems.append(Problem("hydra.run.dir", None, cli_errors.describe(e).removeprefix("error: "),
-                                    "hydra.run.dir=<a directory>"))
-        else:
-            resume = bool(OmegaConf.select(config, "run.resume", default=False) is True)
-            problems += check_paths.run_dir(run_dir, "hydra.run.dir", resume=resume)
-    errors = [p for p in problems if not p.warning]
-    if errors:
-        cli_errors.emit([p.line() for p in errors])
-    created = check_paths.new_ancestors(str(run_dir)) if run_dir else []
-    with read_write(hc.runtime), open_dict(hc.runtime):
-        hc.runtime[CREATED_KEY] = created
-
-
-def created_dirs() -> list:
-    """The directories Hydra created for this single run (recorded by before_run_dir), deepest first."""
-    from hydra.core.hydra_config import HydraConfig
-
-    try:
-        return list(HydraConfig.get().runtime.get(CREATED_KEY) or [])
-    except Exception:  # noqa: BLE001 - no Hydra config (a sweep's job): nothing recorded
-        return []
 
 
 # a sweep larger than this is refused before any point is composed (each point is planned and written)

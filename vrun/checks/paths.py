@@ -22,7 +22,7 @@ NAME_KEYS = ("model.name", "algo.name", "data.name", "run.project_name", "run.ex
 GROUP_OF = {"model.name": "model", "algo.name": "algo", "data.name": "data"}
 # what a run leaves in its dir: a dir holding one of these holds a run
 RUN_FILES = ("plan.json", "verl_config.yaml", "manifest.json", "progress.jsonl", "slurm_job.json", "sbatch.sh",
-             ".plan.pickle", ".plan.json", "checkpoints", "rollouts", "slurm_attempts.jsonl", ".vrun")
+             "checkpoints", "rollouts", "slurm_attempts.jsonl", ".vrun")
 RESUME_FIX = "a new dir (hydra.run.dir=<new dir>), or run.resume=true with the same plan to continue that run"
 
 
@@ -210,43 +210,3 @@ def same_plan(run_dir_: str, verl_text: str) -> list:
     return [Problem("run.resume", True, f"{run_dir_} holds another plan (its verl_config.yaml differs): verl would "
                     "resume that run's checkpoints under this run's config", "the same overrides as that run, or a "
                     "new dir without run.resume")]
-
-
-def new_ancestors(path: str) -> list:
-    """The directories mkdir -p would create for `path`, deepest first (what a refused run removes)."""
-    p = Path(os.path.abspath(path))
-    out = []
-    while not p.exists() and p != p.parent:
-        out.append(str(p))
-        p = p.parent
-    return out
-
-
-def remove_if_empty(dirs: list) -> None:
-    for d in dirs:
-        try:
-            os.rmdir(d)
-        except OSError:
-            return
-
-
-def untrusted(path: str, root: str) -> Optional[str]:
-    """Why a file in a run dir may not be loaded as code-bearing data (a pickle), or None: it must be a regular
-    file (not a link) inside the run dir's real path, owned by this user and writable by no one else."""
-    import stat
-
-    try:
-        st = os.lstat(path)
-    except OSError as e:
-        return f"unreadable ({e.strerror})"
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
-        return "not a regular file (a link or something else)"
-    from vrun.core.writer import contained
-
-    if not contained(path, root):
-        return f"outside the run dir {root} on its real path"
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return "owned by another user"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return "writable by other users"
-    return None

@@ -45,6 +45,10 @@ def describe(ex: BaseException) -> str:
         return str(ex)
     msg = str(ex)
     cause = ex.__cause__ or ex.__context__
+    m = re.search(r"Sweeping over Hydra's configuration is not supported : '([^=']+)=(.*)'$", msg)
+    if m:
+        return (f"error: {m.group(1)}={m.group(2)}: a comma makes the value a list to sweep, and Hydra sweeps no "
+                f"value of its own config; fix: quote the value: '{m.group(1)}=\"{m.group(2)}\"'")
     m = re.search(r"Could not find '([^']+)'", msg)
     if m:
         group, _, option = m.group(1).rpartition("/")
@@ -176,3 +180,24 @@ def _launcher_key(key: str, value: str) -> str:
     near = difflib.get_close_matches(parts[2], options, n=1, cutoff=0.5)
     return (f"error: {key}={value}: no such key in Hydra's submitit launcher; fix: " +
             (f"hydra.launcher.{near[0]}={value}" if near else "a cluster.* knob (vrun/config/schema.py: Cluster)"))
+
+
+def sweeper_only_problem(mode) -> str:
+    from vrun.core.problems import Problem
+
+    return Problem("hydra.mode", mode, "every run is planned by the project's sweeper and started by its launchers "
+                   "(a run is a sweep of one point)", "drop hydra.mode (conf/run.yaml sets MULTIRUN)").line()
+
+
+def _callback_base():
+    from hydra.experimental.callback import Callback
+
+    return Callback
+
+
+class SweeperOnly(_callback_base()):
+    """A Hydra callback (conf/run.yaml): a run Hydra would start itself (hydra.mode=RUN) is refused before Hydra
+    creates its run dir. Holds no state."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        emit([sweeper_only_problem("RUN")])

@@ -285,9 +285,14 @@ def schema_node():
 
 
 def register() -> None:
+    """Everything conf/ composes against: this schema, and the project's launchers (hydra/launcher=vrun_local and
+    submitit_slurm, hydra_plugins/vrun_launcher)."""
     from hydra.core.config_store import ConfigStore
 
+    from hydra_plugins.vrun_launcher import vrun_launcher
+
     ConfigStore.instance().store(name="run_schema", node=schema_node())
+    vrun_launcher.register()
 
 
 def typed(cfg: Any) -> RunConfig:

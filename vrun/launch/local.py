@@ -1,4 +1,7 @@
-"""Hand-off on this machine: the plan's command, in the plan's environment.
+"""cluster=local: the points the sweeper planned, run on this machine (hydra/launcher=vrun_local calls `launch`).
+A run prints its table and draws plan.svg; a sweep prints a line per point. By mode: plan stops there, preflight
+checks this machine (vrun.launch.preflight), train runs the plan's command in the plan's environment, the points
+one after the other (a failing point ends the sweep with its exit code).
 
 The child's output goes to the terminal (stdout and stderr apart) and to <run dir>/job.log (both), where
 `python -m vrun status` reads verl's per-step timings back (vrun/rundir/joblog.py). The environment is built here
@@ -17,6 +20,63 @@ from pathlib import Path
 from vrun.rundir import records as rundir
 from vrun.rundir.joblog import JOB_LOG
 from vrun.planning.plan import Plan
+
+
+def launch(sweep, drawer=None) -> list:
+    """sweep: vrun.launch.points.Sweep; drawer: a vrun.planning.picture.Prerenderer for a single run, or None."""
+    from vrun.config.schema import Mode
+    from vrun.launch import points
+    from vrun.planning import report
+
+    plans = sweep.plans
+    if not sweep.single and {p.config.mode for p in plans} == {Mode.plan}:
+        for point in sweep.points:
+            points.write(point)
+            print(report.one_line(point.idx, point.overrides, point.plan), flush=True)
+        print(f"sweep: {len(plans)} point(s) planned and checked under {sweep.dir}", flush=True)
+        return []
+    if not sweep.single:
+        print(f"sweep: {len(plans)} point(s) planned and checked; launching", flush=True)
+    for point in sweep.points:
+        run_point(point, drawer if sweep.single else None)
+    return []
+
+
+def run_point(point, drawer=None) -> None:
+    """One point: written, its table printed (and plan.svg drawn), then by mode."""
+    from vrun.config import cli_errors
+    from vrun.config.schema import Mode
+    from vrun.core.problems import PlanError
+    from vrun.launch import points, preflight
+    from vrun.planning import report
+
+    p = point.plan
+    try:
+        points.write(point)
+        print(report.table(p), flush=True)
+        if drawer is not None:
+            svg, why = drawer.render(str(Path(p.run_dir) / "plan.json"))
+            print(f"picture {svg}" if svg else f"picture not drawn: {why}", flush=True)
+        if p.config.mode == Mode.plan:
+            return
+        rundir.record(p.run_dir, "started", attempt=0, pid=os.getpid())
+        try:
+            preflight.require(p)
+        except PlanError as e:
+            rundir.record(p.run_dir, "failed", attempt=0, node=0, error=str(e).splitlines()[0])
+            raise
+        if p.config.mode == Mode.preflight:
+            rundir.record(p.run_dir, "exited", attempt=0, node=0, rc=0)
+            print("preflight: all checks passed", flush=True)
+            return
+        rc = train(p)
+        if rc:
+            sys.exit(rc)
+    except PlanError as e:
+        cli_errors.emit([pr.line() for pr in e.problems] + e.hints)
+    finally:
+        if drawer is not None:
+            drawer.close()
 
 
 def child_env(plan: Plan, environ: dict | None = None) -> dict:

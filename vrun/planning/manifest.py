@@ -1,5 +1,5 @@
-"""The run manifest (what ran, from which code, with which packages): a Hydra callback for runs
-(conf/run.yaml hydra.callbacks), written by the sweeper for the points it plans itself."""
+"""The run manifest (what ran, from which code, with which packages): manifest.json, written by the launcher beside
+each point's plan.json (vrun.launch.points.write)."""
 from __future__ import annotations
 
 import functools
@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from vrun.core.problems import SECRETISH
@@ -89,16 +88,6 @@ def manifest(config: DictConfig, output_dir: str, overrides: list[str]) -> dict:
         "stack": _stack(),
         "config": redact(run_cfg),
     }
-
-
-class RunManifest(Callback):
-    """Checks the composed config before Hydra creates the run dir (vrun.checks.composed), so a refused run leaves
-    nothing behind. The manifest itself is written by the task once the plan is made (vrun.launch.task)."""
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from vrun.checks import composed as check_composed
-
-        check_composed.before_run_dir(config)
 
 
 def write_manifest(config: DictConfig, run_dir: str, overrides: list[str]) -> None:

@@ -51,7 +51,8 @@ def launcher_given(unresolved: dict, overridden: list[str]) -> set[str]:
     defaults = OmegaConf.to_container(OmegaConf.structured(SlurmQueueConf), resolve=False)
     named = {o.lstrip("+~").split("=", 1)[0][len("hydra.launcher."):].split(".")[0]
              for o in overridden if o.lstrip("+~").startswith("hydra.launcher.")}
-    return {k for k in unresolved if k != "_target_" and (k in named or unresolved[k] != defaults.get(k))}
+    values = set(defaults) - {"_target_"}  # which class launches is the group choice's, not a value given
+    return {k for k in unresolved if k in values and (k in named or unresolved[k] != defaults[k])}
 
 
 def take_launcher(cfg, launcher: dict, given: set[str], mesh_values: dict) -> tuple[list[Problem], dict]:
@@ -107,6 +108,28 @@ def as_given(problems: list[Problem], taken: dict) -> list[Problem]:
                 break
         out.append(p)
     return out
+
+
+def point_problems(cfg, launcher: dict, hydra_overrides: list, sweep_dir: str, run_dir: str,
+                   run_dir_key: str) -> tuple[list[Problem], dict]:
+    """A composed point under cluster=slurm (cfg still holds the point's hydra node; launcher: its hydra.launcher,
+    unresolved): the hydra.launcher values given by hand put onto their knobs, the job's folder, the paths SLURM
+    expands. Returns the problems and {"folder": the submitit folder, "knobs": {knob: hydra.launcher key}}."""
+    from omegaconf import OmegaConf
+
+    from vrun.checks import sbatch as check_sbatch
+
+    given = launcher_given(launcher, hydra_overrides)
+    # resolved here only what the mesh decides and the job's folder: every other launcher value goes onto its
+    # knob unresolved, for the knob's checks
+    resolved = {k: OmegaConf.select(cfg, f"hydra.launcher.{k}")
+                for k in (given & set(LAUNCHER_MESH)) | {"submitit_folder"} if k in launcher}
+    problems, knobs = take_launcher(cfg, launcher, given, resolved)
+    folder = str(Path(str(resolved.get("submitit_folder") or Path(sweep_dir) / ".submitit/%j")).absolute())
+    if "submitit_folder" in given:
+        problems += folder_problems(folder, sweep_dir)
+    problems += check_sbatch.expanded_path(run_dir, run_dir_key)
+    return problems, {"folder": folder, "knobs": knobs}
 
 
 def folder_problems(folder: str, sweep_dir: str) -> list[Problem]:
@@ -247,6 +270,71 @@ def point_line(idx: int, overrides, plan, sub: Submission, warnings: list) -> st
            if e is not None else "memory: no estimate")
     n = len(plan.warnings) + len(warnings)
     return f"{report.one_line(idx, overrides, plan)}\n    {mem} · {n} warning(s) · slurm: {sub.describe()}"
+
+
+def launch(sweep) -> list:
+    """cluster=slurm (sweep: vrun.launch.points.Sweep): every point's verdict shown and every check that needs no
+    GPU made (vrun.launch.slurm.checks) before anything is written or submitted; then each point written to its run
+    dir (sbatch.sh beside plan.json) and, unless mode=plan, submitted."""
+    from vrun.config.schema import Mode
+    from vrun.launch import points as planned
+    from vrun.launch.slurm import checks as slurm_checks
+    from vrun.planning import report
+
+    plans = sweep.plans
+    submitting = {p.config.mode for p in plans} != {Mode.plan}
+    parts = slurm_checks.partitions() if submitting else None
+    checked, refused = [], []
+    for point in sweep.points:
+        p, folder = point.plan, point.launcher["folder"]
+        sub = Submission.of(p)
+        found = []
+        if submitting:
+            found += slurm_checks.storage_problems(p, folder) + slurm_checks.partition_problems(sub, parts or [])
+        if p.config.mode == Mode.train:
+            found += slurm_checks.login_problems(p)
+        elif p.config.mode == Mode.preflight:
+            from vrun.launch import preflight
+
+            found += preflight.memory_problems(p)
+        errors = [x for x in found if not x.warning]
+        if errors:
+            refused.append((point.idx, point.overrides, "\n".join(x.line() for x in errors)))
+        checked.append((point, sub, [x for x in found if x.warning]))
+    for point, sub, warnings in checked:
+        if sweep.single:
+            print(report.table(point.plan), flush=True)
+            for w in warnings:
+                print(w.line(), flush=True)
+            print(f"slurm   {sub.describe()}", flush=True)
+        else:
+            print(point_line(point.idx, point.overrides, point.plan, sub, warnings), flush=True)
+            for w in list(point.plan.warnings) + warnings:
+                print(f"    {w.line()}", flush=True)
+    if refused:
+        planned.refuse(refused, len(plans), "refused before sbatch; nothing was submitted")
+    items, total = [], 0.0
+    for point, sub, _ in checked:
+        p, folder = point.plan, point.launcher["folder"]
+        planned.write(point, extra={"slurm": {"parameters": sub.parameters, "max_num_timeout": sub.max_num_timeout,
+                                              "gpu_hours": sub.gpu_hours, "submitit_folder": folder,
+                                              "sbatch": "sbatch.sh"}})
+        writer.write_text(Path(p.run_dir) / "sbatch.sh", sbatch_script(sub, folder), root=p.run_dir)
+        items.append((p, sub, p.config.mode, folder))
+        total += sub.gpu_hours
+    if not sweep.single:
+        print(f"sweep: {len(items)} job(s), {total:.1f} GPU-hours", flush=True)
+    if not submitting:
+        print("plan only: nothing submitted (sbatch.sh in " + ("the run dir)" if sweep.single else "each run dir)"),
+              flush=True)
+        return []
+    from vrun.config import cli_errors
+
+    try:
+        confirm(total, plans[0].config.cluster)
+    except Exception as e:  # noqa: BLE001 - one line, non-zero exit
+        cli_errors.emit([cli_errors.describe(e)])
+    return submit(items, detach=plans[0].config.cluster.detach)
 
 
 def submit(items: list, detach: bool) -> list:
