@@ -1,6 +1,8 @@
 """Shared helpers: compose the project's run config with Hydra, and plan it, in-process."""
 from __future__ import annotations
 
+import functools
+import json
 import os
 import subprocess
 import sys
@@ -127,3 +129,21 @@ def own_state_dir(tmp_path, monkeypatch):
     d = tmp_path / "state"
     monkeypatch.setenv("VRUN_STATE_DIR", str(d))
     return d
+
+
+@functools.lru_cache(maxsize=1)
+def _record_template() -> str:
+    from vrun.planning import report
+
+    return json.dumps(report.plan_json(plan(["model=qwen3_5_35b", "mode=plan"], run_dir="/vrun-template-run")))
+
+
+def record_json(run_dir, **fields) -> dict:
+    """A real plan.json's content (vrun.rundir.record) for a run dir the test writes by hand, with `fields` set."""
+    from vrun.rundir import records as rundir
+
+    text = _record_template().replace("/vrun-template-run", str(run_dir))
+    out = json.loads(text)
+    out["run_id"] = rundir.run_id(str(run_dir))
+    out.update(fields)
+    return out

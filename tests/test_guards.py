@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PY, ROOT, compose, runner
+from conftest import PY, ROOT, compose, record_json, runner
 from vrun.checks import composed as check_composed, paths as check_paths, sbatch as check_sbatch, secret as check_secrets, values as check_values
 from vrun.rundir import records as rundir
 from vrun.core import writer
@@ -269,7 +269,7 @@ def test_cancel_signals_only_the_runs_own_process(tmp_path):
 
 def _run_dir_with_pid(d: Path, pid, run_id=None):
     d.mkdir(parents=True)
-    plan = {"format": rundir.FORMAT, "mode": "train", "cluster": "local", "mesh": {"world": 8}, "model": {"name": "m"}}
+    plan = record_json(d, mode="train")
     if run_id:
         plan["run_id"] = run_id
     (d / "plan.json").write_text(json.dumps(plan))
@@ -308,8 +308,7 @@ def test_cancel_cli_refuses_unproven_pids(tmp_path):
 
 def _malformed(rng):
     """A plan.json / progress.jsonl / slurm_job.json body the runner never writes."""
-    good = {"format": 1, "mode": "plan", "cluster": "local", "mesh": {"world": 8, "nnodes": 1}, "model": {"name": "m"},
-            "algo": "grpo", "entrypoint": "verl.trainer.main_ppo:run_ppo", "argv": ["python"], "env": {}}
+    good = record_json("/vrun-malformed")
     kind = rng.choice(["list", "string", "number", "null", "truncated", "binary", "deep", "wrong-type", "huge-int"])
     if kind == "list":
         return b"[1, 2]"
@@ -327,7 +326,7 @@ def _malformed(rng):
         return b"[" * 100_000 + b"]" * 100_000
     if kind == "huge-int":
         return json.dumps({**good, "format": 10 ** 40}).encode()
-    key = rng.choice(["model", "mesh", "env", "argv", "format", "mode", "stack", "batch"])
+    key = rng.choice(["model", "mesh", "env", "argv", "format", "mode", "stack", "batch", "run_id", "torchrun"])
     return json.dumps({**good, key: rng.choice([[1], "x", 3, {"a": [1]}, True])}).encode()
 
 
@@ -349,11 +348,10 @@ def test_every_verb_answers_malformed_files_in_one_line(seed, tmp_path, capsys):
     from vrun.runs import cli
 
     rng = rng_of(seed)
-    ok_plan = json.dumps({"format": 1, "mode": "train", "cluster": "local", "mesh": {"world": 8},
-                          "model": {"name": "m"}, "algo": "grpo"}).encode()
     for i in range(40):
         d = tmp_path / f"r{i}"
         d.mkdir()
+        ok_plan = json.dumps(record_json(d, mode="train")).encode()
         broken = rng.choice(["plan", "progress", "slurm", "verl", "manifest"])
         (d / "plan.json").write_bytes(_malformed(rng) if broken == "plan" else ok_plan)
         if broken == "progress":
@@ -382,7 +380,7 @@ def test_missing_slurm_clients_and_logs_follow(tmp_path):
 
     d = tmp_path / "s"
     d.mkdir()
-    (d / "plan.json").write_text(json.dumps({"format": 1, "mode": "train", "cluster": "slurm", "mesh": {"world": 8}}))
+    (d / "plan.json").write_text(json.dumps(record_json(d, mode="train", cluster="slurm")))
     (d / "slurm_job.json").write_text(json.dumps({"job_id": "123", "folder": str(tmp_path / "logs" / "%j"),
                                                   "spec": {"nodes": 1}}))
     (d / "progress.jsonl").write_text(json.dumps({"event": "submitted", "t": time.time(), "job_id": "123",
@@ -412,12 +410,13 @@ def test_exported_script_runs_no_injected_line(seed, tmp_path):
         pick = lambda: rng.choice(evil)  # noqa: E731
         config = f"trainer:\n  project_name: '{pick().strip()}'\nnote: |\n  {pick().strip()}\n  VERL_CONFIG_EOF\n"
         (d / "verl_config.yaml").write_text(config)
-        plan = {"format": 1, "mode": "plan", "cluster": "local", "algo": pick(), "optimizer": pick(),
-                "model": {"name": pick()}, "mesh": {"world": 8, "nnodes": pick(), "gpus_per_node": 8},
-                "entrypoint": rng.choice(["verl.trainer.main_ppo:run_ppo", "torchrun sft_trainer"]),
-                "argv": ["python", "-m", "vrun.launch.entry", "ppo", "--task-runner", pick()], "env": {
-                    "A": pick(), pick().strip() or "B": "1", "PYTHONPATH": pick()},
-                "env_unset": [pick()], "pass_env": [pick(), "HF_TOKEN"]}
+        plan = record_json(d, algo=pick(), optimizer=pick(),
+                           entrypoint=rng.choice(["verl.trainer.main_ppo:run_ppo", "torchrun sft_trainer"]),
+                           argv=["python", "-m", "vrun.launch.entry", "ppo", "--task-runner", pick()],
+                           env={"A": pick(), pick().strip() or "B": "1", "PYTHONPATH": pick()},
+                           env_unset=[pick()], pass_env=[pick(), "HF_TOKEN"])
+        plan["model"]["name"] = pick()
+        plan["mlite"]["source"] = pick()
         (d / "plan.json").write_text(json.dumps(plan))
         text = export.script(state.load(d))
         script = tmp_path / f"x{i}.sh"

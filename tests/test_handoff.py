@@ -83,20 +83,21 @@ def test_sft_torchrun_command(tmp_path):
     assert a[16:18] == ["--config-name", "verl_config"]
 
 
-def test_sft_node_command_from_the_job_payload(tmp_path):
-    """Each SLURM node builds its torchrun command from the job payload: the plan's command with its own rank,
+def test_sft_node_command_from_the_plan_record(tmp_path):
+    """Each SLURM node builds its torchrun command from the run dir's plan.json: the plan's command with its own rank,
     the node count and the head's address."""
     from vrun import entrypoints
-    from vrun.launch.slurm import submit as slurm
+    from vrun.planning import report
+    from vrun.rundir.record import PlanRecord
 
     p = plan(["model=deepseek_v4_flash", "algo=sft", "mode=plan"], run_dir=str(tmp_path / "r"))
-    t = slurm.job_payload(p)["torchrun"]
-    node = entrypoints.torchrun_argv(t["python"], t["module"], p.run_dir, nnodes=16, nproc_per_node=t["nproc_per_node"],
+    report.write(p)
+    t = PlanRecord.load(p.run_dir).torchrun  # what every node reads back
+    node = entrypoints.torchrun_argv(t.python, t.module, p.run_dir, nnodes=16, nproc_per_node=t.nproc_per_node,
                                      node_rank=0, master_addr="127.0.0.1", master_port=29500)
     assert node == p.argv
-    node3 = entrypoints.torchrun_argv(t["python"], t["module"], p.run_dir, nnodes=16,
-                                      nproc_per_node=t["nproc_per_node"], node_rank=3, master_addr="10.0.0.1",
-                                      master_port=21009)
+    node3 = entrypoints.torchrun_argv(t.python, t.module, p.run_dir, nnodes=16, nproc_per_node=t.nproc_per_node,
+                                      node_rank=3, master_addr="10.0.0.1", master_port=21009)
     assert node3[5:11] == ["--node_rank", "3", "--master_addr", "10.0.0.1", "--master_port", "21009"]
     assert node3[11:] == p.argv[11:]
 

@@ -130,7 +130,9 @@ def test_bad_input_is_one_line(tmp_path):
     one_error_line(vrun("resubmit", str(tmp_path / "r")), "never submitted to SLURM")
     one_error_line(vrun("logs", str(tmp_path / "r")), "writes no log files")
     plan = json.loads((tmp_path / "r" / "plan.json").read_text())
-    assert plan["format"] == 1
+    from vrun.rundir.record import FORMAT
+
+    assert plan["format"] == FORMAT
     for fmt, word in ((None, "older"), (99, "newer")):
         p = dict(plan)
         if fmt is None:

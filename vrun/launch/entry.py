@@ -22,23 +22,20 @@ def load_class(path: str):
 def stack_problems(config_path: str) -> list[str]:
     """The plan next to the config (plan.json) must have been composed against this environment's verl and
     verl_mlite: one line per part that differs, naming both versions."""
-    import json
-
     from vrun.compose import stack
     from vrun.core.problems import Problem
+    from vrun.rundir.files import RunDirError
+    from vrun.rundir.record import PlanRecord
 
-    plan_file = os.path.join(os.path.dirname(os.path.abspath(config_path)), "plan.json")
-    try:
-        with open(plan_file, "rb") as f:
-            plan = json.loads(f.read().decode("utf-8"))
-        recorded = plan.get("stack") if isinstance(plan, dict) else None
-    except FileNotFoundError:
+    run_dir = os.path.dirname(os.path.abspath(config_path))
+    plan_file = os.path.join(run_dir, "plan.json")
+    if not os.path.lexists(plan_file):
         return [Problem(plan_file, "missing", "the config's plan is not beside it: the stack it was composed "
                         "against is unknown", "run the plan's own argv from its run dir, or plan again").line()]
-    except (OSError, ValueError) as e:
-        return [Problem(plan_file, "unreadable", type(e).__name__, "plan again in this environment").line()]
-    if recorded is not None and not isinstance(recorded, dict):
-        recorded = None
+    try:
+        recorded = PlanRecord.load(run_dir).stack
+    except RunDirError as e:
+        return [str(e)]
     return [p.line() for p in stack.mismatch(recorded)]
 
 

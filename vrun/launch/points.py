@@ -33,12 +33,13 @@ class Sweep:
         return [p.plan for p in self.points]
 
 
-def write(point: Point, extra: dict | None = None) -> None:
-    """The point's run dir: verl_config.yaml and plan.json (vrun.planning.report), manifest.json."""
+def write(point: Point, **fields) -> None:
+    """The point's run dir: verl_config.yaml and plan.json (vrun.planning.report; `fields` of its record set by the
+    launcher), manifest.json."""
     from vrun.planning import report
     from vrun.planning.manifest import write_manifest
 
-    report.write(point.plan, extra=extra)
+    report.write(point.plan, **fields)
     write_manifest(point.config, point.plan.run_dir, list(point.overrides))
 
 

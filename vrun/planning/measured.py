@@ -26,7 +26,7 @@ def of(run: state.Run) -> joblog.Measured:
 
 
 def predicted(run: state.Run) -> Optional[dict]:
-    t = run.plan.get("time") or {}
+    t = run.plan.time
     if t.get("step_low_s") is None:
         return None
     return {"low_s": t["step_low_s"], "high_s": t["step_high_s"], "middle_s": t.get("step_middle_s"),
@@ -38,7 +38,7 @@ def learn(run_dir: Path, m: Optional[joblog.Measured] = None) -> bool:
     """Record the run's median step time against its plan's uncalibrated middle. Returns whether it changed."""
     run = state.load(Path(run_dir))
     m = m if m is not None else of(run)
-    t = run.plan.get("time") or {}
+    t = run.plan.time
     if m.step_s is None or not t.get("model_middle_s") or not t.get("kind"):
         return False
     return calibration.record(t["kind"], str(run.dir), m.step_s, float(t["model_middle_s"]), len(m.steps))

@@ -2,37 +2,48 @@
 and the one line per point a sweep prints. Reads the plan only."""
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
-from typing import Optional
 
 from vrun.rundir import records as rundir
+from vrun.rundir.record import (FORMAT, PLAN, MeshRecord, MliteRecord, ModelRecord, PlanRecord,
+                                TorchrunRecord)
 from vrun.estimate.memory import GIB
 from vrun.planning.plan import Plan
 
 
-def plan_json(plan: Plan) -> dict:
-    c = plan.config
-    return {
-        "format": rundir.FORMAT, "run_id": rundir.run_id(plan.run_dir), "mode": str(c.mode), "cluster": str(c.cluster.name),
-        "entrypoint": plan.entrypoint.launches, "argv": plan.argv, "env": plan.env, "env_unset": plan.env_unset,
-        "pass_env": plan.pass_env, "mesh": plan.mesh.summary(), "run_dir": plan.run_dir,
-        "model": {"name": c.model.name, "path": plan.model_path, "path_from": plan.model_path_source},
-        "algo": c.algo.name, "optimizer": c.optimizer.name.value,
-        "verl_config": f"{plan.run_dir}/verl_config.yaml", "verl_config_name": plan.request.config_name,
-        "verl_groups": list(plan.request.groups), "verl_overrides": [o.cli() for o in plan.request.overrides],
-        "mlite": {"source": plan.mlite.kind, "location": plan.mlite.location},
-        "stack": plan.stack,
-        "batch": plan.batch,
-        "memory": plan.memory.summary() if plan.memory is not None else {"unavailable": plan.memory_note},
-        "mesh_search": plan.search.summary() if plan.search is not None else None,
-        "checkpoint": plan.checkpoint.summary() if plan.checkpoint is not None else None,
-        "pipeline": plan.pipeline,
-        "time": time_json(plan),
-        "cost": plan.cost if plan.cost is not None else {"unavailable": plan.time_note},
-        "params": plan.params.summary() if plan.params is not None else None,
-        "warnings": [w.line() for w in plan.warnings],
-    }
+def record(plan: Plan, **fields) -> PlanRecord:
+    """The plan as plan.json holds it (vrun.rundir.record), with `fields` (e.g. slurm, node_checks) set."""
+    import dataclasses
+
+    c, m = plan.config, plan.mesh
+    r = PlanRecord(
+        format=FORMAT, run_id=rundir.run_id(plan.run_dir), mode=str(c.mode), cluster=str(c.cluster.name),
+        entrypoint=plan.entrypoint.launches, launcher=plan.entrypoint.name.value, argv=list(plan.argv),
+        env=dict(plan.env), env_unset=list(plan.env_unset), pass_env=plan.pass_env,
+        mesh=MeshRecord(**m.summary()), run_dir=plan.run_dir,
+        model=ModelRecord(c.model.name, plan.model_path, plan.model_path_source), algo=c.algo.name,
+        optimizer=c.optimizer.name.value, verl_config=f"{plan.run_dir}/verl_config.yaml",
+        verl_config_name=plan.request.config_name, verl_groups=list(plan.request.groups),
+        verl_overrides=[o.cli() for o in plan.request.overrides],
+        mlite=MliteRecord(plan.mlite.kind, plan.mlite.location), stack=plan.stack, batch=plan.batch,
+        memory=plan.memory.summary() if plan.memory is not None else {"unavailable": plan.memory_note},
+        pipeline=plan.pipeline, time=time_json(plan),
+        cost=plan.cost if plan.cost is not None else {"unavailable": plan.time_note},
+        warnings=[w.line() for w in plan.warnings], cluster_group=dataclasses.asdict(c.cluster),
+        torchrun=TorchrunRecord(sys.executable, list(c.run.sft_entry), m.gpus_per_node),
+        mesh_search=plan.search.summary() if plan.search is not None else None,
+        checkpoint=plan.checkpoint.summary() if plan.checkpoint is not None else None,
+        params=plan.params.summary() if plan.params is not None else None,
+    )
+    return dataclasses.replace(r, **fields)
+
+
+def plan_json(plan: Plan, **fields) -> dict:
+    """plan.json's content as JSON values (the record's; tests and the picture read sections of it)."""
+    import dataclasses
+
+    return dataclasses.asdict(record(plan, **fields))
 
 
 def time_json(plan: Plan) -> dict:
@@ -43,9 +54,9 @@ def time_json(plan: Plan) -> dict:
     return {**plan.time.summary(), "kind": steptime_plan.kind(plan.config, plan.verl)}
 
 
-def write(plan: Plan, extra: Optional[dict] = None) -> None:
-    """<run dir>/verl_config.yaml and plan.json (with `extra` sections, e.g. the SLURM submission), through the
-    one writer (vrun.core.writer): masked, never through a link; verl_config.yaml verbatim or refused."""
+def write(plan: Plan, **fields) -> None:
+    """<run dir>/verl_config.yaml and plan.json (its record, with `fields` set: e.g. the SLURM submission), through
+    the one writer (vrun.core.writer): masked, never through a link; verl_config.yaml verbatim or refused."""
     import yaml
 
     from vrun.checks import paths as check_paths
@@ -62,7 +73,7 @@ def write(plan: Plan, extra: Optional[dict] = None) -> None:
     d.mkdir(parents=True, exist_ok=True)
     try:
         writer.write_text(d / "verl_config.yaml", text, root=d, verbatim=True)
-        writer.write_text(d / "plan.json", json.dumps({**plan_json(plan), **(extra or {})}, indent=2) + "\n", root=d)
+        writer.write_text(d / PLAN, record(plan, **fields).to_json(), root=d)
     except writer.SecretRefused as e:
         raise PlanError([Problem("verl", "<hidden>", f"{e}: verl must run what the plan says, so it is not "
                                  "rewritten", "remove the secret from the config; pass it by name in pass_env")])

@@ -15,15 +15,9 @@ class RunDirError(Exception):
         super().__init__(f"error: {thing}={value}: {why}; fix: {fix}")
 
 
-# plan.json's fields the verbs read, and their JSON types
-PLAN_FIELDS = {"format": int, "run_id": str, "mode": str, "cluster": str, "entrypoint": str, "argv": list,
-               "env": dict, "env_unset": list, "pass_env": list, "mesh": dict, "run_dir": str, "model": dict,
-               "algo": str, "optimizer": str, "verl_config": str, "verl_config_name": str, "verl_groups": list,
-               "verl_overrides": list, "mlite": dict, "stack": dict, "batch": dict, "memory": dict, "pipeline": list,
-               "warnings": list, "slurm": dict}
-# slurm_job.json's fields and types (job: the node job's plain values, what resubmit submits again)
+# slurm_job.json's fields and types (spec: the sbatch job, what resubmit submits again with the run dir's plan.json)
 SLURM_FIELDS = {"job_id": (str, int), "stdout": str, "stderr": str, "folder": str, "spec": dict, "mode": str,
-                "job": dict}
+                "attempt": int}
 SLURM_REQUIRED = ("job_id", "folder")
 
 
@@ -51,22 +45,12 @@ def read_object(path: Path, fields: dict, required: tuple = ()) -> dict:
         v = data.get(k)
         if v is not None and (not isinstance(v, t) or isinstance(v, bool) and t is int):
             raise RunDirError(f"{path} {k}", type(v).__name__, f"not a {_name(t)}", "plan the run again")
-    for k in ("model", "mesh", "mlite", "batch"):
-        for sub, v in (data.get(k) or {}).items() if isinstance(data.get(k), dict) else ():
-            if isinstance(v, (dict, list)) and k != "batch":
-                raise RunDirError(f"{path} {k}.{sub}", type(v).__name__, "not a plain value", "plan the run again")
     return data
 
 
 def _name(t) -> str:
     ts = t if isinstance(t, tuple) else (t,)
     return " or ".join({dict: "JSON object", list: "JSON list", str: "string", int: "integer"}[x] for x in ts)
-
-
-def plan(d: Path) -> dict:
-    """plan.json, validated (its format is judged by vrun.rundir.state.load)."""
-    p = read_object(d / "plan.json", PLAN_FIELDS)
-    return p
 
 
 def slurm_job(d: Path) -> Optional[dict]:

@@ -1,6 +1,6 @@
 """What a run dir records about itself, and the index of run dirs the project wrote.
 
-Written by the planner (plan.json carries FORMAT; the run dir is added to the index), by the submitting process
+Written by the planner (plan.json, vrun.rundir.record, carries its format; the run dir is added to the index), by the submitting process
 (`submitted`), by the job on its nodes (`started`, `nodes_joined`, `ray_up`, `entrypoint_started`, `exited`,
 `failed`, `requeued`) and by `python -m vrun cancel` (`cancelled`): one JSON line per event in
 <run dir>/progress.jsonl, with the time and the host. A run's state is read from these lines, so it never depends
@@ -17,8 +17,6 @@ from typing import Optional
 
 from vrun.core import writer
 
-# plan.json's "format": what `python -m vrun` knows how to read. Raise it when a run dir's files change meaning.
-FORMAT = 1
 PROGRESS = "progress.jsonl"
 
 

@@ -18,6 +18,7 @@ from typing import Optional
 
 from vrun.rundir import records as rundir
 from vrun.rundir.files import RunDirError
+from vrun.rundir.record import PlanRecord
 
 # the order of the phases within one attempt (a submitter and a node may write in either order)
 RANK = {"submitted": 0, "requeued": 0, "started": 1, "nodes_joined": 2, "ray_up": 3, "entrypoint_started": 4,
@@ -27,7 +28,7 @@ RANK = {"submitted": 0, "requeued": 0, "started": 1, "nodes_joined": 2, "ray_up"
 @dataclass
 class Run:
     dir: Path
-    plan: dict
+    plan: PlanRecord
     slurm: Optional[dict]
     events: list
     state: str = "planned"
@@ -45,7 +46,7 @@ class Run:
 
     @property
     def gpus(self) -> int:
-        return int(self.plan.get("mesh", {}).get("world") or 0)
+        return self.plan.mesh.world
 
     @property
     def gpu_hours(self) -> float:
@@ -74,8 +75,8 @@ class Run:
 
     def summary(self) -> dict:
         p = self.plan
-        return {"run_dir": str(self.dir), "model": p.get("model", {}).get("name"), "algo": p.get("algo"),
-                "gpus": self.gpus, "mode": p.get("mode"), "cluster": p.get("cluster"), "state": self.state,
+        return {"run_dir": str(self.dir), "model": p.model.name, "algo": p.algo,
+                "gpus": self.gpus, "mode": p.mode, "cluster": p.cluster, "state": self.state,
                 "phase": self.phase, "reason": self.reason, "job_id": self.job_id, "job_ids": self.job_ids,
                 "attempt": self.attempt, "elapsed_s": round(self.elapsed_s, 1),
                 "gpu_hours": round(self.gpu_hours, 3), "checkpoint_step": self.checkpoint_step(),
@@ -110,15 +111,7 @@ def load(d: Path, indexed_at: Optional[float] = None) -> Run:
 
     if not (d / "plan.json").exists():
         raise RunDirError("run", d, "not a run dir (no plan.json)", "give a dir the runner wrote")
-    plan = files.plan(d)
-    fmt = plan.get("format", 0)
-    if fmt != rundir.FORMAT:
-        when = "older" if isinstance(fmt, int) and fmt < rundir.FORMAT else "newer"
-        commit = _manifest_commit(d)
-        raise RunDirError(f"{d}/plan.json format", fmt, f"written by an {when} vrun (this one reads format "
-                          f"{rundir.FORMAT})", "read it with the vrun that wrote it"
-                          + (f" (git commit {commit[:12]})" if commit else "")
-                          + ", or plan the run again with this one")
+    plan = PlanRecord.load(d, written_by=lambda: _manifest_commit(d))
     slurm = files.slurm_job(d)
     run = Run(dir=d, plan=plan, slurm=slurm, events=rundir.events(str(d)))
     derive(run)
@@ -150,7 +143,7 @@ def derive(run: Run) -> None:
     run.job_id = next((str(e["job_id"]) for e in reversed(cur) if e.get("job_id")), None) or (
         str(run.slurm["job_id"]) if run.slurm else None)
     state, phase = "pending", "submitted"
-    mode = run.plan.get("mode")
+    mode = run.plan.mode
     for e in cur:
         ev = e["event"]
         if ev == "requeued":

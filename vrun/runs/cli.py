@@ -79,7 +79,7 @@ def cmd_runs(a) -> int:
         runs = [r for r in runs if r.state in want]
     if a.model:
         want = set(a.model.split(","))
-        runs = [r for r in runs if (r.plan.get("model") or {}).get("name") in want]
+        runs = [r for r in runs if r.plan.model.name in want]
     runs.sort(key=lambda r: r.when, reverse=True)
     for n in notes:
         print(n, file=sys.stderr)
@@ -130,12 +130,11 @@ def cmd_status(a) -> int:
         print(json.dumps({**r.summary(), "events": r.events, "predicted": measured.predicted(r),
                           "measured": m.summary()}, indent=1))
         return 0
-    p, m = r.plan, r.plan.get("mesh") or {}
+    p, m = r.plan, r.plan.mesh
     print(f"run      {r.dir}")
-    print(f"plan     {p.get('model', {}).get('name')} · {p.get('algo')} · optimizer {p.get('optimizer')} · mode "
-          f"{p.get('mode')} · cluster {p.get('cluster')}: {m.get('world')} GPUs = {m.get('nnodes')}×"
-          f"{m.get('gpus_per_node')}, TP{m.get('tp')} CP{m.get('cp')} PP{m.get('pp')} DP{m.get('dp')} "
-          f"EP{m.get('ep')} ETP{m.get('etp')} EDP{m.get('edp')}")
+    print(f"plan     {p.model.name} · {p.algo} · optimizer {p.optimizer} · mode {p.mode} · cluster {p.cluster}: "
+          f"{m.world} GPUs = {m.nnodes}×{m.gpus_per_node}, TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} EP{m.ep} "
+          f"ETP{m.etp} EDP{m.edp}")
     print(f"state    {state.describe(r)}")
     if r.failure:
         print(f"failed   on {r.failure['node']}: {r.failure['error']}")
@@ -203,7 +202,7 @@ def cmd_logs(a) -> int:
         sys.stdout.write((r.dir / "job.log").read_text(errors="replace"))
         return 0
     if not r.on_slurm:
-        raise Usage(f"error: run={r.dir}: a run on this machine (cluster={r.plan.get('cluster')}) writes no log "
+        raise Usage(f"error: run={r.dir}: a run on this machine (cluster={r.plan.cluster}) writes no log "
                     "files: its output went to the terminal that started it; fix: for a kept log, run it with "
                     "`... 2>&1 | tee run.log`, or on cluster=slurm")
     node = _node_index(r, a.node) if a.node is not None else None
@@ -315,7 +314,7 @@ def cmd_cancel(a) -> int:
 
 def _ended(r: state.Run) -> str:
     if r.state == "planned":
-        return f"a plan (mode={r.plan.get('mode')}), never started"
+        return f"a plan (mode={r.plan.mode}), never started"
     return f"the run has ended: {state.describe(r)}"
 
 
@@ -340,7 +339,7 @@ def cancel_one(r: state.Run) -> None:
         raise Usage(f"error: run={r.dir}: runs on {host}, not here ({socket.gethostname()}); fix: cancel it on {host}")
     from vrun.runs import owner
 
-    why = owner.not_proven(pid, r.plan.get("run_id") or rundir.run_id(str(r.dir)))
+    why = owner.not_proven(pid, r.plan.run_id)
     if why:
         raise Usage(f"error: run={r.dir}: pid {owner.shown(pid)} {why}: nothing signalled; fix: stop the run "
                     "from the terminal that started it")

@@ -4,6 +4,7 @@ they do, not where they live. Environment variables: names and non-secret values
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from vrun.core.writer import is_secret_name
@@ -95,7 +96,7 @@ def sections(a: Run, b: Run) -> list[tuple[str, list]]:
     """(title, [(key, value in A, value in B)]) for every section."""
     ma, mb = _read(a.dir, "manifest.json"), _read(b.dir, "manifest.json")
     va, vb = _read(a.dir, "verl_config.yaml"), _read(b.dir, "verl_config.yaml")
-    pa, pb = _local(a.plan, str(a.dir)), _local(b.plan, str(b.dir))
+    pa, pb = _local(asdict(a.plan), str(a.dir)), _local(asdict(b.plan), str(b.dir))
 
     def mlite(p: dict) -> dict:
         m = p.get("mlite") or {}

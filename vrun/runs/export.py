@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 import shlex
+from dataclasses import asdict
 from pathlib import Path
 
 from vrun.rundir.state import Run
@@ -21,23 +22,22 @@ def script(run: Run) -> str:
     p = run.plan
     config = (run.dir / "verl_config.yaml").read_bytes().decode("utf-8", errors="replace")
     mark = delimiter(config)
-    m = {k: c(v) for k, v in (p.get("mesh") or {}).items()}
-    b = p.get("batch") or {}
+    m = {k: c(v) for k, v in asdict(p.mesh).items()}
+    b = p.batch
     manifest = _manifest(run.dir)
     pk = manifest.get("packages") if isinstance(manifest.get("packages"), dict) else {}
-    sft = "sft_trainer" in p.get("entrypoint", "")
+    sft = "sft_trainer" in p.entrypoint
     lines = [
         "#!/usr/bin/env bash",
         f"# Reproduces the verl invocation of run {c(run.dir)}",
-        f"#   {c((p.get('model') or {}).get('name'))} · {c(p.get('algo'))} · optimizer {c(p.get('optimizer'))} · mode "
-        f"{c(p.get('mode'))} · cluster {c(p.get('cluster'))}",
+        f"#   {c(p.model.name)} · {c(p.algo)} · optimizer {c(p.optimizer)} · mode {c(p.mode)} · cluster {c(p.cluster)}",
         f"#   mesh: {m.get('world')} GPUs = {m.get('nnodes')} node(s) × {m.get('gpus_per_node')}; dense "
         f"TP{m.get('tp')} · CP{m.get('cp')} · PP{m.get('pp')} · DP{m.get('dp')}; expert ETP{m.get('etp')} · "
         f"EP{m.get('ep')} · PP{m.get('pp')} · EDP{m.get('edp')}; vpp {m.get('vpp')}",
         f"#   batch: {c(json.dumps(b, sort_keys=True))}",
         "#   written with " + ", ".join(f"{c(k)} {c(v.get('version'))}" for k, v in pk.items()
                                        if k in ("verl", "ray", "torch") and isinstance(v, dict))
-        + (f"; verl_mlite from {c((p.get('mlite') or {}).get('source'))}" if p.get("mlite") else ""),
+        + f"; verl_mlite from {c(p.mlite.source)}",
         "# Needs only verl (and Megatron Lite's verl_mlite on PYTHONPATH). Extra arguments are passed to verl's CLI,",
         "# e.g. `bash this.sh --cfg job` prints the composed config and exits.",
         "set -euo pipefail",
@@ -49,7 +49,7 @@ def script(run: Run) -> str:
         "# the run's environment (set for the driver; the config's ray_kwargs.ray_init.runtime_env carries it to "
         "Ray workers)",
     ]
-    for k, v in (p.get("env") or {}).items():
+    for k, v in p.env.items():
         if not NAME.fullmatch(str(k)):
             lines.append(f"# skipped an environment entry whose name is not a variable name: {c(k)}")
             continue
@@ -59,11 +59,11 @@ def script(run: Run) -> str:
             lines.append(f": \"${{{k}:?export {k} first}}\"  # a secret: read from your environment")
         else:
             lines.append(f"export {k}={shlex.quote(str(v))}")
-    unset = " ".join(n for n in (p.get("env_unset") or ["ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"])
+    unset = " ".join(n for n in (p.env_unset or ["ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"])
                      if NAME.fullmatch(str(n)))
     unset = unset or "ROCR_VISIBLE_DEVICES HIP_VISIBLE_DEVICES"
     lines.append(f"if [ -n \"${{CUDA_VISIBLE_DEVICES:-}}\" ]; then unset {unset}; fi")
-    secrets = [str(n) for n in (p.get("pass_env") or []) if NAME.fullmatch(str(n))]
+    secrets = [str(n) for n in p.pass_env if NAME.fullmatch(str(n))]
     if secrets:
         lines.append(f"# secrets, by name only (never written here): {' '.join(secrets)}")
         if not sft:
@@ -72,7 +72,7 @@ def script(run: Run) -> str:
             lines.append("# `ray start` (neither the project nor verl puts them in the config or Ray's runtime env).")
     lines += notes(run)
     if sft:
-        entry = sft_entry(p.get("argv") or [])
+        entry = sft_entry(p.argv)
         lines += [
             "# torchrun on every node: NODE_RANK 0…nnodes-1, MASTER_ADDR the first node",
             f"torchrun --nnodes {shlex.quote(str(m.get('nnodes')))} --nproc_per_node "
@@ -112,7 +112,7 @@ def delimiter(text: str) -> str:
 def notes(run: Run) -> list[str]:
     """Where the project's way of running this config differs from verl's CLI."""
     p = run.plan
-    argv = p.get("argv") or []
+    argv = p.argv
     out = []
     if "--task-runner" in argv:
         runner = c(argv[argv.index("--task-runner") + 1]) if argv.index("--task-runner") + 1 < len(argv) else "?"
@@ -124,12 +124,12 @@ def notes(run: Run) -> list[str]:
         out.append("# validate_config, run_ppo) and warns of unset pass_env names; verl's CLI below composes the "
                    "same saved config through Hydra first.")
     address = _ray_address(run.dir)
-    if p.get("cluster") == "slurm" or address not in (None, "local"):
+    if p.cluster == "slurm" or address not in (None, "local"):
         out.append(f"# NOTE: ray_kwargs.ray_init.address={c(address)}: start Ray first (`ray start --head` on the "
                    "first node, `ray start --address` on the others,")
         out.append("# each with --num-gpus), as the project's SLURM job did; then run this on the first node.")
     entry = sft_entry(argv)
-    if "sft_trainer" in p.get("entrypoint", "") and entry != SFT_ENTRY:
+    if "sft_trainer" in p.entrypoint and entry != SFT_ENTRY:
         out.append(f"# NOTE: the run replaced the SFT entry ({' '.join(SFT_ENTRY)}) by run.sft_entry={c(entry)}.")
     return out
 

@@ -37,6 +37,7 @@ from vrun.compose import stack
 from vrun.core import writer
 from vrun.planning.plan import UNSET_WITH_CUDA
 from vrun.config.schema import Cluster, EntrypointName, RayCfg
+from vrun.rundir.record import PlanRecord
 
 POLL_S = 0.5
 
@@ -65,25 +66,32 @@ def node_ip(interface: Optional[str] = None, host: Optional[str] = None) -> str:
 # ==================================================================== the submitit callable
 @dataclass
 class RunJob:
-    """The callable submitit runs on every node of the allocation; requeues itself on timeout/preemption.
-    Submitted jobs are pickled with exactly these fields (`python -m vrun.launch.slurm.submit resubmit` rebuilds from them)."""
+    """The callable submitit runs on every node of the allocation; requeues itself on timeout/preemption. It names
+    the run dir only: every node reads the plan from its plan.json (vrun.rundir.record.PlanRecord, the run dir being
+    on storage the nodes share), and refuses one whose run id is not the submitted one."""
     run_dir: str
-    plan: dict
-    cluster: dict
-    mode: str
+    run_id: str
     attempt: int = 0
+
+    def plan(self) -> PlanRecord:
+        plan = PlanRecord.load(self.run_dir)
+        if plan.run_id != self.run_id:
+            raise RuntimeError(f"{self.run_dir}/plan.json: run id {plan.run_id}, not the submitted {self.run_id} "
+                               "(the run dir was planned again since): submit it again")
+        return plan
 
     def __call__(self) -> Any:
         import submitit
 
         t_start = time.monotonic()
-        node = Node.open(self, submitit.JobEnvironment(), t_start)
+        plan = self.plan()
+        node = Node.open(self, plan, submitit.JobEnvironment(), t_start)
         if node.rank == 0:
             node.record_attempt()
         try:
-            check_stack(self.plan, node.where)
-            check_node(self.plan, node.where)
-            if not entrypoints.ENTRYPOINTS[EntrypointName(self.plan["algo_entrypoint"])].uses_ray:
+            check_stack(plan.stack, node.where)
+            check_node(plan.node_checks, node.where)
+            if not entrypoints.ENTRYPOINTS[EntrypointName(plan.launcher)].uses_ray:
                 return torchrun_node(node)
             return ray_head(node) if node.rank == 0 else ray_worker(node)
         except Exception as e:
@@ -96,8 +104,7 @@ class RunJob:
         import submitit
 
         rundir.record(self.run_dir, "requeued", attempt=self.attempt + 1)
-        return submitit.helpers.DelayedSubmission(RunJob(self.run_dir, self.plan, self.cluster, self.mode,
-                                                         self.attempt + 1))
+        return submitit.helpers.DelayedSubmission(RunJob(self.run_dir, self.run_id, self.attempt + 1))
 
 
 # ==================================================================== this node in this attempt
@@ -106,6 +113,7 @@ class Node:
     """One node of one attempt: who it is (submitit's JobEnvironment), the control dir it shares with the other
     nodes, its ports, how it starts children, and whether the job has been released."""
     job: RunJob
+    plan: PlanRecord    # the run dir's plan.json
     env: Any            # submitit.JobEnvironment
     ctl: Path           # <run_dir>/.vrun/job-<id>-<attempt>[-r<SLURM restart>]
     t_start: float      # time.monotonic() when the task started
@@ -113,18 +121,18 @@ class Node:
     failed: bool = False  # this node has recorded its failure
 
     @classmethod
-    def open(cls, job: RunJob, env: Any, t_start: float) -> "Node":
+    def open(cls, job: RunJob, plan: PlanRecord, env: Any, t_start: float) -> "Node":
         # a requeue by SLURM itself (node failure, preemption) reruns the same job and attempt: its own dir
         restart = os.environ.get("SLURM_RESTART_COUNT", "0")
         name = f"job-{env.job_id}-{job.attempt}" + ("" if restart == "0" else f"-r{restart}")
         ctl = Path(job.run_dir) / ".vrun" / name
         ctl.mkdir(parents=True, exist_ok=True)
-        return cls(job, env, ctl, t_start, cluster_of(job.cluster))
+        return cls(job, plan, env, ctl, t_start, cluster_of(plan.cluster_group))
 
     @property
     def gpus(self) -> int:
         """The GPUs each node offers Ray and the head waits for: cluster.ray.num_gpus, else the mesh's."""
-        return int(self.cluster.ray.num_gpus or self.job.plan["mesh"]["gpus_per_node"])
+        return int(self.cluster.ray.num_gpus or self.plan.mesh.gpus_per_node)
 
     @property
     def rank(self) -> int:
@@ -154,12 +162,12 @@ class Node:
         """The environment children start with: the plan's env on top of the task's, then `extra`."""
         e = dict(os.environ)
         # decided on the node: SLURM sets CUDA_VISIBLE_DEVICES (and ROCR_VISIBLE_DEVICES) per allocation
-        unset = set(self.job.plan["env_unset"]) | (set(UNSET_WITH_CUDA) if e.get("CUDA_VISIBLE_DEVICES") else set())
+        unset = set(self.plan.env_unset) | (set(UNSET_WITH_CUDA) if e.get("CUDA_VISIBLE_DEVICES") else set())
         for name in unset:
             e.pop(name, None)
-        e.update(self.job.plan["env"])
+        e.update(self.plan.env)
         e["VRUN_ATTEMPT"] = str(self.job.attempt)
-        e["VRUN_RUN_ID"] = rundir.run_id(self.job.run_dir)
+        e["VRUN_RUN_ID"] = self.plan.run_id
         e.update(extra)
         return e
 
@@ -311,9 +319,9 @@ def ray_head(node: Node) -> Any:
 
 def run_driver(node: Node, driver_env: dict, alive_s: float) -> Any:
     """The plan's driver argv (preflight swaps in its task runner), in the run dir; a non-zero exit fails the job."""
-    job = node.job
-    argv = list(job.plan["argv"])
-    if job.mode == "preflight" and "--task-runner" not in argv:
+    job, mode = node.job, node.plan.mode
+    argv = list(node.plan.argv)
+    if mode == "preflight" and "--task-runner" not in argv:
         argv += ["--task-runner", "vrun.launch.preflight_nodes.PreflightTaskRunner"]
     print(f"vrun: {node.env.num_nodes} node(s) alive {alive_s} s after the task started; driver: {' '.join(argv)}",
           flush=True)
@@ -326,7 +334,7 @@ def run_driver(node: Node, driver_env: dict, alive_s: float) -> Any:
     node.record("exited", node=0, rc=rc)
     if rc:
         raise RuntimeError(node.record_failure(f"the driver {exited(rc)} (see the job log)"))
-    return {"mode": job.mode, "run_dir": job.run_dir, "job_id": node.env.job_id}
+    return {"mode": mode, "run_dir": job.run_dir, "job_id": node.env.job_id}
 
 
 def wait_for_nodes(node: Node, address: str, proc: subprocess.Popen, extra: dict, t0: float) -> None:
@@ -389,9 +397,9 @@ def torchrun_node(node: Node) -> Any:
     master = master_address(node)
     if master is None:
         return {"released": True}
-    t = node.job.plan["torchrun"]
-    argv = entrypoints.torchrun_argv(t["python"], t["module"], node.job.run_dir, nnodes=node.env.num_nodes,
-                                     nproc_per_node=t["nproc_per_node"], node_rank=node.rank,
+    t = node.plan.torchrun
+    argv = entrypoints.torchrun_argv(t.python, t.module, node.job.run_dir, nnodes=node.env.num_nodes,
+                                     nproc_per_node=t.nproc_per_node, node_rank=node.rank,
                                      master_addr=master, master_port=node.ports["torch"])
     print(f"vrun: node {node.rank}: {' '.join(argv)}", flush=True)
     proc = subprocess.Popen(argv, env=node.environ({}), cwd=node.job.run_dir, start_new_session=True)
@@ -422,29 +430,28 @@ def master_address(node: Node) -> Optional[str]:
 
 # ==================================================================== on the node, before anything starts
 def cluster_of(values: dict) -> Cluster:
-    """The cluster group as the schema's object from the plain values the job carries (asdict of it; a job
-    pickled by an older vrun may lack newer fields: they take the schema's defaults)."""
+    """The cluster group as the schema's object from the plain values plan.json records (asdict of it)."""
     known = {f.name for f in fields(Cluster)}
     ray = values.get("ray") or {}
     return Cluster(**{k: v for k, v in values.items() if k in known and k != "ray"},
                    ray=RayCfg(**{k: v for k, v in ray.items() if k in {f.name for f in fields(RayCfg)}}))
 
 
-def check_stack(payload: dict, where: str) -> None:
+def check_stack(recorded: dict, where: str) -> None:
     """Before Ray or torchrun start on a node: its verl and verl_mlite must be those the plan was composed against
     (a login node's venv and the cluster image differing is the ordinary case)."""
-    wrong = stack.mismatch(payload.get("stack"))
+    wrong = stack.mismatch(recorded)
     if wrong:
         raise RuntimeError(f"{where}: " + " | ".join(p.line() for p in wrong))
 
 
-def check_node(payload: dict, where: str) -> None:
+def check_node(checks: Optional[dict], where: str) -> None:
     """cluster.login_preflight=false: the checks the submitting machine skipped, first thing on every node."""
-    if not payload.get("checks"):
+    if not checks:
         return
     from vrun.launch.slurm.checks import node_problems
 
-    found = node_problems(payload["checks"])
+    found = node_problems(checks)
     if found:
         raise RuntimeError(f"{where}: preflight found {len(found)} problem(s): " + " | ".join(found))
 

@@ -11,18 +11,18 @@ The script previewed in the run dir (sbatch_script) is the one submitit's own ex
 from __future__ import annotations
 
 import json
-import os
 import math
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from vrun.rundir import records as rundir
 from vrun.core import writer
 from vrun.core.problems import PlanError, Problem
-from vrun.launch.slurm.node import RunJob  # noqa: F401 - submitted here
+from vrun.launch.slurm.node import RunJob
+from vrun.rundir.record import SlurmRecord
 
 # hydra.launcher.<key> given by hand → the knob it sets: one home per sbatch value. The value is put there as
 # given (interpolations unresolved), so the knob's own checks (secrets, one word, ranges) judge it.
@@ -229,21 +229,6 @@ def sbatch_script(sub: Submission, folder: str) -> str:
     return _make_sbatch_string(command=command, folder=path, **sub.parameters)
 
 
-def job_payload(plan) -> dict:
-    """What the node job needs from the plan (plain values: it is pickled with the job)."""
-    from vrun.config.schema import Mode
-    from vrun.launch.slurm.checks import node_checks
-
-    m = plan.mesh
-    return {"argv": plan.argv, "env": plan.env, "env_unset": plan.env_unset, "mesh": m.summary(),
-            "algo_entrypoint": plan.entrypoint.name.value, "stack": plan.stack,
-            "torchrun": {"python": sys.executable, "module": list(plan.config.run.sft_entry),
-                         "nproc_per_node": m.gpus_per_node},
-            # the checks a node runs first thing when the login preflight was skipped (vrun.launch.slurm.checks)
-            "checks": node_checks(plan) if plan.config.mode == Mode.train and not plan.config.cluster.login_preflight
-            else None}
-
-
 def confirm(total_gpu_hours: float, cluster, stream=None) -> None:
     """Above cluster.confirm_gpu_hours: ask on a terminal, require cluster.yes=true otherwise."""
     limit = float(cluster.confirm_gpu_hours or math.inf)
@@ -316,9 +301,9 @@ def launch(sweep) -> list:
     items, total = [], 0.0
     for point, sub, _ in checked:
         p, folder = point.plan, point.launcher["folder"]
-        planned.write(point, extra={"slurm": {"parameters": sub.parameters, "max_num_timeout": sub.max_num_timeout,
-                                              "gpu_hours": sub.gpu_hours, "submitit_folder": folder,
-                                              "sbatch": "sbatch.sh"}})
+        planned.write(point, slurm=SlurmRecord(sub.parameters, sub.max_num_timeout, sub.gpu_hours, folder, "sbatch.sh"),
+                      node_checks=slurm_checks.node_checks(p) if p.config.mode == Mode.train and
+                      not p.config.cluster.login_preflight else None)
         writer.write_text(Path(p.run_dir) / "sbatch.sh", sbatch_script(sub, folder), root=p.run_dir)
         items.append((p, sub, p.config.mode, folder))
         total += sub.gpu_hours
@@ -350,7 +335,7 @@ def submit(items: list, detach: bool) -> list:
     logging.getLogger("submitit").setLevel(logging.ERROR)  # its accounting warning: said once by slurm_wait
     jobs = []
     for plan, sub, mode, folder in items:
-        run_job = RunJob(plan.run_dir, job_payload(plan), asdict(plan.config.cluster), str(mode))
+        run_job = RunJob(plan.run_dir, rundir.run_id(plan.run_dir))
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's stderr: mapped below
                 job = executor(sub, folder).submit(run_job)
@@ -361,7 +346,7 @@ def submit(items: list, detach: bool) -> list:
             cli_errors.emit([problem.line()] + done)
         writer.write_text(Path(plan.run_dir) / "slurm_job.json", json.dumps(
             {"job_id": job.job_id, "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
-             "folder": folder, "spec": sub.saved(), "mode": mode, "job": job_json(run_job)}, indent=2,
+             "folder": folder, "spec": sub.saved(), "mode": str(mode), "attempt": 0}, indent=2,
             default=str) + "\n", root=plan.run_dir)
         rundir.record(plan.run_dir, "submitted", job_id=job.job_id, attempt=0, nodes=sub.nodes,
                       gpus_per_node=sub.gpus_per_node)
@@ -375,42 +360,25 @@ def submit(items: list, detach: bool) -> list:
     return jobs
 
 
-def job_json(job: RunJob) -> dict:
-    """The node job's plain values, as slurm_job.json keeps them for resubmit."""
-    return {"run_dir": job.run_dir, "plan": job.plan, "cluster": job.cluster, "mode": job.mode, "attempt": job.attempt}
-
-
-def job_from_json(info: dict, run_dir: str) -> Optional[RunJob]:
-    """The job slurm_job.json records, checked: its run dir is this one, its fields of the right types."""
-    j = info.get("job")
-    if not isinstance(j, dict) or not isinstance(j.get("plan"), dict) or not isinstance(j.get("cluster"), dict) \
-            or not isinstance(j.get("mode"), str) or isinstance(j.get("attempt"), bool) \
-            or not isinstance(j.get("attempt"), int) or j["attempt"] < 0 \
-            or os.path.realpath(str(j.get("run_dir"))) != os.path.realpath(run_dir) \
-            or not isinstance(j["plan"].get("argv"), list) or not isinstance(j["plan"].get("env"), dict):
-        return None
-    return RunJob(str(j["run_dir"]), j["plan"], j["cluster"], j["mode"], j["attempt"])
-
-
 def resubmit(run_dir: str, detach: bool = False) -> list:
-    """Submit again from a run dir: same config, same run dir, verl resumes from its checkpoints."""
+    """Submit again from a run dir: same plan (plan.json), same run dir, verl resumes from its checkpoints."""
     from vrun.rundir import files
+    from vrun.rundir.record import PlanRecord
 
     info = files.slurm_job(Path(run_dir))  # validated JSON: no pickle is loaded from a run dir
-    job_fn = job_from_json(info, run_dir) if info is not None else None
-    if job_fn is None:
-        raise PlanError([Problem(f"{run_dir}/slurm_job.json", "job", "holds no job to submit again (submitted by an "
-                                 "older vrun, or edited)", "submit it again with python runner.py ... cluster=slurm")])
+    record = PlanRecord.load(run_dir)
+    if info is None or record.slurm is None or not isinstance(info.get("spec"), dict):
+        raise PlanError([Problem(f"{run_dir}/slurm_job.json", "job", "holds no job to submit again (never "
+                                 "submitted, submitted by an older vrun, or edited)",
+                                 "submit it again with python runner.py ... cluster=slurm")])
     sub = Submission.load(info["spec"])
-    # the next attempt follows every one the run dir recorded (SLURM's requeues included, which slurm_job.json's
-    # job does not see)
-    attempt = max([job_fn.attempt] + [e["attempt"] for e in rundir.events(run_dir) if "attempt" in e]) + 1
-    job = executor(sub, info["folder"]).submit(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode,
-                                                      attempt))
+    # the next attempt follows every one the run dir recorded (SLURM's requeues included)
+    attempt = max([int(info.get("attempt") or 0)] + [e["attempt"] for e in rundir.events(run_dir)
+                                                      if isinstance(e.get("attempt"), int)]) + 1
+    job = executor(sub, info["folder"]).submit(RunJob(record.run_dir, record.run_id, attempt))
     rundir.record(run_dir, "submitted", job_id=job.job_id, attempt=attempt, nodes=sub.nodes,
                   gpus_per_node=sub.gpus_per_node)
-    info.update(job_id=job.job_id, stdout=str(job.paths.stdout), stderr=str(job.paths.stderr))
-    info["job"] = job_json(RunJob(job_fn.run_dir, job_fn.plan, job_fn.cluster, job_fn.mode, attempt))
+    info.update(job_id=job.job_id, stdout=str(job.paths.stdout), stderr=str(job.paths.stderr), attempt=attempt)
     writer.write_text(Path(run_dir) / "slurm_job.json", json.dumps(info, indent=2, default=str) + "\n", root=run_dir)
     print(f"resubmitted job {job.job_id}: {run_dir}  logs {job.paths.stdout}", flush=True)
     if not detach:
