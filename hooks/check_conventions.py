@@ -256,8 +256,9 @@ def _models(conf: Path, rel, meshes: dict[str, Optional[Mesh]], launchers: dict[
 def _named_options(conf: Path, rel) -> list[str]:
     out: list[str] = []
     # group -> the key holding the option's name (algo/data are `_global_` files, the others are packaged)
-    for group, key in (("algo", "algo.name"), ("optimizer", "name"), ("cluster", "name"), ("data", "data.name")):
+    for group, packaged in (("algo", "algo.name"), ("optimizer", "name"), ("cluster", "name"), ("data", "data.name")):
         for p in _options(conf, group):
+            key = packaged
             f, stem = rel(p), p.stem
             data = _load(p, rel, out)
             if data is None:

@@ -191,18 +191,25 @@ def test_node_control_files(tmp_path, monkeypatch):
     attempt); what a node publishes appears whole; a failure is seen by the others, not by itself."""
     from types import SimpleNamespace
 
+    from conftest import record_json
     from vrun.launch.slurm.node import Node, RunJob
+    from vrun.rundir import record
 
-    job = RunJob(str(tmp_path), {"env": {}, "env_unset": [], "mesh": {"gpus_per_node": 4}}, {"ray": {}}, "train", 1)
+    data = record_json(tmp_path, mode="train", cluster="slurm")
+    data["mesh"]["gpus_per_node"] = 4
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    job = RunJob(str(tmp_path), data["run_id"], 1)
+    plan = job.plan()
+    assert plan.mesh.gpus_per_node == 4 and plan == record.PlanRecord.load(tmp_path)
     env = SimpleNamespace(job_id="77", node=1, hostnames=["n0", "n1"], num_nodes=2)
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
-    assert Node.open(job, env, 0.0).ctl.name == "job-77-1"
+    assert Node.open(job, plan, env, 0.0).ctl.name == "job-77-1"
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    node = Node.open(job, env, 0.0)
+    node = Node.open(job, plan, env, 0.0)
     assert node.ctl.name == "job-77-1-r2" and node.gpus == 4
     node.publish("head", "10.0.0.1:20000")
     assert [p.name for p in node.ctl.iterdir()] == ["head"] and node.wait_for("head") == "10.0.0.1:20000"
     node.fail("boom")
     assert node.failure() is None and not node.released()
-    other = Node(job, SimpleNamespace(**{**vars(env), "node": 0}), node.ctl, 0.0, node.cluster)
+    other = Node(job, plan, SimpleNamespace(**{**vars(env), "node": 0}), node.ctl, 0.0, node.cluster)
     assert other.failure().endswith(": boom")

@@ -1,7 +1,7 @@
-"""Running a plan: the task a Hydra job runs (`task.py`: typed config → plan → report → preflight → hand-off,
-by mode), checks that need the target machine (`preflight.py`, `preflight_nodes.py`), the local hand-off
-(`local.py`), the job entry (`entry.py`: checks the plan's stack, then verl's main_ppo on the saved config) and
-SLURM (`slurm/`).
+"""Running planned points: what the sweeper hands a launcher (`points.py`), checks that need the target machine
+(`preflight.py`, `preflight_nodes.py`), the local launch by mode (`local.py`), the job entry (`entry.py`: checks
+the plan's stack, then verl's main_ppo on the saved config) and SLURM (`slurm/`). The Hydra plugins in
+hydra_plugins/ (the sweeper that plans, the launchers that call in here) are its only callers besides `runs`.
 
 May import every layer below it; nothing imports it but `vrun.runs`, `runner.py` and the Hydra plugins.
 """
