@@ -186,6 +186,17 @@ class StepTime:
         }
 
 
+def on_mesh(w: Workload, world: int, pp: int, vpp: int, micro_batches: int, est=None) -> Workload:
+    """The workload on another training mesh of the same GPUs: its pipeline, micro-batches per DP rank and, from
+    the memory estimate (vrun.estimate.memory.Estimate, or None), the per-GPU bytes offload moves."""
+    from dataclasses import replace
+
+    return replace(w, world=world, pp=pp, vpp=vpp, micro_batches=micro_batches,
+                   param_bytes=est.weights if est is not None else 0.0,
+                   grad_bytes=est.grads if est is not None else 0.0,
+                   optimizer_bytes=est.optimizer if est is not None else 0.0)
+
+
 def calibrated(st: StepTime, ratios: list, how: str) -> StepTime:
     """The estimate scaled by the median measured/predicted ratio of recorded runs, its bound spanning them."""
     rs = sorted(ratios)
@@ -251,7 +262,10 @@ def attention_flops_per_key(arch: dict) -> tuple[float, Optional[int]]:
     return 2.0 * H * d * layers, cap
 
 
-def estimate(w: Workload, part: Part, factors: Optional[dict] = None) -> StepTime:
+def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollout: Optional[StepTime] = None) -> StepTime:
+    """The step time of w on part. same_rollout: an estimate of the same workload on another training mesh of the
+    same GPUs (on_mesh): its rollout and sync phases, which do not depend on the training mesh, are taken as they
+    are (mesh=auto times many meshes)."""
     f = factors or FACTORS
     mfu, mbu, net, pcie = f["train_mfu"], f["decode_mbu"], f["network"], f["pcie"]
     phases: dict = {}
@@ -263,7 +277,13 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None) -> StepTim
         return Phase(compute_s(flops, w, part, mfu.high) * bubble, compute_s(flops, w, part, mfu.low) * bubble, note,
                      compute_s(flops, w, part, middle(mfu)) * bubble)
 
-    if w.rollout:
+    if w.rollout and same_rollout is not None:
+        at_mean, at_max = same_rollout.rollout_at_mean, same_rollout.rollout_at_max
+        phases["rollout"] = same_rollout.phases["rollout"]
+        passes = 2 if w.reference else 1
+        phases["log_prob"] = compute((2 * w.active_params * w.tokens + attn) * passes,
+                                     "old policy" + (" + reference" if w.reference else ""))
+    elif w.rollout:
         at_mean = Phase(rollout_s(w, part, w.response_mean, mbu.high, mfu.high, False),
                         rollout_s(w, part, w.response_mean, mbu.low, mfu.low, False), "",
                         rollout_s(w, part, w.response_mean, middle(mbu), middle(mfu), False))
@@ -278,7 +298,9 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None) -> StepTim
     k = 8 if w.recompute else 6
     phases["train"] = compute(k * w.active_params * w.tokens + k / 2 * attn,
                               f"{k}·N·T + attention, pipeline bubble ×{bubble:.2f}")
-    if w.rollout:
+    if w.rollout and same_rollout is not None:
+        phases["sync"] = same_rollout.phases["sync"]
+    elif w.rollout:
         per_gpu = (w.rollout_dense / w.rollout_tp + w.rollout_routed / (w.rollout_tp * w.rollout_dp)) * 2
         remote = 1 - 1 / w.nodes
         gpn = min(w.gpus_per_node, w.world)
