@@ -7,7 +7,10 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               DP·max_num_seqs) decoding at once, in ceil(S/C) waves. One decode step reads, per GPU, the dense
               weights / TP, the routed experts / (TP·DP) that C tokens touch (1 − (1 − k/E)^C of them) and the KV
               of its C/DP sequences: time = max(bytes / (B·MBU), 2·N·C/DP/TP / (P·MFU)) (the roofline: memory
-              bound until the batch is large). Prefill: 2·N·prompt tokens / (G·P·MFU).
+              bound until the batch is large), plus, with TP > 1, the step's two all-reduces per decoder layer
+              (Shoeybi et al. 2019) of its bf16 activations over the TP group: NCCL's own latency model (Ring or
+              Tree, LL; vrun/estimate/hardware.py NCCL_LATENCY_US, from NCCL's tuning.cc) + 2(n−1)/n·bytes over
+              NVLink within a node or the node's network across nodes. Prefill: 2·N·prompt tokens / (G·P·MFU).
               At the mean: waves · mean response · step(context prompt + response/2). The step waits for its
               longest response: at max_response_length, the last wave runs max_response_length decode steps.
   log-prob    2·N·T / (G·P·MFU) per pass: the old policy always, the reference when a KL term is on
@@ -20,8 +23,9 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
   offload     over PCIe per GPU: parameters and gradients loaded and offloaded once per step each
               (param_offload), the optimizer states too (optimizer_offload)
   sft         training and bubble only; T = train_batch_size · max_length · the mean fraction
-Not modelled (said in the assumptions): attention FLOPs, reward computation, sequence imbalance between DP ranks,
-MoE load imbalance, communication not named above, start-up and checkpoint saves.
+Not modelled (said in the assumptions): reward computation, sequence imbalance between DP ranks, MoE load
+imbalance, communication not named above (training's TP/EP collectives, the rollout's EP all-to-all in place of
+its MoE all-reduce), kernel-launch and scheduling overheads, start-up and checkpoint saves.
 
 The efficiencies are one fixed set (FACTORS), each a (pessimistic, optimistic) pair with its source, never fitted to
 the published step times the tests hold the estimate to (tests/test_steptime.py). A calibration from recorded
@@ -33,6 +37,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from vrun.estimate import hardware
 from vrun.estimate.hardware import Part
 
 
@@ -93,6 +98,8 @@ class Workload:
     kv_per_sequence: float = 0.0
     kv_fits: Optional[int] = None   # sequences per replica the KV cache holds at once
     max_num_seqs: int = MAX_NUM_SEQS
+    layers: int = 0                 # decoder layers and hidden size: the rollout's TP all-reduces (0: none counted)
+    hidden: int = 0
     param_bytes: float = 0.0        # per GPU, the busiest stage (vrun/estimate/memory.py's estimate): weights, grads, optim
     grad_bytes: float = 0.0
     optimizer_bytes: float = 0.0
@@ -213,8 +220,42 @@ def compute_s(flops: float, w: Workload, part: Part, mfu: float) -> float:
     return flops / (w.world * part.bf16_flops * mfu)
 
 
-def decode_step_s(w: Workload, part: Part, concurrent: int, context: float, mbu: float, mfu: float) -> float:
-    """One decode step of a replica with `concurrent` sequences at `context` tokens each (the roofline)."""
+def allreduce_s(ranks: int, gpus_per_node: int, nbytes: float, part: Part, net: float) -> float:
+    """One all-reduce of nbytes over `ranks` GPUs (filling nodes of gpus_per_node): NCCL's latency model (the least
+    of Ring and Tree, LL protocol; vrun.estimate.hardware.NCCL_LATENCY_US) plus the bytes a ring moves per GPU,
+    2(n−1)/n·S, over NVLink within a node or the node's network across nodes, at efficiency `net`."""
+    if ranks <= 1:
+        return 0.0
+    lat = hardware.NCCL_LATENCY_US
+    nodes = max(1, -(-ranks // gpus_per_node))
+    ppn = ranks // nodes
+    steps = 2 * (ranks - 1)
+    if nodes == 1:
+        ring = lat["base_ring_ll"] + steps * lat["nvlink_ring_ll"]
+        tree = lat["base_tree_ll"] + 2 * (ppn - 1) * lat["nvlink_tree_ll"]
+        bw = part.nvlink
+    else:
+        inter = 2 * nodes
+        ring = lat["base_ring_ll"] + (steps - inter) * max(lat["nvlink_ring_ll"], lat["net_overhead"]) + \
+            inter * lat["net_ring_ll"]
+        tree = lat["base_tree_ll"] + 2 * ((ppn - 1) * lat["nvlink_tree_ll"] + (nodes.bit_length() - 1) * lat["net_tree_ll"])
+        bw = part.network
+    return min(ring, tree) * 1e-6 + 2 * (ranks - 1) / ranks * nbytes / (bw * net)
+
+
+def tp_collectives_s(w: Workload, part: Part, per_rank: float, net: float) -> float:
+    """A decode step's tensor-parallel all-reduces: two per decoder layer (after the attention output projection and
+    after the MLP/MoE down projection: Shoeybi et al. 2019, arXiv:1909.08053 §3), each of the step's bf16
+    activations (per_rank tokens × hidden × 2 bytes) over the replica's TP group."""
+    if w.rollout_tp <= 1 or not w.layers or not w.hidden:
+        return 0.0
+    return 2 * w.layers * allreduce_s(w.rollout_tp, w.gpus_per_node, per_rank * w.hidden * 2.0, part, net)
+
+
+def decode_step_s(w: Workload, part: Part, concurrent: int, context: float, mbu: float, mfu: float,
+                  net: Optional[float] = None) -> float:
+    """One decode step of a replica with `concurrent` sequences at `context` tokens each: the roofline, then its
+    TP all-reduces (net: the network efficiency; None leaves them out)."""
     tp, dp = w.rollout_tp, w.rollout_dp
     per_rank = concurrent / dp
     touched = 1.0 if not w.experts else 1 - (1 - w.top_k / w.experts) ** concurrent
@@ -222,21 +263,22 @@ def decode_step_s(w: Workload, part: Part, concurrent: int, context: float, mbu:
     kv = per_rank * (context * w.kv_per_token + w.kv_per_sequence)
     memory = (weights + kv) / (part.hbm * mbu)
     flops = 2 * w.active_params * per_rank / tp / (part.bf16_flops * mfu)
-    return max(memory, flops)
+    return max(memory, flops) + (tp_collectives_s(w, part, per_rank, net) if net is not None else 0.0)
 
 
-def rollout_s(w: Workload, part: Part, response: float, mbu: float, mfu: float, longest: bool) -> float:
+def rollout_s(w: Workload, part: Part, response: float, mbu: float, mfu: float, longest: bool,
+              net: Optional[float] = None) -> float:
     replicas = max(w.world // (w.rollout_tp * w.rollout_dp), 1)
     share = -(-w.samples // replicas)
     cap = w.rollout_dp * w.max_num_seqs
     c = max(1, min(share, cap, w.kv_fits if w.kv_fits is not None and w.kv_fits > 0 else share))
     waves = -(-share // c)
-    mean_step = decode_step_s(w, part, c, w.prompt_mean + w.response_mean / 2, mbu, mfu)
+    mean_step = decode_step_s(w, part, c, w.prompt_mean + w.response_mean / 2, mbu, mfu, net)
     if not longest:
         decode = waves * response * mean_step
     else:
         decode = (waves - 1) * w.response_mean * mean_step + \
-            response * decode_step_s(w, part, c, w.prompt_mean + response / 2, mbu, mfu)
+            response * decode_step_s(w, part, c, w.prompt_mean + response / 2, mbu, mfu, net)
     prefill = compute_s(2 * w.active_params * w.samples * w.prompt_mean, w, part, mfu)
     return decode + prefill
 
@@ -284,12 +326,12 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
         phases["log_prob"] = compute((2 * w.active_params * w.tokens + attn) * passes,
                                      "old policy" + (" + reference" if w.reference else ""))
     elif w.rollout:
-        at_mean = Phase(rollout_s(w, part, w.response_mean, mbu.high, mfu.high, False),
-                        rollout_s(w, part, w.response_mean, mbu.low, mfu.low, False), "",
-                        rollout_s(w, part, w.response_mean, middle(mbu), middle(mfu), False))
-        at_max = Phase(rollout_s(w, part, w.response_max, mbu.high, mfu.high, True),
-                       rollout_s(w, part, w.response_max, mbu.low, mfu.low, True), "",
-                       rollout_s(w, part, w.response_max, middle(mbu), middle(mfu), True))
+        at_mean = Phase(rollout_s(w, part, w.response_mean, mbu.high, mfu.high, False, net.high),
+                        rollout_s(w, part, w.response_mean, mbu.low, mfu.low, False, net.low), "",
+                        rollout_s(w, part, w.response_mean, middle(mbu), middle(mfu), False, middle(net)))
+        at_max = Phase(rollout_s(w, part, w.response_max, mbu.high, mfu.high, True, net.high),
+                       rollout_s(w, part, w.response_max, mbu.low, mfu.low, True, net.low), "",
+                       rollout_s(w, part, w.response_max, middle(mbu), middle(mfu), True, middle(net)))
         phases["rollout"] = Phase(at_mean.low, at_max.high, "low: every response at the mean length; high: the "
                                   "step waits for one at max_response_length", at_max.middle)
         passes = 2 if w.reference else 1
@@ -319,7 +361,8 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
         "ESTIMATE: roofline per phase with the efficiencies listed (low time = the optimistic efficiency; the "
         "middle = their geometric mean with one response at max_response_length)",
         w.mean_source,
-        "not modelled: reward, DP and MoE load imbalance, collective latency, start-up, checkpoint saves",
+        "decode: the rollout's TP all-reduces by NCCL's latency model + bytes; not modelled: reward, DP and MoE "
+        "load imbalance, training's collectives, kernel-launch overheads, start-up, checkpoint saves",
     )
     return StepTime(phases=phases, rollout_at_mean=at_mean, rollout_at_max=at_max, assumptions=assumptions,
                     factors=dict(f))

@@ -60,6 +60,7 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
         rollout_dp=int(get(verl, f"{ROLLOUT}.data_parallel_size") or 1),
         rollout_dense=float(rollout[0]), rollout_routed=float(rollout[1]),
         experts=int(arch.get("routed_experts") or 0), top_k=int(arch.get("experts_per_token") or 0),
+        layers=int(arch.get("layers") or 0), hidden=int(arch.get("hidden") or 0),
         rollout_weight_bytes=float(r.weight_bytes) if r is not None else 2.0,
         kv_per_token=r.kv.per_token if r is not None else 0.0, kv_per_sequence=r.kv.per_sequence if r else 0.0,
         kv_fits=r.fits if r is not None else None,
