@@ -47,7 +47,7 @@ class Candidate(NamedTuple):
 
     @property
     def step(self) -> float:
-        """The predicted step time ranked on (0: none, which ties)."""
+        """The predicted step time as ranked: its step of TIME_RESOLUTION on a log scale (0: none, which ties)."""
         return step_s(self.time)
 
     def key(self):
@@ -55,7 +55,7 @@ class Candidate(NamedTuple):
 
 
 # mesh=auto's ranking: (what it prefers, its value as an expression of the mesh `m`, `fits`, `peak` and `step`, the
-# predicted step time in seconds, 0.0 where none is made; smaller first), applied in order. One list shared by
+# predicted step time as step_s ranks it, 0 where none is made; smaller first), applied in order. One list shared by
 # memory and time. The expressions are compiled into one key function (the search ranks thousands of meshes).
 RANKING: tuple = (
     ("fits in memory", "not fits"),
