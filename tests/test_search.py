@@ -70,7 +70,7 @@ def test_auto_prints_choice_alternatives_and_memory(tmp_path):
                   f"hydra.run.dir={tmp_path}/r")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "valid meshes searched in" in out and "chosen mesh.tp=1" in out and out.count("alternative ") == 5
+    assert "valid meshes searched in" in out and "chosen mesh.tp=" in out and out.count("alternative ") == 5
     assert "memory  per GPU, " in out and "GiB training" in out and "of 80.0 GiB" in out  # one stage or more
 
 
@@ -101,6 +101,104 @@ def test_ranking_is_one_list():
     names = [n for n, _ in search.RANKING]
     assert names[:3] == ["fits in memory", "when it does not fit, the lower peak", "lower predicted step time"]
     assert all(n in search.MeshSearch.objective for n in names)
+
+
+@pytest.mark.parametrize("model", ["qwen3_5_35b", "kimi_k2_6"])
+def test_auto_equals_a_plan_of_its_choice(model, tmp_path):
+    """mesh=auto sets the chosen mesh's keys (and the rollout TP·DP chosen beside it) in the tree it already built:
+    verl's config and the overrides equal those of a plan given that mesh and rollout."""
+    nodes = ["mesh.nnodes=32"] if model == "kimi_k2_6" else []   # no mesh of one node holds Kimi
+    auto = plan([f"model={model}", "mesh=auto", "mode=plan"] + nodes, run_dir=str(tmp_path / "r"))
+    chosen = plan([f"model={model}", "mesh=auto", "mesh.search=false", "mode=plan"] + nodes
+                  + auto.search.chosen["overrides"].split(), run_dir=str(tmp_path / "r"))
+    assert auto.verl == chosen.verl
+    assert sorted(o.cli() for o in auto.request.overrides) == sorted(o.cli() for o in chosen.request.overrides)
+
+
+def test_auto_prefers_what_fits():
+    """With little GPU memory the choice moves to a mesh that fits."""
+    roomy = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "optimizer=dist_opt", "mode=plan",
+                  "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.5"])
+    assert roomy.memory.fits
+    limit = int(roomy.memory.peak / 2 ** 30) - 1   # the roomy choice does not fit under it
+    tight = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "optimizer=dist_opt", "mode=plan",
+                  f"cluster.gpu_mem_gib={limit}", "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.5"])
+    assert tight.memory.fits and tight.memory.peak <= limit * 2 ** 30
+    assert tight.mesh != roomy.mesh
+
+
+def test_mesh_error_lists_valid_neighbours(tmp_path):
+    """An invalid mesh's error is followed by valid meshes one and two knobs away, as overrides."""
+    proc = runner("model=glm5_1", "mesh.cp=3", "mode=plan", f"hydra.run.dir={tmp_path}/r")
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("error: mesh.cp=3")
+    one = next(line for line in lines if line.startswith("valid meshes, one change: "))
+    two = next(line for line in lines if line.startswith("valid meshes, two changes: "))
+    for option in one.split(": ", 1)[1].split(" | ") + two.split(": ", 1)[1].split(" | "):
+        assert not_memory(problems_of(["model=glm5_1", "mode=plan"] + option.split())) == [], option
+
+
+def test_deepep_hints_keep_etp_one(tmp_path):
+    """With use_deepep the hints after a bad ETP offer only meshes deepep allows (ETP 1), and each plans."""
+    ov = ["model=kimi_k2_6", "mesh.etp=3", "engine.impl_cfg.use_deepep=true", "mode=plan"]
+    proc = runner(*ov, f"hydra.run.dir={tmp_path}/r")
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and any("use_deepep excludes expert tensor parallelism" in line for line in lines)
+    options = [o for line in lines if line.startswith("valid meshes, ") for o in line.split(": ", 1)[1].split(" | ")]
+    assert options and all("mesh.etp=1" in o for o in options), options
+    for option in options:
+        assert not_memory(problems_of(ov + option.split())) == [], option
+
+
+def test_search_under_100ms_for_512_gpus():
+    """All valid meshes for 512 GPUs with estimates: the plan records the search time (bench reports it)."""
+    p = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=64", "mode=plan"])
+    assert p.search.valid_meshes > 1000 and p.search.search_ms > 0
+
+
+def tiny_kimi_checkpoint(tmp_path):
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    d = tmp_path / "kimi"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "kimi_k2", "num_hidden_layers": 2, "hidden_size": 8,
+                                               "n_routed_experts": 4, "num_experts_per_tok": 2,
+                                               "num_attention_heads": 64, "vocab_size": 16,
+                                               "first_k_dense_replace": 1}))
+    t = {"model.embed_tokens.weight": np.zeros((16, 8), np.float32),              # 128
+         "lm_head.weight": np.zeros((16, 8), np.float32),                         # 128
+         "model.layers.0.mlp.down_proj.weight": np.zeros((8, 32), np.float32),    # dense layer: 256
+         "model.layers.1.mlp.gate.weight": np.zeros((4, 8), np.float32)}          # router: 32
+    for e in range(4):                                                            # 4 experts × 3 × 8×4 = 384
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            t[f"model.layers.1.mlp.experts.{e}.{proj}.weight"] = np.zeros((8, 4), np.float32)
+    save_file(t, str(d / "model.safetensors"))
+    return d
+
+
+def test_plan_reports_exact_counts_from_a_checkpoint(tmp_path, monkeypatch):
+    """With a checkpoint on disk the plan reads its headers: exact counts, the estimate from them, and the
+    model group's facts cross-checked (here the tiny checkpoint differs on purpose)."""
+    monkeypatch.setenv("KIMI_K2_6_MODEL_PATH", str(tiny_kimi_checkpoint(tmp_path)))
+    p = plan(["model=kimi_k2_6", "mesh=8gpu", "mesh.cp=1", "mode=plan"], run_dir=str(tmp_path / "r"))
+    assert p.checkpoint.totals["routed_expert"] == 384
+    assert p.checkpoint.totals["dense"] == 128 + 128 + 256 + 32
+    assert p.memory.params_source.startswith("checkpoint")
+    assert any("arch.routed_experts: model group says 384, checkpoint config.json says 4" in w.why
+               for w in p.warnings)
+
+
+@pytest.mark.parametrize("mesh", [["mesh=8gpu", "mesh.cp=1"], ["mesh=auto", "mesh.nnodes=1"]])
+def test_checkpoint_counts_without_a_kv_fact_plan_without_the_rollout_estimate(tmp_path, monkeypatch, mesh):
+    """Counts from a checkpoint but a KV fact unset in the model group: the plan (fixed mesh and mesh=auto) has
+    its training estimate, no rollout KV estimate, and a warning naming the fact, not a Python error."""
+    monkeypatch.setenv("KIMI_K2_6_MODEL_PATH", str(tiny_kimi_checkpoint(tmp_path)))
+    p = plan(["model=kimi_k2_6", "model.arch.kv_lora_rank=null", *mesh, "mode=plan"], run_dir=str(tmp_path / "r"))
+    assert p.memory is not None and p.memory.rollout_detail is None
+    assert any(w.key == "model.arch.kv_lora_rank" and "no rollout estimate" in w.why for w in p.warnings)
 
 
 # ---------------------------------------------------------------- ranked by the predicted step time
@@ -194,4 +292,10 @@ def test_step_times_are_asked_only_for_meshes_that_fit():
                          lambda m, e: asked.append((m, e.fits)) or timer(m, e))
     assert asked and all(fits for _, fits in asked), "a mesh that does not fit was timed"
     assert any(not c.fits for c in ranked) and len(asked) < sum(c.fits for c in ranked)
-    assert all(c.time is None for c in ranked if not c.fits) and all(c.time is not None for c in ranked if c.fits)
+    assert all(c.time is None for c in ranked if not c.fits)
+    # the first meshes are timed exactly (the rest keep the lower bound's order) and ordered by their times
+    head = ranked[:search.HEAD]
+    assert all(c.fits and c.time is not None for c in head)
+    assert [c.key() for c in head] == sorted(c.key() for c in head)
+    timed_all = search.rank(meshes, lambda m: memory.estimate(params, m, **inputs), lambda m, e: timer(m, e))
+    assert [c.mesh for c in head] == [c.mesh for c in timed_all[:search.HEAD]]

@@ -10,6 +10,7 @@ Pure functions of their inputs.
 from __future__ import annotations
 
 import math
+from bisect import insort
 from itertools import takewhile
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, NamedTuple, Optional
@@ -26,9 +27,14 @@ TIME_RESOLUTION = 0.02
 
 def step_s(st) -> float:
     """A StepTime's middle, rounded to TIME_RESOLUTION on a log scale (0.0: no estimate)."""
-    if st is None or not st.central > 0:
+    return step_bucket(st.central) if st is not None else 0.0
+
+
+def step_bucket(seconds: float) -> float:
+    """Seconds as the time entry ranks them: steps of TIME_RESOLUTION on a log scale (monotone; 0.0: none)."""
+    if not seconds > 0:
         return 0.0
-    return round(math.log(st.central) / math.log1p(TIME_RESOLUTION))
+    return round(math.log(seconds) / math.log1p(TIME_RESOLUTION))
 
 
 class Candidate(NamedTuple):
@@ -167,34 +173,89 @@ def valid_meshes(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[d
     return out
 
 
+# rank() times exactly (with step_time) at least this many first meshes: the chosen one and the alternatives the
+# plan records; the rest keep the lower bound's order
+HEAD = 8
+
+
+class Ranked(list):
+    """rank()'s candidates, best first, and the one the ranking without the time entry puts first among those
+    that fit (memory_first; None without a step time)."""
+    memory_first = None
+
+
 def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = None,
-         step_time: Optional[Callable[[Mesh, object], object]] = None) -> list[Candidate]:
+         step_time: Optional[Callable[[Mesh, object], object]] = None, head: int = HEAD) -> list[Candidate]:
     """The meshes, best first. estimate(mesh): the memory estimate; step_time(mesh, estimate): the step-time
-    estimate (a StepTime), asked only for the meshes that fit."""
+    estimate (a StepTime), asked only for the meshes that fit. When step_time has a `bound(mesh, estimate)` (a
+    lower bound of its middle in seconds, cheap), the meshes are ordered by it first and timed exactly in that order
+    only while one can still enter the first `head`: those are exact and carry their time, the rest follow in the
+    bound's order without one."""
     # the memory estimate depends on the mesh only through (world, TP, PP, EP·ETP): DP·CP and EDP follow from them;
     # the step time besides through CP and VPP (the micro-batches per DP rank, the bubble)
     memo: dict = {}
     seen: dict = {}
     keys: dict = {}   # a step_time function returns one StepTime for the meshes it cannot tell apart
+    bound = getattr(step_time, "bound", None)
+    after = TIME_AT + 1
 
-    keyed = []
-    for m in meshes:
+    def exact(m: Mesh, e) -> tuple:
         k = (m.world, m.tp, m.pp, m.ep * m.etp, m.cp, m.vpp)
         got = seen.get(k)
         if got is None:
-            mk = k[:4]
-            if mk not in memo:
-                memo[mk] = estimate(m) if estimate else None
-            e = memo[mk]
-            fits, peak = (True, 0.0) if e is None else (e.fits, e.peak)
-            t = step_time(m, e) if step_time is not None and fits else None
+            t = step_time(m, e)
             if id(t) not in keys:
-                keys[id(t)] = step_s(t)
-            got = seen[k] = (e, fits, peak, t, keys[id(t)])
-        e, fits, peak, t, sk = got
-        keyed.append((ranking_key(m, fits, peak, sk), m, e, t))
+                keys[id(t)] = (t, step_s(t))
+            got = seen[k] = keys[id(t)]
+        return got
+
+    keyed = []
+    alone = None
+    bounds: dict = {}
+    for m in meshes:
+        tk = (m.world, m.tp, m.pp, m.ep * m.etp, m.cp, m.vpp)
+        mk = tk[:4]
+        if mk not in memo:
+            memo[mk] = estimate(m) if estimate else None
+        e = memo[mk]
+        fits, peak = (True, 0.0) if e is None else (e.fits, e.peak)
+        if step_time is None or not fits:
+            t, sk = None, 0.0
+        elif bound is not None:
+            sk = bounds.get(tk)
+            if sk is None:
+                sk = bounds[tk] = step_bucket(bound(m, e))
+            t = None
+        else:
+            t, sk = exact(m, e)
+        k = ranking_key(m, fits, peak, sk)
+        keyed.append((k, m, e, t))
+        if step_time is not None and fits and (alone is None or k[after:] < alone[0][after:]):
+            alone = (k, m, e)
     keyed.sort(key=lambda kc: kc[0])
-    return [Candidate(m, e, t, k) for k, m, e, t in keyed]
+    out = Ranked()
+    if bound is None:
+        out.extend(Candidate(m, e, t, k) for k, m, e, t in keyed)
+    else:
+        done, best, i = [], [], 0
+        for i, (kb, m, e, _) in enumerate(keyed):
+            if len(best) >= head and kb > best[head - 1]:
+                break
+            fits = e is None or e.fits
+            t, sk = exact(m, e) if fits else (None, 0.0)
+            k = ranking_key(m, fits, e.peak if e is not None else 0.0, sk) if fits else kb
+            done.append((k, m, e, t))
+            insort(best, k)
+        else:
+            i = len(keyed)
+        done.sort(key=lambda kc: kc[0])
+        out.extend(Candidate(m, e, t, k) for k, m, e, t in done)
+        out.extend(Candidate(m, e, None, k) for k, m, e, _ in keyed[i:])
+    if alone is not None:
+        k, m, e = alone
+        t, sk = exact(m, e)
+        out.memory_first = Candidate(m, e, t, ranking_key(m, True, e.peak if e is not None else 0.0, sk))
+    return out
 
 
 def chosen_by(ranked: list, time_note: str = "") -> str:
@@ -209,8 +270,10 @@ def chosen_by(ranked: list, time_note: str = "") -> str:
     if first.time is not None:
         # the mesh the ranking without the time entry puts first (among those that fit: the time entry only
         # orders those)
-        after = TIME_AT + 1  # the entries before the time entry are equal among the meshes that fit (first)
-        alone = min(takewhile(lambda c: c.fits, ranked), key=lambda c: c.key()[after:])
+        alone = getattr(ranked, "memory_first", None)
+        if alone is None:
+            after = TIME_AT + 1  # the entries before the time entry are equal among the meshes that fit (first)
+            alone = min(takewhile(lambda c: c.fits, ranked), key=lambda c: c.key()[after:])
         if alone.mesh != first.mesh and alone.step != first.step:
             lead = (f"{TIME} (≈ {first.time.central:.3g} s vs ≈ {alone.time.central:.3g} s for "
                     f"{alone.mesh.overrides()}, the first by memory and communication alone)")

@@ -29,7 +29,9 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
     inputs = memory_inputs(config, entrypoint, verl)
     tokens, budget = batch_tokens(entrypoint, verl)
     common = dict(world=mesh.world, gpus_per_node=mesh.gpus_per_node, active_params=float(active), pp=mesh.pp,
-                  vpp=mesh.vpp, recompute=inputs["recompute"], param_offload=inputs["param_offload"],
+                  vpp=mesh.vpp, tp=mesh.tp, cp=mesh.cp, ep=mesh.ep, etp=mesh.etp,
+                  layers=int(arch.get("layers") or 0), hidden=int(arch.get("hidden") or 0),
+                  moe_layers=moe_layers(arch), top_k=int(arch.get("experts_per_token") or 0), recompute=inputs["recompute"], param_offload=inputs["param_offload"],
                   optimizer_offload=inputs["optimizer_offload"],
                   param_bytes=est.weights if est is not None else 0.0,
                   grad_bytes=est.grads if est is not None else 0.0,
@@ -59,12 +61,18 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
         rollout_tp=int(get(verl, f"{ROLLOUT}.tensor_model_parallel_size") or 1),
         rollout_dp=int(get(verl, f"{ROLLOUT}.data_parallel_size") or 1),
         rollout_dense=float(rollout[0]), rollout_routed=float(rollout[1]),
-        experts=int(arch.get("routed_experts") or 0), top_k=int(arch.get("experts_per_token") or 0),
-        layers=int(arch.get("layers") or 0), hidden=int(arch.get("hidden") or 0),
+        experts=int(arch.get("routed_experts") or 0),
         rollout_weight_bytes=float(r.weight_bytes) if r is not None else 2.0,
         kv_per_token=r.kv.per_token if r is not None else 0.0, kv_per_sequence=r.kv.per_sequence if r else 0.0,
         kv_fits=r.fits if r is not None else None,
         max_num_seqs=int(get(verl, f"{ROLLOUT}.max_num_seqs") or steptime.MAX_NUM_SEQS), **common)
+
+
+def moe_layers(arch: dict) -> int:
+    """Decoder layers with routed experts (the first dense_layers have none; one expert is a dense MLP)."""
+    if (arch.get("routed_experts") or 0) <= 1:
+        return 0
+    return max(int(arch.get("layers") or 0) - int(arch.get("dense_layers") or 0), 0)
 
 
 def batch_tokens(entrypoint, verl: dict) -> tuple[float, float]:
@@ -110,17 +118,26 @@ def mesh_timer(config, entrypoint, verl: dict, mesh, counts, replica=None, rollo
     seen: dict = {}
     offload = base.param_offload or base.optimizer_offload
 
-    def timed(m, est) -> StepTime:
+    def shape(m, est) -> tuple:
+        """The estimate without the mesh's collectives, once per pipeline / micro-batch / offload shape."""
         micro = _micro(tokens / max(m.dp, 1), budget * m.cp)
-        # what the estimate reads of the mesh: the pipeline, the micro-batches, the bytes offload moves
         k = (m.pp, m.vpp, micro) + ((est.weights, est.grads, est.optimizer) if offload and est is not None else ())
         if k not in seen:
-            st = steptime.estimate(steptime.on_mesh(base, m.world, m.pp, m.vpp, micro, est), part,
-                                   same_rollout=first[0] if first else None)
+            w = steptime.on_mesh(base, m, micro, est)
+            st = steptime.estimate(w, part, same_rollout=first[0] if first else None, collectives=False)
             first[:] = first or [st]
-            seen[k] = steptime.calibrated(st, ratios, how) if ratios and st.model_middle > 0 else st
+            scaled = steptime.calibrated(st, ratios, how) if ratios and st.model_middle > 0 else st
+            seen[k] = (w, st, scaled.central)
         return seen[k]
 
+    def timed(m, est) -> StepTime:
+        w, st, _ = shape(m, est)
+        st = steptime.with_collectives(st, w, part, m)
+        return steptime.calibrated(st, ratios, how) if ratios and st.model_middle > 0 else st
+
+    # a lower bound of timed(m, est).central (the collectives only add): mesh=auto's search times exactly only the
+    # meshes that can still rank among the first
+    timed.bound = lambda m, est: shape(m, est)[2]
     return timed, ""
 
 
