@@ -70,8 +70,8 @@ def test_auto_prints_choice_alternatives_and_memory(tmp_path):
                   f"hydra.run.dir={tmp_path}/r")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "valid meshes searched in" in out and "chosen mesh.tp=1" in out and out.count("alternative ") == 5
-    assert "memory  per GPU, busiest stage" in out and "GiB training" in out and "of 80.0 GiB" in out
+    assert "valid meshes searched in" in out and "chosen mesh.tp=" in out and out.count("alternative ") == 5
+    assert "memory  per GPU, " in out and "GiB training" in out and "of 80.0 GiB" in out  # one stage or more
 
 
 def test_auto_refuses_when_nothing_fits_with_the_lowest_peak_and_the_gpus_that_fit(tmp_path):
@@ -99,7 +99,7 @@ def test_auto_refuses_when_nothing_fits_with_the_lowest_peak_and_the_gpus_that_f
 def test_ranking_is_one_list():
     """mesh=auto's ranking keys are one list, in order, and the plan's objective names them."""
     names = [n for n, _ in search.RANKING]
-    assert names[:2] == ["fits in memory", "when it does not fit, the lower peak"]
+    assert names[:3] == ["fits in memory", "when it does not fit, the lower peak", "lower predicted step time"]
     assert all(n in search.MeshSearch.objective for n in names)
 
 
@@ -120,10 +120,11 @@ def test_auto_prefers_what_fits():
     roomy = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "optimizer=dist_opt", "mode=plan",
                   "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.5"])
     assert roomy.memory.fits
+    limit = int(roomy.memory.peak / 2 ** 30) - 1   # the roomy choice does not fit under it
     tight = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "optimizer=dist_opt", "mode=plan",
-                  "cluster.gpu_mem_gib=60", "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.5"])
-    assert tight.memory.fits and tight.memory.peak <= 60 * 2 ** 30
-    assert (tight.mesh.pp, tight.mesh.ep) != (roomy.mesh.pp, roomy.mesh.ep)
+                  f"cluster.gpu_mem_gib={limit}", "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.5"])
+    assert tight.memory.fits and tight.memory.peak <= limit * 2 ** 30
+    assert tight.mesh != roomy.mesh
 
 
 def test_mesh_error_lists_valid_neighbours(tmp_path):
@@ -198,3 +199,103 @@ def test_checkpoint_counts_without_a_kv_fact_plan_without_the_rollout_estimate(t
     p = plan(["model=kimi_k2_6", "model.arch.kv_lora_rank=null", *mesh, "mode=plan"], run_dir=str(tmp_path / "r"))
     assert p.memory is not None and p.memory.rollout_detail is None
     assert any(w.key == "model.arch.kv_lora_rank" and "no rollout estimate" in w.why for w in p.warnings)
+
+
+# ---------------------------------------------------------------- ranked by the predicted step time
+
+def memory_only(p):
+    """The meshes of a plan's search ranked without the time entry (the memory estimate alone)."""
+    from vrun.estimate import memory
+    from vrun.planning import phases
+    from vrun.planning import plan as planning
+
+    config, ep = p.config, p.entrypoint
+    rules = planning.rules_of(config, ep, p.verl)
+    mesh = Mesh(config.mesh.nnodes, config.mesh.gpus_per_node)
+    from vrun.estimate import rollout
+
+    tps = rollout.choices(mesh.world, mesh.gpus_per_node, config.model.arch.facts(), phases.rollout_ep(p.verl) > 1)
+    params, _, _, _ = planning.model_params(config, ep, None, [], p.verl)
+    params = planning.with_built_mtp(params, config, ep, p.verl)
+    inputs = phases.memory_inputs(config, ep, p.verl)
+    valid = search.valid_meshes(rules, mesh.nnodes, mesh.gpus_per_node, p.verl, ep, tps)
+    return search.rank(valid, lambda m: memory.estimate(params, m, **inputs))
+
+
+def test_a_faster_predicted_mesh_that_fits_wins():
+    """Kimi-K2.6 on 256 GPUs: the memory and communication ranking alone puts a 2-stage pipeline first (smaller TP
+    and CP before fewer stages); its pipeline bubble makes it slower by the step-time estimate than a 1-stage mesh
+    that fits too, and mesh=auto takes the faster one, saying so."""
+    p = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "mode=plan"])
+    alone = memory_only(p)[0]
+    assert alone.fits and alone.mesh.pp == 2, alone.mesh
+    assert p.memory.fits and p.mesh.pp == 1 and p.mesh != alone.mesh
+    from vrun.planning import steptime_plan
+
+    timer, why = steptime_plan.mesh_timer(p.config, p.entrypoint, p.verl, p.mesh, p.params)
+    assert timer is not None, why
+    # the plan's own step time for its mesh is the search's, and lower than the memory ranking's first
+    assert p.search.chosen["step_middle_s"] == pytest.approx(p.time.central, abs=0.06)
+    slower = timer(alone.mesh, alone.estimate).central
+    assert p.time.central < slower / (1 + search.TIME_RESOLUTION)
+    s = p.search.summary()
+    assert s["chosen_by"].startswith("lower predicted step time (≈ ") and alone.mesh.overrides() in s["chosen_by"]
+    assert s["time"] == "estimated"
+    rows = p.search.rows()
+    assert rows[1].startswith("        chosen by lower predicted step time")
+
+
+def test_alternatives_carry_their_step_time():
+    p = plan(["model=glm5_1", "mesh=auto", "mesh.nnodes=32", "algo=grpo", "mode=plan"])
+    s = p.search.summary()
+    for row in [s["chosen"], *s["alternatives"]]:
+        assert row["fits"] and 0 < row["step_low_s"] < row["step_middle_s"] < row["step_high_s"], row
+    alts = [r for r in p.search.rows() if r.startswith("        alternative ")]
+    assert len(alts) == 5 and all(" GiB  step ≈ " in r and r.endswith(" s") for r in alts), alts
+    assert s["chosen_by"]   # one of the ranking's entries, named
+    assert any(s["chosen_by"].startswith(name) for name, _ in search.RANKING), s["chosen_by"]
+
+
+def test_without_a_time_estimate_the_memory_ranking_is_unchanged():
+    """An unknown GPU part (no FLOP/s or bandwidth): no step times; the choice and the alternatives are the memory
+    ranking's, in its order, and chosen_by names the memory/communication entry and why no time ranked."""
+    p = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "mode=plan", "cluster.gpu=X9",
+              "cluster.gpu_mem_gib=80"])
+    s = p.search.summary()
+    alone = memory_only(p)
+    assert p.mesh == alone[0].mesh
+    ranked = [s["chosen"], *s["alternatives"]]
+    assert [r["overrides"].split(" verl.")[0] for r in ranked] == [c.mesh.overrides() for c in alone[:6]]
+    assert all(r["step_middle_s"] is None for r in ranked)
+    assert "no step-time estimate: cluster.gpu=X9" in s["chosen_by"] and s["time"].startswith("cluster.gpu=X9")
+    assert not s["chosen_by"].startswith("lower predicted step time")
+    assert all("step ≈" not in r for r in p.search.rows())
+
+
+def test_step_times_are_asked_only_for_meshes_that_fit():
+    """The search asks the step-time estimate only for meshes whose memory estimate fits (Kimi-K2.6 on 256 GPUs at
+    60 GiB: some do not), and once per mesh it cannot tell apart."""
+    from vrun.estimate import memory
+    from vrun.planning import phases, steptime_plan
+
+    p = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "mode=plan", "cluster.gpu_mem_gib=60",
+              "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.5"])
+    timer, _ = steptime_plan.mesh_timer(p.config, p.entrypoint, p.verl, p.mesh, p.params)
+    asked = []
+    meshes = [c.mesh for c in memory_only(p)]
+    from vrun.planning import plan as planning
+
+    params = planning.with_built_mtp(planning.model_params(p.config, p.entrypoint, None, [], p.verl)[0], p.config,
+                                     p.entrypoint, p.verl)
+    inputs = phases.memory_inputs(p.config, p.entrypoint, p.verl)
+    ranked = search.rank(meshes, lambda m: memory.estimate(params, m, **inputs),
+                         lambda m, e: asked.append((m, e.fits)) or timer(m, e))
+    assert asked and all(fits for _, fits in asked), "a mesh that does not fit was timed"
+    assert any(not c.fits for c in ranked) and len(asked) < sum(c.fits for c in ranked)
+    assert all(c.time is None for c in ranked if not c.fits)
+    # the first meshes are timed exactly (the rest keep the lower bound's order) and ordered by their times
+    head = ranked[:search.HEAD]
+    assert all(c.fits and c.time is not None for c in head)
+    assert [c.key() for c in head] == sorted(c.key() for c in head)
+    timed_all = search.rank(meshes, lambda m: memory.estimate(params, m, **inputs), lambda m, e: timer(m, e))
+    assert [c.mesh for c in head] == [c.mesh for c in timed_all[:search.HEAD]]

@@ -18,6 +18,30 @@ DeepSeek-V3 (deepseek-ai/DeepSeek-V3), Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-32B
 verl's own DeepSeek-V3 figure (docs/perf/dpsk.md) is the last case, with its sources beside it.
 No published end-to-end step time was found for this project's own five models (GLM-5.1, Kimi-K2.6, Qwen3.5-35B-A3B,
 DeepSeek-V4 Flash/Pro) under verl or NeMo RL.
+
+Predicted (the estimate's middle) vs published, the factors unchanged; "before" is the roofline alone, "after" adds
+the rollout's TP all-reduces (two per decoder layer per decode step, NCCL's own latency model from its tuning.cc +
+the bytes over NVLink / the node's network; vrun/estimate/steptime.py allreduce_s) and the training mesh's TP
+all-reduce and EP all-to-all bytes in log-prob and training (training_collectives_s):
+  case                        published   before        after
+  deepseek_v3_256xh100          154 s      50 s 0.32×    58 s 0.38×   OUT
+  qwen3_235b_a22b_128xh100      506 s     416 s 0.82×   505 s 1.00×
+  qwen3_30b_a3b_32xh100         225 s     120 s 0.53×   135 s 0.60×
+  llama3_1_8b_16xh100          97.7 s     179 s 1.83×   179 s 1.83×   (TP1, EP1: no collective counted)
+  qwen3_32b_32xh100             393 s     539 s 1.37×   582 s 1.48×
+  verl_deepseek_v3_96xh20      1700 s     764 s 0.45×   904 s 0.53×
+Why NeMo RL's DeepSeek-V3 on 256 H100s stays out: its rollout's TP32 spans 4 nodes, yet 122 all-reduces of ~0.9 MB
+per decode step cost ~5 ms by NCCL's model (~7 s over the 1,408-token longest response): the decode side was never
+the size of the gap. The same table's 1-step-off row (DeepSeek-V3, 512 GPUs, generation overlapping training,
+77.9 s) bounds each of them at about 78 s on its share of the GPUs (256 each if split evenly, which the table does
+not say), so the on-policy 154 s plausibly splits about evenly; the estimate's log-prob + training is ~3.5 s (6·37B·381k tokens at 8–47% MFU), an order of magnitude
+under ~70 s. What is left out there (Megatron's EP16 all-to-all per MoE layer per micro-batch with one 745-token
+sequence per micro-batch — counted now by its bytes, ~1.6 s —, PP16's 47-slot schedule of tiny GEMMs, activation recompute — the recipe
+examples/configs/recipes/llm/performance/grpo-deepseek-v3-32n8g.yaml sets activation_checkpointing — and NeMo RL's
+offload and refit around the phases) has no sourced per-step figure here: DeepEP's published normal-kernel
+bandwidth (43 GB/s internode at EP16, deepseek-ai/DeepEP docs/legacy.md) makes the training all-to-all ~2–3 s, not
+~70 s, and no MFU figure for a MoE this size at this micro-batch is sourced independently of the case. The
+training MFU range is not lowered to fit it.
 """
 from __future__ import annotations
 
@@ -27,6 +51,8 @@ from typing import Optional
 SOURCE = {"repo": "NVIDIA-NeMo/RL", "path": "docs/about/performance-summary.md",
           "commit": "06beed91bac98a2c39a19435f6bbbbe71aa45720", "section": "Nemo RL v0.4, GRPO, DGX-H100, on policy"}
 PROMPT_MEAN = 128
+# the cases the estimate's middle leaves outside 0.5×–2×, and why (the module docstring)
+KNOWN_OUT = ("deepseek_v3_256xh100",)
 GPU_MEMORY_UTILIZATION = 0.6
 
 DEEPSEEK_V3 = dict(layers=61, dense_layers=3, routed_experts=256, experts_per_token=8, shared_experts=1, heads=128,

@@ -70,6 +70,19 @@ PARTS = {
 }
 GPU_MEM_GIB = {name: p.mem_gib for name, p in PARTS.items()}
 
+# NCCL's own latency model of a collective, in microseconds (src/graph/tuning.cc of NVIDIA/nccl at commit
+# b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2: baseLat and hwLat for the LL protocol, the lowest-latency one; NCCL
+# picks the algorithm and protocol with the least modelled time per call). Software and fabric facts of the
+# library, not of any measured run; the same for every GPU part NCCL runs on.
+NCCL_LATENCY_US = {
+    "base_ring_ll": 6.6, "base_tree_ll": 6.8,        # baseLat[Ring|Tree][LL]
+    "nvlink_ring_ll": 0.6, "nvlink_tree_ll": 0.6,    # hwLat[NVLINK][Ring|Tree][LL], per step
+    "net_ring_ll": 2.7, "net_tree_ll": 5.0,          # hwLat[NET][Ring|Tree][LL], per inter-node step
+    "net_overhead": 1.0,                             # getNetOverhead: per step of a ring spanning nodes (x86)
+}
+NCCL_LATENCY_SOURCE = "NVIDIA/nccl src/graph/tuning.cc @ b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2 (baseLat, hwLat, " \
+    "getNetOverhead; the all-reduce latency of ncclTopoTuneModel for Ring and Tree, LL protocol)"
+
 
 def part(name: str) -> Optional[Part]:
     """The part `cluster.gpu` names (case-insensitive), or None."""

@@ -1,21 +1,47 @@
 """mesh=auto and mesh suggestions: enumerate every mesh that passes the plan's checks, rank them.
 
 Objective (RANKING, in order): fits in GPU memory by the estimate (vrun.estimate.memory) — and among meshes that do
-not, the lower peak first; then least communication — smaller TP, smaller CP, expert parallelism within a node
-(EP·ETP ≤ GPUs per node), fewer pipeline stages; then the lower memory peak. Pure functions of their inputs.
+not, the lower peak first; then, among those that fit, the lower predicted step time (vrun.estimate.steptime's
+middle, when a time estimate can be made: computed only for the meshes that fit); then least communication —
+smaller TP, smaller CP, expert parallelism within a node (EP·ETP ≤ GPUs per node), fewer pipeline stages; then the
+lower memory peak. Without a time estimate the time entry ties and the memory/communication ranking decides alone.
+Pure functions of their inputs.
 """
 from __future__ import annotations
 
+import math
+from bisect import insort
+from itertools import takewhile
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, NamedTuple, Optional
 
 from vrun.estimate.mesh import KNOBS, Mesh, Rules, divisors
 from vrun.estimate.rollout import RANKING as ROLLOUT_RANKING
 
+TIME = "lower predicted step time"
+# step times closer than this share are equal for the ranking (the estimate's low–high bound spans ~2–6× and its
+# terms omit TP/EP communication): the communication entries after the time entry then decide. A ranking
+# resolution, not an efficiency factor: it scales no prediction.
+TIME_RESOLUTION = 0.02
+
+
+def step_s(st) -> float:
+    """A StepTime's middle, rounded to TIME_RESOLUTION on a log scale (0.0: no estimate)."""
+    return step_bucket(st.central) if st is not None else 0.0
+
+
+def step_bucket(seconds: float) -> float:
+    """Seconds as the time entry ranks them: steps of TIME_RESOLUTION on a log scale (monotone; 0.0: none)."""
+    if not seconds > 0:
+        return 0.0
+    return round(math.log(seconds) / math.log1p(TIME_RESOLUTION))
+
 
 class Candidate(NamedTuple):
     mesh: Mesh
     estimate: object = None  # vrun.estimate.memory.Estimate or None when no estimate can be made
+    time: object = None      # vrun.estimate.steptime.StepTime: only for a mesh that fits, when a time estimate exists
+    ranked_key: tuple = ()   # its ranking key as rank() computed it
 
     @property
     def fits(self) -> bool:
@@ -25,16 +51,22 @@ class Candidate(NamedTuple):
     def peak(self) -> float:
         return self.estimate.peak if self.estimate is not None else 0.0
 
+    @property
+    def step(self) -> float:
+        """The predicted step time as ranked: its step of TIME_RESOLUTION on a log scale (0: none, which ties)."""
+        return step_s(self.time)
+
     def key(self):
-        return ranking_key(self.mesh, self.fits, self.peak)
+        return self.ranked_key or ranking_key(self.mesh, self.fits, self.peak, self.step)
 
 
-# mesh=auto's ranking: (what it prefers, its value as an expression of the mesh `m`, `fits` and `peak`; smaller
-# first), applied in order. One list: a ranking by another measure (step time) replaces or inserts entries here.
-# The expressions are compiled into one key function (the search ranks thousands of meshes).
+# mesh=auto's ranking: (what it prefers, its value as an expression of the mesh `m`, `fits`, `peak` and `step`, the
+# predicted step time as step_s ranks it, 0 where none is made; smaller first), applied in order. One list shared by
+# memory and time. The expressions are compiled into one key function (the search ranks thousands of meshes).
 RANKING: tuple = (
     ("fits in memory", "not fits"),
     ("when it does not fit, the lower peak", "0.0 if fits else peak"),
+    (TIME, "step"),
     ("smaller TP", "m.tp"),
     ("smaller CP", "m.cp"),
     ("EP·ETP within a node", "m.ep * m.etp > m.gpus_per_node"),
@@ -46,30 +78,65 @@ RANKING: tuple = (
 
 
 def compile_ranking(ranking: tuple) -> Callable:
-    return eval("lambda m, fits, peak: (" + "".join(f"{expr}, " for _, expr in ranking) + ")")  # noqa: S307
+    return eval("lambda m, fits, peak, step: (" + "".join(f"{expr}, " for _, expr in ranking) + ")")  # noqa: S307
 
 
 ranking_key = compile_ranking(RANKING)
+TIME_AT = [name for name, _ in RANKING].index(TIME)
 
 
 @dataclass(frozen=True)
 class MeshSearch:
     """What a plan records about mesh=auto's search (plan.json's mesh_search). The rows are plan.json's:
-    chosen and each alternative {overrides, dp, edp, rollout_tp, peak_gib, fits}; each rollout TP choice {tp, dp,
-    replicas, sequences_fit, step_sequences_per_replica}."""
+    chosen and each alternative {overrides, dp, edp, rollout_tp, peak_gib, fits, step_low_s, step_high_s,
+    step_middle_s (None without a step-time estimate)}; each rollout TP choice {tp, dp, replicas, sequences_fit,
+    step_sequences_per_replica}. chosen_by: the ranking entry that put the chosen mesh before the next."""
     valid_meshes: int
     search_ms: float
     chosen: dict
     alternatives: tuple            # the next best meshes after the chosen one
     rollout_tp_choices: tuple      # the best rollout (TP, DP) first; empty without a rollout or an estimate
     memory: str                    # "estimated", or why no estimate ranked the meshes
+    chosen_by: str = ""
+    time: str = "estimated"        # "estimated", or why no step time ranked the meshes
     objective: ClassVar[str] = ("mesh: " + ", then ".join(name for name, _ in RANKING) + "; rollout TP·DP: "
                                 + ", then ".join(ROLLOUT_RANKING))
 
     def summary(self) -> dict:
         return {"valid_meshes": self.valid_meshes, "search_ms": self.search_ms, "chosen": self.chosen,
-                "alternatives": list(self.alternatives), "rollout_tp_choices": list(self.rollout_tp_choices),
-                "memory": self.memory, "objective": self.objective}
+                "chosen_by": self.chosen_by, "alternatives": list(self.alternatives),
+                "rollout_tp_choices": list(self.rollout_tp_choices), "memory": self.memory, "time": self.time,
+                "objective": self.objective}
+
+    def rows(self) -> list[str]:
+        """The plan table's auto rows: the search, the chosen mesh and what chose it, each alternative with its
+        peak and step time."""
+        c = self.chosen
+        out = [f"auto    {self.valid_meshes} valid meshes searched in {self.search_ms} ms; chosen "
+               f"{c['overrides']} (peak {c['peak_gib']} GiB{step_text(c, ', ')})",
+               f"        chosen by {self.chosen_by}"]
+        for alt in self.alternatives:
+            out.append(f"        alternative {alt['overrides']}  DP{alt['dp']} EDP{alt['edp']}  peak "
+                       f"{alt['peak_gib']} GiB{step_text(alt, '  ')}{'' if alt['fits'] else '  (does not fit)'}")
+        return out
+
+
+def candidate_row(c: Candidate) -> dict:
+    """A candidate's step-time fields for plan.json's mesh_search rows (None where no time was estimated)."""
+    t = c.time
+    return {"step_low_s": round(t.low, 1) if t is not None else None,
+            "step_high_s": round(t.high, 1) if t is not None else None,
+            "step_middle_s": round(t.central, 1) if t is not None else None}
+
+
+def step_text(row: dict, sep: str) -> str:
+    if row.get("step_low_s") is None:
+        return ""
+    return f"{sep}step ≈ {_num(row['step_low_s'])}–{_num(row['step_high_s'])} s"
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if x >= 10 else f"{x:.1f}"
 
 
 def valid_meshes(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[dict] = None,
@@ -106,23 +173,130 @@ def valid_meshes(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[d
     return out
 
 
-def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = None) -> list[Candidate]:
-    # the estimate depends on the mesh only through (world, TP, PP, EP·ETP): DP·CP and EDP follow from them
-    memo: dict = {}
+# rank() times exactly (with step_time) at least this many first meshes: the chosen one and the alternatives the
+# plan records; the rest keep the lower bound's order
+HEAD = 8
 
-    def est(m: Mesh):
-        k = (m.world, m.tp, m.pp, m.ep * m.etp)
-        if k not in memo:
-            memo[k] = estimate(m)
-        return memo[k]
+
+class Ranked(list):
+    """rank()'s candidates, best first, and the one the ranking without the time entry puts first among those
+    that fit (memory_first; None without a step time)."""
+    memory_first = None
+
+
+def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = None,
+         step_time: Optional[Callable[[Mesh, object], object]] = None, head: int = HEAD) -> list[Candidate]:
+    """The meshes, best first. estimate(mesh): the memory estimate; step_time(mesh, estimate): the step-time
+    estimate (a StepTime), asked only for the meshes that fit. When step_time has a `bound(mesh, estimate)` (a
+    lower bound of its middle in seconds, cheap), the meshes are ordered by it first and timed exactly in that order
+    only while one can still enter the first `head`: those are exact and carry their time, the rest follow in the
+    bound's order without one."""
+    # the memory estimate depends on the mesh only through (world, TP, PP, EP·ETP): DP·CP and EDP follow from them;
+    # the step time besides through CP and VPP (the micro-batches per DP rank, the bubble)
+    memo: dict = {}
+    seen: dict = {}
+    keys: dict = {}   # a step_time function returns one StepTime for the meshes it cannot tell apart
+    bound = getattr(step_time, "bound", None)
+    after = TIME_AT + 1
+
+    def exact(m: Mesh, e) -> tuple:
+        k = (m.world, m.tp, m.pp, m.ep * m.etp, m.cp, m.vpp)
+        got = seen.get(k)
+        if got is None:
+            t = step_time(m, e)
+            if id(t) not in keys:
+                keys[id(t)] = (t, step_s(t))
+            got = seen[k] = keys[id(t)]
+        return got
 
     keyed = []
+    alone = None
+    bounds: dict = {}
     for m in meshes:
-        e = est(m) if estimate else None
+        tk = (m.world, m.tp, m.pp, m.ep * m.etp, m.cp, m.vpp)
+        mk = tk[:4]
+        if mk not in memo:
+            memo[mk] = estimate(m) if estimate else None
+        e = memo[mk]
         fits, peak = (True, 0.0) if e is None else (e.fits, e.peak)
-        keyed.append((ranking_key(m, fits, peak), m, e))
+        if step_time is None or not fits:
+            t, sk = None, 0.0
+        elif bound is not None:
+            sk = bounds.get(tk)
+            if sk is None:
+                sk = bounds[tk] = step_bucket(bound(m, e))
+            t = None
+        else:
+            t, sk = exact(m, e)
+        k = ranking_key(m, fits, peak, sk)
+        keyed.append((k, m, e, t))
+        if step_time is not None and fits and (alone is None or k[after:] < alone[0][after:]):
+            alone = (k, m, e)
     keyed.sort(key=lambda kc: kc[0])
-    return [Candidate(m, e) for _, m, e in keyed]
+    out = Ranked()
+    if bound is None:
+        out.extend(Candidate(m, e, t, k) for k, m, e, t in keyed)
+    else:
+        done, best, i = [], [], 0
+        for i, (kb, m, e, _) in enumerate(keyed):
+            if len(best) >= head and kb > best[head - 1]:
+                break
+            fits = e is None or e.fits
+            t, sk = exact(m, e) if fits else (None, 0.0)
+            k = ranking_key(m, fits, e.peak if e is not None else 0.0, sk) if fits else kb
+            done.append((k, m, e, t))
+            insort(best, k)
+        else:
+            i = len(keyed)
+        done.sort(key=lambda kc: kc[0])
+        out.extend(Candidate(m, e, t, k) for k, m, e, t in done)
+        out.extend(Candidate(m, e, None, k) for k, m, e, _ in keyed[i:])
+    if alone is not None:
+        k, m, e = alone
+        t, sk = exact(m, e)
+        out.memory_first = Candidate(m, e, t, ranking_key(m, True, e.peak if e is not None else 0.0, sk))
+    return out
+
+
+def chosen_by(ranked: list, time_note: str = "") -> str:
+    """Which ranking entry chose the first mesh: the first entry of RANKING on which it and the next differ, with
+    their figures for it; where the time entry set aside the mesh memory and communication alone would have
+    chosen, that first. time_note: why no step time was estimated (empty when one was)."""
+    why = f"; no step-time estimate: {time_note}" if time_note else ""
+    if not ranked:
+        return ""
+    first = ranked[0]
+    lead = ""
+    if first.time is not None:
+        # the mesh the ranking without the time entry puts first (among those that fit: the time entry only
+        # orders those)
+        alone = getattr(ranked, "memory_first", None)
+        if alone is None:
+            after = TIME_AT + 1  # the entries before the time entry are equal among the meshes that fit (first)
+            alone = min(takewhile(lambda c: c.fits, ranked), key=lambda c: c.key()[after:])
+        if alone.mesh != first.mesh and alone.step != first.step:
+            lead = (f"{TIME} (≈ {first.time.central:.3g} s vs ≈ {alone.time.central:.3g} s for "
+                    f"{alone.mesh.overrides()}, the first by memory and communication alone)")
+    if len(ranked) == 1:
+        return lead or "the only valid mesh" + why
+    second = ranked[1]
+    a, b = first.key(), second.key()
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    name = RANKING[i][0] if i is not None else None
+    if name == TIME:
+        return lead or (f"{TIME} (≈ {first.time.central:.3g} s vs ≈ {second.time.central:.3g} s for "
+                        f"{second.mesh.overrides()})")
+    if name is None:
+        then = "equal on every entry (the enumeration's order)"
+    elif name == "fits in memory":
+        then = f"{name} (the next, {second.mesh.overrides()}, does not)"
+    elif name in ("when it does not fit, the lower peak", "lower peak"):
+        then = f"{name} ({first.peak / 2 ** 30:.1f} vs {second.peak / 2 ** 30:.1f} GiB)"
+    else:
+        then = f"{name} (than {second.mesh.overrides()})"
+    if first.time is not None and second.time is not None and name != "fits in memory":
+        then += f", the step times equal within {TIME_RESOLUTION:.0%}"
+    return (f"{lead}; then {then}" if lead else then) + why
 
 
 def neighbours(mesh: Mesh, valid: Iterable[Mesh], limit: int = 4) -> tuple[list[Mesh], list[Mesh]]:

@@ -7,12 +7,16 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               DP·max_num_seqs) decoding at once, in ceil(S/C) waves. One decode step reads, per GPU, the dense
               weights / TP, the routed experts / (TP·DP) that C tokens touch (1 − (1 − k/E)^C of them) and the KV
               of its C/DP sequences: time = max(bytes / (B·MBU), 2·N·C/DP/TP / (P·MFU)) (the roofline: memory
-              bound until the batch is large). Prefill: 2·N·prompt tokens / (G·P·MFU).
+              bound until the batch is large), plus, with TP > 1, the step's two all-reduces per decoder layer
+              (Shoeybi et al. 2019) of its bf16 activations over the TP group: NCCL's own latency model (Ring or
+              Tree, LL; vrun/estimate/hardware.py NCCL_LATENCY_US, from NCCL's tuning.cc) + 2(n−1)/n·bytes over
+              NVLink within a node or the node's network across nodes. Prefill: 2·N·prompt tokens / (G·P·MFU).
               At the mean: waves · mean response · step(context prompt + response/2). The step waits for its
               longest response: at max_response_length, the last wave runs max_response_length decode steps.
   log-prob    2·N·T / (G·P·MFU) per pass: the old policy always, the reference when a KL term is on
   training    6·N·T (8·N·T under full recompute: the forward again) / (G·P·MFU) — the 6·N·T rule of Kaplan
-              et al. 2020 (arXiv:2001.08361) and Narayanan et al. 2021 (arXiv:2104.04473, with recompute)
+              et al. 2020 (arXiv:2001.08361) and Narayanan et al. 2021 (arXiv:2104.04473, with recompute) — plus
+              the training mesh's TP all-reduce and EP all-to-all bytes (training_collectives_s; log-prob too)
   bubble      log-prob and training × (1 + (PP − 1) / (m·VPP)), m micro-batches per mini-batch per DP rank
               (Narayanan et al. 2021, the 1F1B schedule's bubble fraction)
   sync        the rollout's weights per GPU (bf16) gathered from the training layout: from other nodes over the
@@ -20,8 +24,9 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
   offload     over PCIe per GPU: parameters and gradients loaded and offloaded once per step each
               (param_offload), the optimizer states too (optimizer_offload)
   sft         training and bubble only; T = train_batch_size · max_length · the mean fraction
-Not modelled (said in the assumptions): attention FLOPs, reward computation, sequence imbalance between DP ranks,
-MoE load imbalance, communication not named above, start-up and checkpoint saves.
+Not modelled (said in the assumptions): reward computation, sequence imbalance between DP ranks, MoE load
+imbalance, communication not named above (the DP gradient reduction, CP and PP traffic, the rollout's EP
+all-to-all in place of its MoE all-reduce), kernel-launch and scheduling overheads, start-up and checkpoint saves.
 
 The efficiencies are one fixed set (FACTORS), each a (pessimistic, optimistic) pair with its source, never fitted to
 the published step times the tests hold the estimate to (tests/test_steptime.py). A calibration from recorded
@@ -33,6 +38,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from vrun.estimate import hardware
 from vrun.estimate.hardware import Part
 
 
@@ -93,6 +99,13 @@ class Workload:
     kv_per_sequence: float = 0.0
     kv_fits: Optional[int] = None   # sequences per replica the KV cache holds at once
     max_num_seqs: int = MAX_NUM_SEQS
+    layers: int = 0                 # decoder layers and hidden size: the TP all-reduces (0: none counted)
+    hidden: int = 0
+    moe_layers: int = 0             # layers with routed experts: training's EP all-to-alls
+    tp: int = 1                     # the training mesh (PP above): TP, CP, EP, ETP
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
     param_bytes: float = 0.0        # per GPU, the busiest stage (vrun/estimate/memory.py's estimate): weights, grads, optim
     grad_bytes: float = 0.0
     optimizer_bytes: float = 0.0
@@ -186,6 +199,19 @@ class StepTime:
         }
 
 
+def on_mesh(w: Workload, mesh, micro_batches: int, est=None) -> Workload:
+    """The workload on another training mesh of the same GPUs (vrun.estimate.mesh.Mesh): its parallel sizes,
+    micro-batches per DP rank and, from the memory estimate (vrun.estimate.memory.Estimate, or None), the per-GPU
+    bytes offload moves."""
+    from dataclasses import replace
+
+    return replace(w, world=mesh.world, pp=mesh.pp, vpp=mesh.vpp, tp=mesh.tp, cp=mesh.cp, ep=mesh.ep, etp=mesh.etp,
+                   micro_batches=micro_batches,
+                   param_bytes=est.weights if est is not None else 0.0,
+                   grad_bytes=est.grads if est is not None else 0.0,
+                   optimizer_bytes=est.optimizer if est is not None else 0.0)
+
+
 def calibrated(st: StepTime, ratios: list, how: str) -> StepTime:
     """The estimate scaled by the median measured/predicted ratio of recorded runs, its bound spanning them."""
     rs = sorted(ratios)
@@ -202,8 +228,42 @@ def compute_s(flops: float, w: Workload, part: Part, mfu: float) -> float:
     return flops / (w.world * part.bf16_flops * mfu)
 
 
-def decode_step_s(w: Workload, part: Part, concurrent: int, context: float, mbu: float, mfu: float) -> float:
-    """One decode step of a replica with `concurrent` sequences at `context` tokens each (the roofline)."""
+def allreduce_s(ranks: int, gpus_per_node: int, nbytes: float, part: Part, net: float) -> float:
+    """One all-reduce of nbytes over `ranks` GPUs (filling nodes of gpus_per_node): NCCL's latency model (the least
+    of Ring and Tree, LL protocol; vrun.estimate.hardware.NCCL_LATENCY_US) plus the bytes a ring moves per GPU,
+    2(n−1)/n·S, over NVLink within a node or the node's network across nodes, at efficiency `net`."""
+    if ranks <= 1:
+        return 0.0
+    lat = hardware.NCCL_LATENCY_US
+    nodes = max(1, -(-ranks // gpus_per_node))
+    ppn = ranks // nodes
+    steps = 2 * (ranks - 1)
+    if nodes == 1:
+        ring = lat["base_ring_ll"] + steps * lat["nvlink_ring_ll"]
+        tree = lat["base_tree_ll"] + 2 * (ppn - 1) * lat["nvlink_tree_ll"]
+        bw = part.nvlink
+    else:
+        inter = 2 * nodes
+        ring = lat["base_ring_ll"] + (steps - inter) * max(lat["nvlink_ring_ll"], lat["net_overhead"]) + \
+            inter * lat["net_ring_ll"]
+        tree = lat["base_tree_ll"] + 2 * ((ppn - 1) * lat["nvlink_tree_ll"] + (nodes.bit_length() - 1) * lat["net_tree_ll"])
+        bw = part.network
+    return min(ring, tree) * 1e-6 + 2 * (ranks - 1) / ranks * nbytes / (bw * net)
+
+
+def tp_collectives_s(w: Workload, part: Part, per_rank: float, net: float) -> float:
+    """A decode step's tensor-parallel all-reduces: two per decoder layer (after the attention output projection and
+    after the MLP/MoE down projection: Shoeybi et al. 2019, arXiv:1909.08053 §3), each of the step's bf16
+    activations (per_rank tokens × hidden × 2 bytes) over the replica's TP group."""
+    if w.rollout_tp <= 1 or not w.layers or not w.hidden:
+        return 0.0
+    return 2 * w.layers * allreduce_s(w.rollout_tp, w.gpus_per_node, per_rank * w.hidden * 2.0, part, net)
+
+
+def decode_step_s(w: Workload, part: Part, concurrent: int, context: float, mbu: float, mfu: float,
+                  net: Optional[float] = None) -> float:
+    """One decode step of a replica with `concurrent` sequences at `context` tokens each: the roofline, then its
+    TP all-reduces (net: the network efficiency; None leaves them out)."""
     tp, dp = w.rollout_tp, w.rollout_dp
     per_rank = concurrent / dp
     touched = 1.0 if not w.experts else 1 - (1 - w.top_k / w.experts) ** concurrent
@@ -211,21 +271,22 @@ def decode_step_s(w: Workload, part: Part, concurrent: int, context: float, mbu:
     kv = per_rank * (context * w.kv_per_token + w.kv_per_sequence)
     memory = (weights + kv) / (part.hbm * mbu)
     flops = 2 * w.active_params * per_rank / tp / (part.bf16_flops * mfu)
-    return max(memory, flops)
+    return max(memory, flops) + (tp_collectives_s(w, part, per_rank, net) if net is not None else 0.0)
 
 
-def rollout_s(w: Workload, part: Part, response: float, mbu: float, mfu: float, longest: bool) -> float:
+def rollout_s(w: Workload, part: Part, response: float, mbu: float, mfu: float, longest: bool,
+              net: Optional[float] = None) -> float:
     replicas = max(w.world // (w.rollout_tp * w.rollout_dp), 1)
     share = -(-w.samples // replicas)
     cap = w.rollout_dp * w.max_num_seqs
     c = max(1, min(share, cap, w.kv_fits if w.kv_fits is not None and w.kv_fits > 0 else share))
     waves = -(-share // c)
-    mean_step = decode_step_s(w, part, c, w.prompt_mean + w.response_mean / 2, mbu, mfu)
+    mean_step = decode_step_s(w, part, c, w.prompt_mean + w.response_mean / 2, mbu, mfu, net)
     if not longest:
         decode = waves * response * mean_step
     else:
         decode = (waves - 1) * w.response_mean * mean_step + \
-            response * decode_step_s(w, part, c, w.prompt_mean + response / 2, mbu, mfu)
+            response * decode_step_s(w, part, c, w.prompt_mean + response / 2, mbu, mfu, net)
     prefill = compute_s(2 * w.active_params * w.samples * w.prompt_mean, w, part, mfu)
     return decode + prefill
 
@@ -251,7 +312,42 @@ def attention_flops_per_key(arch: dict) -> tuple[float, Optional[int]]:
     return 2.0 * H * d * layers, cap
 
 
-def estimate(w: Workload, part: Part, factors: Optional[dict] = None) -> StepTime:
+def training_collectives_s(w: Workload, part: Part, passes: float, net: float, mesh=None) -> float:
+    """Per GPU, the training mesh's collectives over `passes` forward-equivalent passes of the step's tokens (a
+    training step: forward + backward = 2, 3 with full recompute; a log-prob pass: 1), bandwidth only (at these
+    message sizes, MBs per call, the latency is small): per pass and decoder layer of the stage two TP all-reduces
+    of its tokens' bf16 activations, 2(TP−1)/TP of them per GPU over NVLink (Shoeybi et al. 2019, arXiv:1909.08053
+    §3: two in the forward, their conjugates in the backward); per pass and MoE layer of the stage an EP dispatch
+    and combine all-to-all of its tokens' top-k bf16 activations, the share on other EP ranks, over NVLink within a
+    node and the node's network (its per-GPU share) across nodes (Lepikhin et al. 2020, GShard, arXiv:2006.16668:
+    two all-to-alls per MoE layer forward, two backward). Tokens per GPU: the step's / (DP·CP), over TP again for
+    the dispatch (sequence parallelism). Not counted: the DP gradient reduction, CP's KV exchange, ETP's
+    reductions, PP's sends. mesh: the training mesh's sizes (tp, cp, ep, etp, pp; default: the workload's)."""
+    m = mesh if mesh is not None else w
+    tp, cp, ep, pp, etp = m.tp, m.cp, m.ep, m.pp, m.etp
+    if (tp <= 1 and ep <= 1) or not w.hidden:
+        return 0.0
+    dp = max(w.world // (pp * tp * cp), 1)
+    tokens = w.tokens / (dp * cp)
+    out = 0.0
+    if tp > 1 and w.layers:
+        bw = part.nvlink if tp <= w.gpus_per_node else part.network / w.gpus_per_node
+        out += 2 * w.layers / pp * 2 * (tp - 1) / tp * tokens * w.hidden * 2.0 / (bw * net)
+    if ep > 1 and w.moe_layers and w.top_k:
+        moved = tokens / tp * w.top_k * w.hidden * 2.0 * (1 - 1 / ep)
+        per_node = min(ep, max(w.gpus_per_node // max(etp, 1), 1))
+        remote = 1 - per_node / ep
+        t = max(moved * (1 - remote) / part.nvlink, moved * remote / (part.network / w.gpus_per_node))
+        out += 2 * w.moe_layers / pp * t / net
+    return out * passes
+
+
+def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollout: Optional[StepTime] = None,
+             collectives: bool = True) -> StepTime:
+    """The step time of w on part. same_rollout: an estimate of the same workload on another training mesh of the
+    same GPUs (on_mesh): its rollout and sync phases, which do not depend on the training mesh, are taken as they
+    are (mesh=auto times many meshes). collectives=False leaves the training mesh's collectives out (for
+    with_collectives to add per mesh)."""
     f = factors or FACTORS
     mfu, mbu, net, pcie = f["train_mfu"], f["decode_mbu"], f["network"], f["pcie"]
     phases: dict = {}
@@ -259,26 +355,37 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None) -> StepTim
     bubble = 1 + _bubble(w)
     attn = w.attention_flops()
 
-    def compute(flops: float, note: str) -> Phase:
-        return Phase(compute_s(flops, w, part, mfu.high) * bubble, compute_s(flops, w, part, mfu.low) * bubble, note,
-                     compute_s(flops, w, part, middle(mfu)) * bubble)
+    def compute(flops: float, note: str, passes: float) -> Phase:
+        """Compute and the training mesh's collectives, × the pipeline bubble."""
+        def t(e_mfu: float, e_net: float) -> float:
+            comm = training_collectives_s(w, part, passes, e_net) if collectives else 0.0
+            return (compute_s(flops, w, part, e_mfu) + comm) * bubble
+        return Phase(t(mfu.high, net.high), t(mfu.low, net.low), note, t(middle(mfu), middle(net)))
 
-    if w.rollout:
-        at_mean = Phase(rollout_s(w, part, w.response_mean, mbu.high, mfu.high, False),
-                        rollout_s(w, part, w.response_mean, mbu.low, mfu.low, False), "",
-                        rollout_s(w, part, w.response_mean, middle(mbu), middle(mfu), False))
-        at_max = Phase(rollout_s(w, part, w.response_max, mbu.high, mfu.high, True),
-                       rollout_s(w, part, w.response_max, mbu.low, mfu.low, True), "",
-                       rollout_s(w, part, w.response_max, middle(mbu), middle(mfu), True))
+    if w.rollout and same_rollout is not None:
+        at_mean, at_max = same_rollout.rollout_at_mean, same_rollout.rollout_at_max
+        phases["rollout"] = same_rollout.phases["rollout"]
+        passes = 2 if w.reference else 1
+        phases["log_prob"] = compute((2 * w.active_params * w.tokens + attn) * passes,
+                                     "old policy" + (" + reference" if w.reference else ""), passes)
+    elif w.rollout:
+        at_mean = Phase(rollout_s(w, part, w.response_mean, mbu.high, mfu.high, False, net.high),
+                        rollout_s(w, part, w.response_mean, mbu.low, mfu.low, False, net.low), "",
+                        rollout_s(w, part, w.response_mean, middle(mbu), middle(mfu), False, middle(net)))
+        at_max = Phase(rollout_s(w, part, w.response_max, mbu.high, mfu.high, True, net.high),
+                       rollout_s(w, part, w.response_max, mbu.low, mfu.low, True, net.low), "",
+                       rollout_s(w, part, w.response_max, middle(mbu), middle(mfu), True, middle(net)))
         phases["rollout"] = Phase(at_mean.low, at_max.high, "low: every response at the mean length; high: the "
                                   "step waits for one at max_response_length", at_max.middle)
         passes = 2 if w.reference else 1
         phases["log_prob"] = compute((2 * w.active_params * w.tokens + attn) * passes,
-                                     "old policy" + (" + reference" if w.reference else ""))
+                                     "old policy" + (" + reference" if w.reference else ""), passes)
     k = 8 if w.recompute else 6
     phases["train"] = compute(k * w.active_params * w.tokens + k / 2 * attn,
-                              f"{k}·N·T + attention, pipeline bubble ×{bubble:.2f}")
-    if w.rollout:
+                              f"{k}·N·T + attention + TP/EP collectives, pipeline bubble ×{bubble:.2f}", k / 2)
+    if w.rollout and same_rollout is not None:
+        phases["sync"] = same_rollout.phases["sync"]
+    elif w.rollout:
         per_gpu = (w.rollout_dense / w.rollout_tp + w.rollout_routed / (w.rollout_tp * w.rollout_dp)) * 2
         remote = 1 - 1 / w.nodes
         gpn = min(w.gpus_per_node, w.world)
@@ -297,10 +404,30 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None) -> StepTim
         "ESTIMATE: roofline per phase with the efficiencies listed (low time = the optimistic efficiency; the "
         "middle = their geometric mean with one response at max_response_length)",
         w.mean_source,
-        "not modelled: reward, DP and MoE load imbalance, collective latency, start-up, checkpoint saves",
+        "decode: the rollout's TP all-reduces by NCCL's latency model + bytes; training and log-prob: TP all-reduce "
+        "and EP all-to-all bytes; not modelled: reward, DP and MoE load imbalance, the DP gradient reduction, CP "
+        "and PP traffic, kernel-launch overheads, start-up, checkpoint saves",
     )
     return StepTime(phases=phases, rollout_at_mean=at_mean, rollout_at_max=at_max, assumptions=assumptions,
                     factors=dict(f))
+
+
+def with_collectives(st: StepTime, w: Workload, part: Part, mesh, factors: Optional[dict] = None) -> StepTime:
+    """An estimate made with collectives=False, with the collectives of the training mesh `mesh` (its tp, cp, ep,
+    etp, pp) added to its log-prob and training phases: the same figures estimate() gives on that mesh, without
+    building the workload again (mesh=auto times thousands of meshes). w: the workload st was made from."""
+    net = (factors or FACTORS)["network"]
+    bubble = 1 + _bubble(w)
+    phases = dict(st.phases)
+    for name, passes in (("log_prob", 2 if w.reference else 1), ("train", (8 if w.recompute else 6) / 2)):
+        p = phases.get(name)
+        if p is None:
+            continue
+        c = [training_collectives_s(w, part, passes, e, mesh) * bubble for e in (net.high, net.low, middle(net))]
+        if c[1]:
+            phases[name] = Phase(p.low + c[0], p.high + c[1], p.note, p.middle + c[2])
+    return StepTime(phases, st.rollout_at_mean, st.rollout_at_max, st.assumptions, st.factors, st.scale,
+                    st.calibration, st.ratios)
 
 
 def gpu_hours(st: StepTime, steps: float, gpus: int) -> tuple[float, float]:

@@ -412,12 +412,15 @@ def nothing_fits(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: 
 
 def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mesh, verl: dict, params, note: str,
               counts: Optional[ParamCounts], problems: list) -> tuple[Mesh, Optional[tuple], MeshSearch]:
-    """mesh=auto: every valid training mesh ranked by the estimate, and the rollout TP chosen beside it (a second,
-    small choice: within a node, tiling the GPUs, within the model's rules, ranked by KV fit). Returns the mesh,
-    the rollout (TP, DP) to set (None: keep the configured one) and what the plan records about the search."""
+    """mesh=auto: every valid training mesh ranked by the estimate — among those that fit, the lower predicted step
+    time first (vrun.planning.steptime_plan.mesh_timer, with the rollout replica chosen beside the mesh) — and the
+    rollout TP chosen beside it (a second, small choice: within a node, tiling the GPUs, within the model's rules,
+    ranked by KV fit). Returns the mesh, the rollout (TP, DP) to set (None: keep the configured one) and what the
+    plan records about the search (with the ranking entry that chose the mesh)."""
     import time
 
     from vrun.estimate import search
+    from vrun.planning import steptime_plan
 
     model, arch = config.model, config.model.arch.facts()
     rollout_on = entrypoint.has_rollout
@@ -433,17 +436,21 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
             tps = [x for x in tps if x[0] == pinned]
     valid = search.valid_meshes(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
     inputs = phases.memory_inputs(config, entrypoint, verl) if params is not None else None
-    if params is not None:
-        ranked = search.rank(valid, lambda m: memory.estimate(params, m, **inputs))
-    else:
-        ranked = search.rank(valid)
     ropts = []
-    if rollout_on and ranked and params is not None and not rollout.kv_missing(arch):
+    # the rollout replica depends on the GPUs, not on the training mesh: chosen first, the step times use it
+    if rollout_on and valid and params is not None and not rollout.kv_missing(arch):
         rin = phases.rollout_inputs(entrypoint, verl, inputs["gpu_mem_gib"])
         configured = (get(verl, rkey), get(verl, "actor_rollout_ref.rollout.data_parallel_size"))
         ropts = rollout.choose(arch, rollout_params(params, counts), world=world, gpus_per_node=gpn,
                                configured=configured, allowed=tps, formats=phases.weight_formats(config),
                                rollout_ep=2 if ep_on else 1, **rin)
+    rtp, rdp = (ropts[0].tp, ropts[0].dp) if ropts else (tps[0] if tps else (None, None))
+    timer, time_note = (None, note) if params is None else steptime_plan.mesh_timer(
+        config, entrypoint, verl, mesh, counts, ropts[0] if ropts else None, (rtp, rdp) if rollout_on else None)
+    if params is not None:
+        ranked = search.rank(valid, lambda m: memory.estimate(params, m, **inputs), timer)
+    else:
+        ranked = search.rank(valid)
     seconds = time.perf_counter() - t
     if not ranked:
         why = search.binding_constraint(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
@@ -452,7 +459,6 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
                                             + (f"; binding: {why.key}={why.value}: {why.why}" if why else ""),
                                             why.fix if why else "change mesh.nnodes / mesh.gpus_per_node or the "
                                             "batch sizes")])
-    rtp, rdp = (ropts[0].tp, ropts[0].dp) if ropts else (tps[0] if tps else (None, None))
     choice = (rtp, rdp, (rtp * rdp if rtp * rdp > 1 else 1) if ep_on else None) \
         if rollout_on and pinned is None and rtp is not None else None
     rkeys = "verl.actor_rollout_ref.rollout"
@@ -460,7 +466,8 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
                f"{rkeys}.data_parallel_size={rdp}") if rollout_on and rtp is not None else ""
     top = [{"overrides": " ".join(x for x in (c.mesh.overrides(), rsuffix) if x), "dp": c.mesh.dp,
             "edp": c.mesh.edp, "rollout_tp": rtp,
-            "peak_gib": round(c.estimate.peak / GIB, 1) if c.estimate is not None else None, "fits": c.fits}
+            "peak_gib": round(c.estimate.peak / GIB, 1) if c.estimate is not None else None, "fits": c.fits,
+            **search.candidate_row(c)}
            for c in ranked[:6]]
     if not ranked[0].fits and not config.run.allow_memory_overrun:
         raise PlanError(problems + [nothing_fits(config, entrypoint, rules, mesh, verl, params, inputs, ranked[0],
@@ -470,4 +477,5 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
                     for r in ropts[:4]]
     return ranked[0].mesh, choice, search.MeshSearch(
         valid_meshes=len(valid), search_ms=round(seconds * 1000, 1), chosen=top[0], alternatives=tuple(top[1:]),
-        rollout_tp_choices=tuple(rollout_rank), memory="estimated" if params is not None else note)
+        rollout_tp_choices=tuple(rollout_rank), memory="estimated" if params is not None else note,
+        chosen_by=search.chosen_by(ranked, time_note), time="estimated" if timer is not None else time_note)

@@ -27,19 +27,21 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
     if not active:
         return None
     inputs = memory_inputs(config, entrypoint, verl)
+    tokens, budget = batch_tokens(entrypoint, verl)
     common = dict(world=mesh.world, gpus_per_node=mesh.gpus_per_node, active_params=float(active), pp=mesh.pp,
-                  vpp=mesh.vpp, recompute=inputs["recompute"], param_offload=inputs["param_offload"],
+                  vpp=mesh.vpp, tp=mesh.tp, cp=mesh.cp, ep=mesh.ep, etp=mesh.etp,
+                  layers=int(arch.get("layers") or 0), hidden=int(arch.get("hidden") or 0),
+                  moe_layers=moe_layers(arch), top_k=int(arch.get("experts_per_token") or 0), recompute=inputs["recompute"], param_offload=inputs["param_offload"],
                   optimizer_offload=inputs["optimizer_offload"],
                   param_bytes=est.weights if est is not None else 0.0,
                   grad_bytes=est.grads if est is not None else 0.0,
                   optimizer_bytes=est.optimizer if est is not None else 0.0)
     attn, cap = steptime.attention_flops_per_key(arch)
     common.update(attn_flops_per_key=attn, attn_keys_cap=cap)
+    micro = _micro(tokens / max(mesh.dp, 1), budget * mesh.cp)
     if not entrypoint.has_rollout:
         tbs = int(get(verl, "data.train_batch_size") or 0)
         seq = float(get(verl, "data.max_length") or 0) * MEAN_FRACTION
-        budget = float(entrypoint.token_inputs(verl)["tokens_per_gpu"] or 0)
-        micro = _micro(tbs * seq / max(mesh.dp, 1), budget * mesh.cp)
         return Workload(samples=tbs, prompt_mean=seq, response_mean=0.0, response_max=0.0, rollout=False,
                         micro_batches=micro, mean_source=f"mean sequence = {MEAN_FRACTION:g} × data.max_length "
                         "(assumed)", **common)
@@ -49,10 +51,6 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
     n = int(get(verl, f"{ROLLOUT}.n") or 1)
     pmax = float(get(verl, "data.max_prompt_length") or 0)
     rmax = float(get(verl, "data.max_response_length") or 0)
-    mini = int(get(verl, f"{ACTOR}.ppo_mini_batch_size") or tbs) * n
-    seq = (pmax + rmax) * MEAN_FRACTION
-    budget = float(entrypoint.token_inputs(verl)["tokens_per_gpu"] or 0)
-    micro = _micro(mini * seq / max(mesh.dp, 1), budget * mesh.cp)
     r = est.rollout_detail if est is not None else None
     rollout = counts.rollout if counts is not None else (0, 0)
     return Workload(
@@ -63,11 +61,84 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
         rollout_tp=int(get(verl, f"{ROLLOUT}.tensor_model_parallel_size") or 1),
         rollout_dp=int(get(verl, f"{ROLLOUT}.data_parallel_size") or 1),
         rollout_dense=float(rollout[0]), rollout_routed=float(rollout[1]),
-        experts=int(arch.get("routed_experts") or 0), top_k=int(arch.get("experts_per_token") or 0),
+        experts=int(arch.get("routed_experts") or 0),
         rollout_weight_bytes=float(r.weight_bytes) if r is not None else 2.0,
         kv_per_token=r.kv.per_token if r is not None else 0.0, kv_per_sequence=r.kv.per_sequence if r else 0.0,
         kv_fits=r.fits if r is not None else None,
         max_num_seqs=int(get(verl, f"{ROLLOUT}.max_num_seqs") or steptime.MAX_NUM_SEQS), **common)
+
+
+def moe_layers(arch: dict) -> int:
+    """Decoder layers with routed experts (the first dense_layers have none; one expert is a dense MLP)."""
+    if (arch.get("routed_experts") or 0) <= 1:
+        return 0
+    return max(int(arch.get("layers") or 0) - int(arch.get("dense_layers") or 0), 0)
+
+
+def batch_tokens(entrypoint, verl: dict) -> tuple[float, float]:
+    """(tokens of one mini-batch at the mean lengths, the token budget per GPU): the micro-batches per DP rank
+    follow from them and the mesh (_micro)."""
+    budget = float(entrypoint.token_inputs(verl)["tokens_per_gpu"] or 0)
+    tbs = int(get(verl, "data.train_batch_size") or 0)
+    if not entrypoint.has_rollout:
+        return tbs * float(get(verl, "data.max_length") or 0) * MEAN_FRACTION, budget
+    n = int(get(verl, f"{ROLLOUT}.n") or 1)
+    mini = int(get(verl, f"{ACTOR}.ppo_mini_batch_size") or tbs) * n
+    seq = (float(get(verl, "data.max_prompt_length") or 0) + float(get(verl, "data.max_response_length") or 0))
+    return mini * seq * MEAN_FRACTION, budget
+
+
+def mesh_timer(config, entrypoint, verl: dict, mesh, counts, replica=None, rollout_tp_dp=None):
+    """For mesh=auto: (a function (mesh, memory estimate) -> StepTime, "") when a step time can be estimated, else
+    (None, why). The workload is built once from the plan's inputs; per mesh only its pipeline, micro-batches and
+    per-GPU bytes change. replica: the rollout replica chosen beside the mesh (vrun.estimate.rollout's
+    RolloutEstimate; the KV fit and weight bytes from it), else rollout_tp_dp (TP, DP) alone."""
+    import dataclasses
+
+    part = hardware.part(config.cluster.gpu)
+    if part is None:
+        return None, f"cluster.gpu={config.cluster.gpu}: no peak FLOP/s or bandwidth known for it"
+    base = workload(config, entrypoint, verl, mesh, counts, None, config.model.arch.facts())
+    if base is None:
+        return None, "no active parameter count (the model group's facts are incomplete)"
+    if replica is not None:
+        base = dataclasses.replace(base, rollout_tp=replica.tp, rollout_dp=replica.dp,
+                                   rollout_weight_bytes=float(replica.weight_bytes), kv_per_token=replica.kv.per_token,
+                                   kv_per_sequence=replica.kv.per_sequence, kv_fits=replica.fits)
+    elif rollout_tp_dp is not None and rollout_tp_dp[0] is not None:
+        base = dataclasses.replace(base, rollout_tp=int(rollout_tp_dp[0]), rollout_dp=int(rollout_tp_dp[1] or 1))
+    tokens, budget = batch_tokens(entrypoint, verl)
+    from vrun.planning import calibration
+
+    recorded = calibration.entries(kind(config, verl))
+    ratios = [e["measured_s"] / e["predicted_s"] for e in recorded]
+    how = f"calibrated from {len(recorded)} run{'s' if len(recorded) > 1 else ''}"
+
+    first: list = []
+    seen: dict = {}
+    offload = base.param_offload or base.optimizer_offload
+
+    def shape(m, est) -> tuple:
+        """The estimate without the mesh's collectives, once per pipeline / micro-batch / offload shape."""
+        micro = _micro(tokens / max(m.dp, 1), budget * m.cp)
+        k = (m.pp, m.vpp, micro) + ((est.weights, est.grads, est.optimizer) if offload and est is not None else ())
+        if k not in seen:
+            w = steptime.on_mesh(base, m, micro, est)
+            st = steptime.estimate(w, part, same_rollout=first[0] if first else None, collectives=False)
+            first[:] = first or [st]
+            scaled = steptime.calibrated(st, ratios, how) if ratios and st.model_middle > 0 else st
+            seen[k] = (w, st, scaled.central)
+        return seen[k]
+
+    def timed(m, est) -> StepTime:
+        w, st, _ = shape(m, est)
+        st = steptime.with_collectives(st, w, part, m)
+        return steptime.calibrated(st, ratios, how) if ratios and st.model_middle > 0 else st
+
+    # a lower bound of timed(m, est).central (the collectives only add): mesh=auto's search times exactly only the
+    # meshes that can still rank among the first
+    timed.bound = lambda m, est: shape(m, est)[2]
+    return timed, ""
 
 
 def _micro(tokens_per_rank: float, budget: float) -> int:
