@@ -21,4 +21,5 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     writer.install()
     cli_errors.one_line_hydra_errors()
+    cli_errors.mode_from_run_yaml()
     main()

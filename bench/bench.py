@@ -1,9 +1,10 @@
 """make bench: timings measured side by side in one run on this machine (medians of repeated runs).
 
 1. `runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan` vs `python -m verl.trainer.main_ppo --cfg job`
-   with the same verl groups and overrides (what a launcher costs just to print its config). Goal <= 0.25x.
-   Then plan.svg's drawing alone (the single run waits for it).
-2. A 64-point plan-only --multirun sweep (every point planned, checked and written). Goal < 10 s.
+   with the same verl groups and overrides (what a launcher costs just to print its config). Goal <= 0.15x.
+   plan.svg is drawn by a background child after the plan exits: the time until it is there is printed too (the
+   next command starts only once it is), then the drawing alone.
+2. A 64-point plan-only --multirun sweep (every point planned, checked and written). Goal < 10 s and <= 3x one plan.
    A sweep of 100,000 points is refused up front. Goal < 2 s.
 3. mesh=auto search time (every valid mesh, each with its memory estimate, and the rollout replica chosen
    beside it) for 8…1024 GPUs and each model. Goal: under 100 ms.
@@ -45,13 +46,16 @@ def main():
     plan = json.loads((tmp / "p" / "plan.json").read_text())
     verl_cmd = [PY, "-m", "verl.trainer.main_ppo", "--cfg", "job", "hydra.output_subdir=null",
                 f"hydra.run.dir={tmp}/v"] + plan["verl_groups"] + plan["verl_overrides"]
-    ours, theirs = [], []
+    ours, drawn, theirs = [], [], []
     for i in range(3):  # a new run dir each time: a dir holding a run is refused (run.resume=true continues it)
+        t0 = time.perf_counter()
         ours.append(timed(plan_cmd[:-1] + [f"hydra.run.dir={tmp}/p{i}"]))
+        drawn.append(until_drawn(tmp / f"p{i}" / "plan.svg", t0))
         theirs.append(timed(verl_cmd))
-    o, t = statistics.median(ours), statistics.median(theirs)
+    o, d, t = statistics.median(ours), statistics.median(drawn), statistics.median(theirs)
     print(f"plan glm5_1/256gpu/grpo      {o:6.2f} s   verl main_ppo --cfg job (same overrides) {t:6.2f} s   "
-          f"ratio {o / t:.2f}x (goal <= 0.25x)")
+          f"ratio {o / t:.2f}x (goal <= 0.15x)")
+    print(f"  ... until plan.svg is there {d:6.2f} s   ratio {d / t:.2f}x")
     picture_time(tmp / "p" / "plan.json")
 
     sweep = [PY, "runner.py", "-m", "model=glm5_1,kimi_k2_6", "optimizer=fsdp2,dist_opt", "mesh.pp=1,2,4,8",
@@ -62,11 +66,21 @@ def main():
         runs.append(timed(sweep + [f"hydra.sweep.dir={tmp}/s{i}"]))
     points = len(list((tmp / "s0").iterdir()))
     s = statistics.median(runs)
-    print(f"plan sweep, {points} points      {s:6.2f} s   ({s / points * 1000:.0f} ms/point; goal < 10 s total)")
+    print(f"plan sweep, {points} points      {s:6.2f} s   ({s / points * 1000:.0f} ms/point; goal < 10 s total); "
+          f"{s / o:.1f}x one plan (goal <= 3x)")
     oversized_sweep(tmp)
     list_runs(tmp)
     mesh_search()
     subprocess.run([PY, str(ROOT / "bench" / "ray_bringup.py")], cwd=ROOT, env=ENV)
+
+
+def until_drawn(svg: Path, t0: float, timeout: float = 120.0) -> float:
+    """Seconds from t0 until the background child's plan.svg is there."""
+    while not svg.exists():
+        if time.perf_counter() - t0 > timeout:
+            sys.exit(f"bench: {svg} not drawn in {timeout:g} s")
+        time.sleep(0.02)
+    return time.perf_counter() - t0
 
 
 def picture_time(plan_json: Path) -> None:
@@ -80,7 +94,7 @@ def picture_time(plan_json: Path) -> None:
     if out.returncode:
         print(f"plan.svg drawing: not measured ({(out.stderr.strip().splitlines() or ['failed'])[-1]})")
         return
-    print(f"plan.svg drawing            {float(out.stdout):6.2f} s   (included in the plan above)")
+    print(f"plan.svg drawing            {float(out.stdout):6.2f} s   (in the background child, after the plan)")
 
 
 def oversized_sweep(tmp: Path) -> None:

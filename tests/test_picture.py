@@ -48,21 +48,58 @@ def check_picture(svg, plan):
     assert {i for i in found if i.startswith("time-")} == {f"time-{k}" for k in plan["time"]["phases"]}
 
 
+def drawn(svg, timeout=90.0):
+    """The picture a single run draws in the background, once it is there (the plan does not wait for it)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while not svg.exists():
+        failed = svg.with_name(picture.PICTURE_FAILED)
+        assert not failed.exists(), failed.read_text()
+        assert time.monotonic() < end, f"{svg} not drawn in {timeout:g} s"
+        time.sleep(0.1)
+    return svg
+
+
 def test_make_run_writes_plan_svg_and_prints_its_path(tmp_path):
     d = tmp_path / "r"
     proc = runner("model=glm5_1", "mesh=256gpu", "algo=grpo", "mode=plan", f"hydra.run.dir={d}")
     assert proc.returncode == 0, proc.stderr
-    assert f"picture {d}/plan.svg" in proc.stdout.splitlines()
+    assert f"picture {d}/plan.svg (drawing)" in proc.stdout.splitlines()
     step = [x for x in proc.stdout.splitlines() if x.startswith("step    ≈")]
     assert len(step) == 1 and " s (rollout " in step[0] and "GPU-hours" in step[0], proc.stdout
-    check_picture(d / "plan.svg", json.loads((d / "plan.json").read_text()))
+    check_picture(drawn(d / "plan.svg"), json.loads((d / "plan.json").read_text()))
 
 
 def test_sft_picture_has_no_rollout(tmp_path):
     d = tmp_path / "sft"
     proc = runner("model=deepseek_v4_flash", "algo=sft", "mode=plan", f"hydra.run.dir={d}")
     assert proc.returncode == 0, proc.stderr
-    check_picture(d / "plan.svg", json.loads((d / "plan.json").read_text()))
+    check_picture(drawn(d / "plan.svg"), json.loads((d / "plan.json").read_text()))
+
+
+def test_a_drawing_that_fails_leaves_its_reason_and_show_draws_it_again(tmp_path, capsys):
+    """The background child never fails the plan: a plan.json it cannot draw leaves plan.svg.failed with the
+    reason; `show` draws in the foreground."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    d = tmp_path / "r"
+    proc = runner("model=qwen3_5_35b", "mode=plan", f"hydra.run.dir={d}")
+    assert proc.returncode == 0, proc.stderr
+    drawn(d / "plan.svg").unlink()
+    good = (d / "plan.json").read_text()
+    (d / "plan.json").write_text("{not json")
+    child = subprocess.run([sys.executable, "-m", "vrun.planning.picture"], cwd=ROOT, capture_output=True, text=True,
+                           input=json.dumps({"plan": str(d / "plan.json"), "out": str(d / "plan.svg")}) + "\n",
+                           timeout=120)
+    assert child.returncode == 1 and not (d / "plan.svg").exists()
+    assert (d / picture.PICTURE_FAILED).read_text().startswith("JSONDecodeError: ")
+    (d / "plan.json").write_text(good)
+    assert cli.main(["show", str(d)]) == 0
+    check_picture(d / "plan.svg", json.loads(good))
 
 
 def test_sweep_points_draw_nothing_until_shown(tmp_path, capsys):

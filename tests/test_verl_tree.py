@@ -1,5 +1,7 @@
 """The fast path (verl's tree composed once, overrides applied, interpolations resolved) equals Hydra's own
 override path on verl's tree, and the CLI rendering of every override reads back as the same value."""
+import json
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -59,3 +61,46 @@ def test_render_round_trips(value):
         assert got == value
     else:
         assert got == value, (value, got)
+
+
+def test_a_composed_tree_is_kept_after_a_written_plan_and_read_back(own_state_dir, monkeypatch, tmp_path):
+    """The next plan reads verl's composed tree from the state dir (keyed by the tree's fingerprint): equal to
+    Hydra's composition, never composed again while the key holds; a refused plan keeps nothing."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from conftest import runner
+
+    groups = ("model=glm5_1", "mode=plan")
+    refused = runner(*groups, "mesh.tp=3", f"hydra.run.dir={tmp_path / 'bad'}")
+    assert refused.returncode != 0 and not (own_state_dir / "cache").exists()
+    ok = runner(*groups, f"hydra.run.dir={tmp_path / 'r'}")
+    assert ok.returncode == 0, ok.stderr
+    kept = list((own_state_dir / "cache").iterdir())
+    assert len(kept) == 1 and kept[0].name.startswith("verl-tree-")
+    record = json.loads(kept[0].read_text())
+    assert record["key"]["tree"] == verl_tree.fingerprint()
+
+    def no_compose(*a, **k):
+        raise AssertionError("composed again")
+
+    assert record["tree"] == hydra_tree(record["key"]["config_name"], record["key"]["groups"])
+    verl_tree.forget()
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", no_compose)
+    assert verl_tree.base_view(record["key"]["config_name"], record["key"]["groups"]) == record["tree"]
+    # another fingerprint (verl's files changed) is another key: that file is not read
+    monkeypatch.setattr(verl_tree, "fingerprint", lambda: "0" * 16)
+    verl_tree.forget()
+    with pytest.raises(AssertionError, match="composed again"):
+        verl_tree.base_view(record["key"]["config_name"], record["key"]["groups"])
+    verl_tree.forget()
+
+
+def hydra_tree(config_name, groups):
+    """verl's tree as Hydra composes it, interpolations unresolved."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(verl_tree.verl_config_dir()), version_base=None):
+        cfg = compose(config_name=config_name, overrides=list(groups))
+    GlobalHydra.instance().clear()
+    out = OmegaConf.to_container(cfg, resolve=False)
+    out.pop("hydra", None)
+    return out

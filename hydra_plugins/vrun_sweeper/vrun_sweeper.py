@@ -83,7 +83,7 @@ class PlanningSweeper(Sweeper):
         bases: dict = {}
         for idx, overrides in enumerate(points):
             try:
-                cfg, dirs, launcher, point_choices = self._compose(list(overrides), bases)
+                cfg, dirs, launcher, point_choices = self._compose(list(overrides), bases, single)
                 if point_choices.get("hydra/launcher") != choices.get("hydra/launcher"):
                     failures.append((idx, overrides, Problem(
                         "hydra/launcher", point_choices.get("hydra/launcher"), "a sweep's points share one launcher "
@@ -163,30 +163,37 @@ class PlanningSweeper(Sweeper):
                        f"launches through its own launcher (this one runs on {self.launcher.cluster})",
                        "drop hydra/launcher=... (the cluster group selects it)")
 
-    def _compose(self, overrides: List[str], bases: dict) -> tuple:
+    def _compose(self, overrides: List[str], bases: dict, single: bool = False) -> tuple:
         """A point's task config, its raw run dir and sweep subdir, its hydra.launcher node (unresolved) and
         its group choices: Hydra composes once per distinct set of group choices; the value overrides are then
         applied to a copy with Hydra's own override logic (tests/test_sweep.py checks the equivalence with plain
-        runs)."""
+        runs). A run (single: one point, no sweep syntax) is the config Hydra already composed with the same
+        overrides."""
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
+        if single:
+            return self._split(self.config.copy())
         parsed = OverridesParser.create().parse_overrides(overrides)
         groups = [o.input_line for o in parsed if self._is_group(o)]
         values = [o for o in parsed if not self._is_group(o)]
         key = tuple(groups)
         if key not in bases:
-            full = self.hydra_context.config_loader.load_sweep_config(self.config, groups)
-            dirs = {"run": OmegaConf.to_container(full.hydra.run, resolve=False)["dir"],
-                    "subdir": OmegaConf.to_container(full.hydra.sweep, resolve=False)["subdir"]}
-            launcher = OmegaConf.to_container(full.hydra.launcher, resolve=False)
-            choices = OmegaConf.to_container(full.hydra.runtime.choices, resolve=False)
-            with open_dict(full):
-                del full["hydra"]  # copying Hydra's own node per point would cost more than the plan
-            bases[key] = (full, dirs, launcher, choices)
+            bases[key] = self._split(self.hydra_context.config_loader.load_sweep_config(self.config, groups))
         base, dirs, launcher, choices = bases[key]
         cfg = base.copy()
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
         return cfg, dirs, launcher, choices
+
+    @staticmethod
+    def _split(full: DictConfig) -> tuple:
+        """A composed config (changed in place) as its task config and what the point needs of its hydra node."""
+        dirs = {"run": OmegaConf.to_container(full.hydra.run, resolve=False)["dir"],
+                "subdir": OmegaConf.to_container(full.hydra.sweep, resolve=False)["subdir"]}
+        launcher = OmegaConf.to_container(full.hydra.launcher, resolve=False)
+        choices = OmegaConf.to_container(full.hydra.runtime.choices, resolve=False)
+        with open_dict(full):
+            del full["hydra"]  # copying Hydra's own node per point would cost more than the plan
+        return full, dirs, launcher, choices
 
     def _is_group(self, override) -> bool:
         key = override.key_or_group

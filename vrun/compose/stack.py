@@ -11,42 +11,17 @@ Reads files only: no verl, torch or verl_mlite import.
 from __future__ import annotations
 
 import functools
-import hashlib
 import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
 from vrun.compose import mlite, verl_tree
+from vrun.core import digest
 from vrun.core.problems import Problem
 
 # verl_mlite's config groups the plan composes with (the same relative paths in the record)
 MLITE_GROUPS = ("actor/mlite_actor.yaml", "engine/mlite.yaml", "ref/mlite_ref.yaml")
-
-
-def _digest(root: Path, files: list[Path], parsed: bool = False) -> str:
-    """A short hash of the files' relative paths and contents (parsed: their YAML content, so comments and
-    layout do not count). Hashed once per process for the same files unchanged (path, size, mtime): a sweep
-    records the stack at every point."""
-    stats = []
-    for f in files:
-        st = f.stat()
-        stats.append((str(f), st.st_size, st.st_mtime_ns))
-    return _hash(str(root), tuple(stats), parsed)
-
-
-@functools.lru_cache(maxsize=16)
-def _hash(root: str, stats: tuple, parsed: bool) -> str:
-    import json
-
-    import yaml
-
-    h = hashlib.sha256()
-    for name, _, _ in stats:
-        f = Path(name)
-        body = json.dumps(yaml.safe_load(f.read_text()), sort_keys=True).encode() if parsed else f.read_bytes()
-        h.update(str(f.relative_to(root)).encode() + b"\0" + body + b"\0")
-    return h.hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,8 +41,7 @@ def verl_stack() -> dict:
     version = verl_version()
     if version is None:
         return {"version": None, "tree": None}
-    root = verl_tree.verl_config_dir()
-    return {"version": version, "tree": _digest(root, sorted(root.rglob("*.yaml")))}
+    return {"version": version, "tree": verl_tree.fingerprint()}
 
 
 def _git_commit(checkout: Path) -> Optional[str]:
@@ -94,7 +68,7 @@ def mlite_stack() -> dict:
         commit = _git_commit(Path(source.location).parents[3])
         location = source.location
     return {"source": source.kind, "location": location, "commit": commit,
-            "config": _digest(root, [root / g for g in MLITE_GROUPS if (root / g).is_file()], parsed=True)}
+            "config": digest.files(root, [root / g for g in MLITE_GROUPS if (root / g).is_file()], parsed=True)}
 
 
 def current() -> dict:

@@ -1,7 +1,11 @@
 """verl's own config tree, composed from the installed verl package, and overrides applied to it.
 
 The tree is composed once per (config name, group choices) with Hydra's config loader against
-`<verl>/trainer/config` — the installed package's files, never a copy — and kept as plain dicts. Value
+`<verl>/trainer/config` — the installed package's files, never a copy — and kept as plain dicts. A composed tree
+is also kept in the state dir (`<state dir>/cache/`, JSON), keyed by the config name, the group choices, Hydra's
+version and the fingerprint of every YAML file of the installed tree, so the next plan reads it back instead of
+composing again: a changed file, another verl or another Hydra is another key. It is written only once a plan
+was written (`keep_composed`, called by vrun.planning.report), so a refused plan leaves nothing there. Value
 overrides are then applied with Hydra's semantics (a key must exist; `+` adds, and only where it may) and
 interpolations resolved by a small resolver for the grammar verl's tree uses; anything else goes to
 OmegaConf. `tests/test_verl_tree.py` checks both against Hydra's own override path.
@@ -11,13 +15,18 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from vrun.core import digest, writer
 from vrun.core.dotted import MISSING
 from vrun.core.problems import Problem
+from vrun.rundir import records
+
+CACHE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -38,8 +47,41 @@ def verl_config_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
 
 
+@functools.lru_cache(maxsize=1)
+def fingerprint() -> str:
+    """The installed verl config tree's fingerprint: every YAML file under it, by path and content."""
+    root = verl_config_dir()
+    return digest.files(root, sorted(root.rglob("*.yaml")))
+
+
+# the trees this process composed with Hydra (not read back from the state dir), each as {"key", "tree"}
+_COMPOSED: list[dict] = []
+
+
+def _key(config_name: str, groups: tuple[str, ...]) -> dict:
+    import hydra
+
+    return {"format": CACHE_FORMAT, "config_name": config_name, "groups": list(groups), "hydra": hydra.__version__,
+            "tree": fingerprint()}
+
+
+def _cache_file(key: dict) -> Path:
+    import hashlib
+
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return records.state_dir() / "cache" / f"verl-tree-{name}.json"
+
+
 @functools.lru_cache(maxsize=32)
 def _base(config_name: str, groups: tuple[str, ...], config_dir: str) -> dict:
+    key = _key(config_name, groups)
+    path = _cache_file(key)
+    try:
+        kept = json.loads(path.read_text())
+        if isinstance(kept, dict) and kept.get("key") == key and isinstance(kept.get("tree"), dict):
+            return kept["tree"]
+    except (OSError, ValueError):
+        pass  # none kept yet, or unreadable: composed below
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_config_search_path
     from hydra.types import RunMode
@@ -49,7 +91,27 @@ def _base(config_name: str, groups: tuple[str, ...], config_dir: str) -> dict:
     cfg = loader.load_configuration(config_name=config_name, overrides=list(groups), run_mode=RunMode.RUN)
     out = OmegaConf.to_container(cfg, resolve=False)
     out.pop("hydra", None)
+    _COMPOSED.append({"key": key, "tree": out})
     return out
+
+
+def forget() -> None:
+    """Drop this process's composed trees (the next base_view reads the state dir, or composes)."""
+    _base.cache_clear()
+    _COMPOSED.clear()
+
+
+def keep_composed() -> None:
+    """Keep the trees this process composed in the state dir for the next plans; never fails the caller."""
+    while _COMPOSED:
+        kept = _COMPOSED.pop()
+        path = _cache_file(kept["key"])
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            writer.write_text(path, json.dumps(kept, sort_keys=True) + "\n", root=str(path.parent),
+                              verbatim=True)
+        except (OSError, ValueError):
+            pass
 
 
 def base_tree(config_name: str, groups: Iterable[str]) -> dict:

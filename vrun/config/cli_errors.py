@@ -38,6 +38,24 @@ def one_line_hydra_errors() -> None:
     hu.run_and_report = run_and_report
 
 
+def mode_from_run_yaml() -> None:
+    """Hydra's CLI composes the whole config once only to read hydra.mode, then composes it again to run. conf/
+    run.yaml sets hydra.mode=MULTIRUN (every run passes through the sweeper), so that first composition is skipped
+    unless hydra.mode is given on the command line (hydra.mode=RUN is then refused, as before, by SweeperOnly).
+    A config that does not compose fails in the run's own composition with the same one-line error."""
+    from hydra._internal.hydra import Hydra
+    from hydra.types import RunMode
+
+    composed_mode = Hydra.get_mode
+
+    def get_mode(self, config_name, overrides):
+        if any(o.lstrip("+~").split("=", 1)[0] == "hydra.mode" for o in overrides):
+            return composed_mode(self, config_name=config_name, overrides=overrides)
+        return RunMode.MULTIRUN
+
+    Hydra.get_mode = get_mode
+
+
 def describe(ex: BaseException) -> str:
     from vrun.core.problems import PlanError
 

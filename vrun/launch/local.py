@@ -56,7 +56,8 @@ def run_point(point, drawer=None) -> None:
         print(report.table(p), flush=True)
         if drawer is not None:
             svg, why = drawer.render(str(Path(p.run_dir) / "plan.json"))
-            print(f"picture {svg}" if svg else f"picture not drawn: {why}", flush=True)
+            print(f"picture {svg} (drawing)" if svg else f"picture not drawn: {why} (python -m vrun show draws it)",
+                  flush=True)
         if p.config.mode == Mode.plan:
             return
         rundir.record(p.run_dir, "started", attempt=0, pid=os.getpid())

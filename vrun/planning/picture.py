@@ -7,9 +7,9 @@ pipeline stage with the rollout replicas outlined. Every artist the tests look f
 GPU), `rollout-replicas` (one path per replica);
 a sweep's overview: `point-<i>-memory`, `point-<i>-time`.
 
-A single run renders beside its plan when it is planned (Prerenderer: a child process imports matplotlib while
-the plan is made, so the plan waits only for the drawing); sweep points render only when asked
-(`python -m vrun show`).
+A single run's picture is drawn beside its plan (Prerenderer: a child process imports matplotlib while the plan is
+made and draws once plan.json is written; the plan does not wait for it, so plan.svg appears a moment after the
+plan printed its path); sweep points render only when asked (`python -m vrun show`, in the foreground).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from typing import Optional
 
 PICTURE = "plan.svg"
 OVERVIEW = "overview.svg"
+PICTURE_FAILED = "plan.svg.failed"  # the reason a background drawing failed
 TRAIN_PARTS = ("weights", "grads", "optimizer", "activations", "logits", "transient")
 ROLLOUT_PARTS = ("vllm", "residents")
 COLOURS = {"weights": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52",
@@ -173,8 +174,20 @@ def render(plan: dict, out: str) -> str:
                      "outlined" if replica else "GPUs coloured by pipeline stage", fontsize=9)
     ax_gpu.legend(handles=[Patch(color=cmap[s], label=f"PP{s}") for s in sorted(set(stage))][:16], fontsize=7,
                   loc="upper right", ncol=2)
-    fig.savefig(out, format=Path(out).suffix.lstrip(".") or "svg")
+    _save(fig, out)
     return out
+
+
+def _save(fig, out: str) -> None:
+    """The figure as SVG text, written through the project's writer into the picture's own folder (masked, never
+    through a link, replaced whole: a reader never sees half a picture)."""
+    import io
+
+    from vrun.core import writer
+
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg")
+    writer.write_text(out, buf.getvalue(), root=str(Path(out).parent))
 
 
 def _stage_colours(n: int) -> list:
@@ -220,43 +233,44 @@ def render_overview(points: list, out: str) -> str:
     ax.set_xticks(range(len(points)), [n for n, _ in points], rotation=90, fontsize=6)
     ax.set_ylabel("peak GiB per GPU (estimate; red: does not fit)")
     ax2.set_ylabel("step seconds (estimate, low–high)")
-    fig.savefig(out, format=Path(out).suffix.lstrip(".") or "svg")
+    _save(fig, out)
     return out
 
 
 class Prerenderer:
-    """A child process that imports matplotlib while the plan is made, then draws plan.json when given its path
-    (the plan waits for the drawing, not for the import). A child that fails is a note, never a failed plan."""
+    """A child process that imports matplotlib while the plan is made, then draws plan.json when given its path.
+    The plan does not wait for it: the child draws on after the plan has printed and exited (stdio to /dev/null, so
+    no caller waits on its pipes). A drawing that fails leaves PICTURE_FAILED beside plan.json with the reason;
+    `python -m vrun show <run dir>` draws it again in the foreground."""
 
     def __init__(self) -> None:
         root = str(Path(__file__).resolve().parent.parent.parent)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         try:
             self.proc: Optional[subprocess.Popen] = subprocess.Popen(
-                [sys.executable, "-m", "vrun.planning.picture"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, env=env)
+                [sys.executable, "-m", "vrun.planning.picture"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
         except OSError:
             self.proc = None
 
-    def render(self, plan_json: str, timeout: float = 120.0) -> tuple[Optional[str], str]:
-        """(the picture's path, "") or (None, why)."""
+    def render(self, plan_json: str) -> tuple[Optional[str], str]:
+        """Hands the child plan.json's path: (the picture's path, "") once it is drawing, or (None, why)."""
         out = str(Path(plan_json).with_name(PICTURE))
-        if self.proc is None:
+        if self.proc is None or self.proc.poll() is not None:
             return None, "no process to draw it"
         try:
-            stdout, stderr = self.proc.communicate(json.dumps({"plan": plan_json, "out": out}) + "\n", timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
-            return None, f"drawing took over {timeout:g} s"
-        if self.proc.returncode:
-            return None, (stderr.strip().splitlines() or ["failed"])[-1]
+            self.proc.stdin.write(json.dumps({"plan": plan_json, "out": out}) + "\n")
+            self.proc.stdin.close()
+        except OSError as e:
+            return None, f"the drawing process went away ({e.strerror or e})"
+        self.proc = None  # it draws on its own from here
         return out, ""
 
     def close(self) -> None:
+        """Stops a child that was never handed a plan (the plan was refused)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-            self.proc.communicate()
+            self.proc.wait()
 
 
 def _serve() -> int:
@@ -280,7 +294,17 @@ def _serve() -> int:
     if not line.strip():
         return 0
     req = json.loads(line)
-    render(json.loads(Path(req["plan"]).read_text()), req["out"])
+    try:
+        render(json.loads(Path(req["plan"]).read_text()), req["out"])
+    except Exception as e:  # noqa: BLE001 - the reason is left beside the plan, never raised into nothing
+        from vrun.core import writer
+
+        failed = Path(req["out"]).with_name(PICTURE_FAILED)
+        try:
+            writer.write_text(failed, f"{type(e).__name__}: {e}\n", root=str(failed.parent))
+        except (OSError, ValueError):
+            pass
+        return 1
     return 0
 
 

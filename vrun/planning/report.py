@@ -8,6 +8,7 @@ from pathlib import Path
 from vrun.rundir import records as rundir
 from vrun.rundir.record import (FORMAT, PLAN, MeshRecord, MliteRecord, ModelRecord, PlanRecord,
                                 TorchrunRecord)
+from vrun.compose import verl_tree
 from vrun.estimate.memory import GIB
 from vrun.planning.plan import Plan
 
@@ -81,6 +82,7 @@ def write(plan: Plan, **fields) -> None:
         raise PlanError([Problem("hydra.run.dir", plan.run_dir, str(e), "a plain directory of your own, without "
                                  "links")])
     rundir.index_add(plan.run_dir)
+    verl_tree.keep_composed()  # once a plan was written: a refused plan leaves nothing in the state dir
 
 
 def table(plan: Plan) -> str:

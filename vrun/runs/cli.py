@@ -450,6 +450,8 @@ def cmd_show(a) -> int:
         path = picture.render(plans[0][1], out) if single else picture.render_overview(plans, out)
     except ImportError as e:
         raise Usage(f"error: matplotlib: not importable ({e}); fix: pip install 'matplotlib==3.11.2'") from None
+    except OSError as e:
+        raise Usage(f"error: output={out}: not written ({e}); fix: -o a plain file in a folder of your own") from None
     print(path)
     return 0
 
