@@ -106,8 +106,9 @@ class PlanningSweeper(Sweeper):
                     problems, taken = self.launcher.point_problems(cfg, launcher, hydra_overrides, str(sweep_dir),
                                                                    run_dir, key if single else "hydra.sweep.dir")
                     del cfg["hydra"]
-                problems += self.launcher.as_given(check_composed.config_problems(cfg, choices=point_choices),
-                                                   taken)
+                parts = check_composed.containers(cfg)
+                problems += self.launcher.as_given(check_composed.config_problems(cfg, choices=point_choices,
+                                                                                  parts=parts), taken)
                 if not [p for p in problems if not p.warning]:
                     problems += check_paths.run_dir(run_dir, key, inside=inside, resume=OmegaConf.select(
                         cfg, "run.resume", default=False) is True)
@@ -115,7 +116,7 @@ class PlanningSweeper(Sweeper):
                 if errors:
                     failures.append((idx, overrides, "\n".join(p.line() for p in errors)))
                     continue
-                composed.append((idx, overrides, cfg, run_dir, taken))
+                composed.append((idx, overrides, cfg, run_dir, (taken, parts[1])))
             except Exception as e:  # noqa: BLE001 - reported per point below
                 failures.append((idx, overrides, cli_errors.describe(e)))
         resume = any(OmegaConf.select(c, "run.resume", default=False) is True for _, _, c, _, _ in composed)
@@ -124,10 +125,10 @@ class PlanningSweeper(Sweeper):
                 failures.append((-1, ["(all points)"], p.line()))
         models = {c.model.name for _, _, c, _, _ in composed}
         planned = []
-        for idx, overrides, cfg, run_dir, taken in composed:
+        for idx, overrides, cfg, run_dir, (taken, resolved) in composed:
             try:
                 plan = make_plan(typed(cfg), run_dir, single_model=len(models) == 1)
-                planned.append(Point(idx, tuple(overrides), plan, cfg, taken))
+                planned.append(Point(idx, tuple(overrides), plan, cfg, taken, resolved))
             except PlanError as e:
                 failures.append((idx, overrides, str(PlanError(self.launcher.as_given(e.problems, taken),
                                                                e.hints))))

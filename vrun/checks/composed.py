@@ -34,9 +34,11 @@ def containers(cfg: Any) -> tuple:
     raw = OmegaConf.to_container(cfg, resolve=False)
     raw.pop("hydra", None)
     try:
-        c = cfg.copy()
-        with open_dict(c):
-            c.pop("hydra", None)
+        c = cfg
+        if "hydra" in cfg:  # resolved without it (a copy: the caller's config keeps its node)
+            c = cfg.copy()
+            with open_dict(c):
+                c.pop("hydra", None)
         resolved = OmegaConf.to_container(c, resolve=True)
     except Exception as e:  # noqa: BLE001 - reported as one line below
         resolved = e
@@ -72,10 +74,12 @@ def unknown_keys(raw: dict) -> list:
     return out
 
 
-def config_problems(cfg: Any, environ: Optional[dict] = None, choices: Optional[dict] = None) -> list:
-    """Every problem of the composed run config found before the plan: one per key."""
+def config_problems(cfg: Any, environ: Optional[dict] = None, choices: Optional[dict] = None,
+                    parts: Optional[tuple] = None) -> list:
+    """Every problem of the composed run config found before the plan: one per key. parts: containers(cfg), when
+    the caller has them already."""
     environ = dict(os.environ if environ is None else environ)
-    raw, resolved = containers(cfg)
+    raw, resolved = parts if parts is not None else containers(cfg)
     problems: list = []
     seen: set = set()
 

@@ -196,6 +196,16 @@ def sweep(sweep_dir: str, point_dirs: list, resume: bool = False) -> list:
     return out
 
 
+def _same_yaml(a: str, b: str) -> bool:
+    """The same content written another way (an earlier version of the project wrote it with PyYAML)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(a) == yaml.safe_load(b)
+    except yaml.YAMLError:
+        return False
+
+
 def same_plan(run_dir_: str, verl_text: str) -> list:
     """run.resume=true: the dir's verl config must be the one this plan writes (verl resumes its checkpoints)."""
     f = Path(run_dir_) / "verl_config.yaml"
@@ -205,7 +215,7 @@ def same_plan(run_dir_: str, verl_text: str) -> list:
         old = f.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         old = None
-    if old == verl_text:
+    if old == verl_text or (old is not None and _same_yaml(old, verl_text)):
         return []
     return [Problem("run.resume", True, f"{run_dir_} holds another plan (its verl_config.yaml differs): verl would "
                     "resume that run's checkpoints under this run's config", "the same overrides as that run, or a "

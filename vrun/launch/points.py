@@ -18,8 +18,9 @@ class Point:
     idx: int                       # the point's number in the sweep (hydra.job.num)
     overrides: tuple               # the point's own overrides, as typed
     plan: Plan
-    config: Any                    # the composed run config (DictConfig, without the hydra node): the manifest's
+    config: Any                    # the composed run config (DictConfig, without the hydra node)
     launcher: dict = field(default_factory=dict)  # what the launcher took from hydra.launcher for this point
+    resolved: dict = field(default_factory=dict)  # the config resolved into plain containers (the manifest's)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def write(point: Point, **fields) -> None:
     from vrun.planning.manifest import write_manifest
 
     report.write(point.plan, **fields)
-    write_manifest(point.config, point.plan.run_dir, list(point.overrides))
+    write_manifest(point.resolved, point.plan.run_dir, list(point.overrides))
 
 
 def refuse(failures: list, n_points: int, what: str = "do not plan; nothing was run") -> None:

@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from vrun.core.problems import SECRETISH
 
 PACKAGES = ("verl", "ray", "hydra-core", "omegaconf", "torch", "submitit", "hydra-submitit-launcher", "vllm")
@@ -74,10 +72,9 @@ def _stack() -> dict:
         return {"unavailable": str(e)}
 
 
-def manifest(config: DictConfig, output_dir: str, overrides: list[str]) -> dict:
-    # each section resolved in place (interpolations still see the whole config); no copy of the config
-    run_cfg = {k: OmegaConf.to_container(config[k], resolve=True) if OmegaConf.is_config(config[k]) else config[k]
-               for k in config if k != "hydra"}
+def manifest(resolved: dict, output_dir: str, overrides: list[str]) -> dict:
+    """resolved: the run config as plain containers, interpolations resolved (vrun.checks.composed.containers)."""
+    run_cfg = {k: v for k, v in resolved.items() if k != "hydra"}
     return {
         "command": [Path(sys.argv[0]).name] + [redact_arg(a) for a in sys.argv[1:]],
         "overrides": [redact_arg(a) for a in overrides],
@@ -90,11 +87,11 @@ def manifest(config: DictConfig, output_dir: str, overrides: list[str]) -> dict:
     }
 
 
-def write_manifest(config: DictConfig, run_dir: str, overrides: list[str]) -> None:
+def write_manifest(resolved: dict, run_dir: str, overrides: list[str]) -> None:
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     from vrun.core import writer
 
-    writer.write_text(out / "manifest.json", json.dumps(manifest(config, str(out), overrides), indent=2) + "\n",
+    writer.write_text(out / "manifest.json", json.dumps(manifest(resolved, str(out), overrides), indent=2) + "\n",
                       root=out)
 

@@ -58,15 +58,12 @@ def time_json(plan: Plan) -> dict:
 def write(plan: Plan, **fields) -> None:
     """<run dir>/verl_config.yaml and plan.json (its record, with `fields` set: e.g. the SLURM submission), through
     the one writer (vrun.core.writer): masked, never through a link; verl_config.yaml verbatim or refused."""
-    import yaml
-
     from vrun.checks import paths as check_paths
-    from vrun.core import writer
+    from vrun.core import writer, yaml_text
     from vrun.core.problems import PlanError, Problem
 
     d = Path(plan.run_dir)
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    text = yaml.dump(plan.verl, Dumper=dumper, sort_keys=False, default_flow_style=False)
+    text = yaml_text.dump(plan.verl)
     if getattr(plan.config.run, "resume", False):
         found = check_paths.same_plan(plan.run_dir, text)
         if found:
