@@ -80,3 +80,37 @@ def test_sweep_points_equal_single_runs(tmp_path):
         for c in (a, b):
             c["trainer"].pop("default_local_dir")
         assert a == b
+
+
+def test_typed_from_the_resolved_containers_equals_omegaconf(tmp_path):
+    """A sweep builds each point's typed config from its resolved containers (vrun.config.schema.typed with
+    resolved=...): the same objects, enums included, as OmegaConf.to_object, for every model, algorithm,
+    optimizer and cluster; a missing value still fails through OmegaConf."""
+    import itertools
+
+    import pytest
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
+
+    from conftest import ROOT
+    from vrun.config import schema
+
+    GlobalHydra.instance().clear()
+    n = 0
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        for model, algo, opt, cluster in itertools.product(
+                ["glm5_1", "kimi_k2_6", "deepseek_v4_flash", "deepseek_v4_pro", "qwen3_5_35b"], ["grpo", "dapo", "sft"],
+                ["fsdp2", "dist_opt"], ["local", "slurm"]):
+            cfg = compose(config_name="run", overrides=[f"model={model}", f"algo={algo}", f"optimizer={opt}",
+                                                        f"cluster={cluster}"])
+            fast = schema.typed(cfg, OmegaConf.to_container(cfg, resolve=True))
+            assert fast == schema.typed(cfg), (model, algo, opt, cluster)
+            assert type(fast.mode) is schema.Mode and type(fast.model.weights) is schema.WeightFormats
+            n += 1
+        cfg.model.tp_allowed = "???"
+        with pytest.raises(MissingMandatoryValue):
+            schema.typed(cfg, OmegaConf.to_container(cfg, resolve=True))
+    GlobalHydra.instance().clear()
+    assert n == 60

@@ -40,6 +40,8 @@ class PlanningSweeper(Sweeper):
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
         self.launcher = None
+        self._overrides: dict = {}  # override text → Hydra's parsed Override (a sweep repeats the same few)
+        self._parser: Optional[OverridesParser] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context = config, hydra_context
@@ -127,7 +129,7 @@ class PlanningSweeper(Sweeper):
         planned = []
         for idx, overrides, cfg, run_dir, (taken, resolved) in composed:
             try:
-                plan = make_plan(typed(cfg), run_dir, single_model=len(models) == 1)
+                plan = make_plan(typed(cfg, resolved), run_dir, single_model=len(models) == 1)
                 planned.append(Point(idx, tuple(overrides), plan, cfg, taken, resolved))
             except PlanError as e:
                 failures.append((idx, overrides, str(PlanError(self.launcher.as_given(e.problems, taken),
@@ -174,7 +176,7 @@ class PlanningSweeper(Sweeper):
 
         if single:
             return self._split(self.config.copy())
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        parsed = self._parsed(tuple(overrides))
         groups = [o.input_line for o in parsed if self._is_group(o)]
         values = [o for o in parsed if not self._is_group(o)]
         key = tuple(groups)
@@ -195,6 +197,14 @@ class PlanningSweeper(Sweeper):
         with open_dict(full):
             del full["hydra"]  # copying Hydra's own node per point would cost more than the plan
         return full, dirs, launcher, choices
+
+    def _parsed(self, overrides: tuple) -> list:
+        """Each override parsed once per sweep."""
+        missing = [o for o in overrides if o not in self._overrides]
+        if missing:
+            self._parser = self._parser or OverridesParser.create()
+            self._overrides.update(zip(missing, self._parser.parse_overrides(missing)))
+        return [self._overrides[o] for o in overrides]
 
     def _is_group(self, override) -> bool:
         key = override.key_or_group

@@ -8,6 +8,9 @@ verl's own tree at plan time (vrun.compose.verl_tree).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Dict, List, Mapping, Optional
@@ -295,10 +298,37 @@ def register() -> None:
     vrun_launcher.register()
 
 
-def typed(cfg: Any) -> RunConfig:
-    """The composed config (Hydra's node, or the same as plain containers) as the schema's objects, resolved."""
+def typed(cfg: Any, resolved: Optional[dict] = None) -> RunConfig:
+    """The composed config (Hydra's node, or the same as plain containers) as the schema's objects, resolved.
+    resolved: that node already resolved into plain containers (OmegaConf.to_container(cfg, resolve=True)): its
+    values passed the schema's checks when the node was composed, so they are put into the objects directly (a
+    sweep does this at every point; tests/test_sweep.py holds both paths equal)."""
     from omegaconf import DictConfig, OmegaConf
 
+    if resolved is not None and isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is RunConfig and \
+            not _has_missing(resolved):  # a missing value: OmegaConf's own error below
+        return _objects(RunConfig, resolved)
     if not (isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is RunConfig):
         cfg = OmegaConf.merge(schema_node(), cfg)
     return OmegaConf.to_object(cfg)
+
+
+@functools.lru_cache(maxsize=None)
+def _nested(cls) -> tuple:
+    """(field name, its dataclass or None) for each field of a schema dataclass."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name] if dataclasses.is_dataclass(hints[f.name]) else None)
+                 for f in dataclasses.fields(cls))
+
+
+def _has_missing(x) -> bool:
+    if isinstance(x, dict):
+        return any(_has_missing(v) for v in x.values())
+    if isinstance(x, list):
+        return any(_has_missing(v) for v in x)
+    return isinstance(x, str) and x == MISSING
+
+
+def _objects(cls, values: dict):
+    return cls(**{name: _objects(sub, values[name]) if sub is not None else values[name]
+                  for name, sub in _nested(cls) if name in values})
