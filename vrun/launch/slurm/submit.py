@@ -45,13 +45,16 @@ LAUNCHER_REFUSED = {"array_parallelism": "this project submits one job per sweep
 
 def launcher_given(unresolved: dict, overridden: list[str]) -> set[str]:
     """The hydra.launcher keys set by hand: given on the command line, or differing from the plugin's defaults."""
+    import dataclasses
+
     from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
     from omegaconf import OmegaConf
 
     defaults = OmegaConf.to_container(OmegaConf.structured(SlurmQueueConf), resolve=False)
     named = {o.lstrip("+~").split("=", 1)[0][len("hydra.launcher."):].split(".")[0]
              for o in overridden if o.lstrip("+~").startswith("hydra.launcher.")}
-    values = set(defaults) - {"_target_"}  # which class launches is the group choice's, not a value given
+    # the launcher's values: its public fields (which class launches is the group choice's, not a value given)
+    values = {f.name for f in dataclasses.fields(SlurmQueueConf) if not f.name.startswith("_")}
     return {k for k in unresolved if k in values and (k in named or unresolved[k] != defaults[k])}
 
 
