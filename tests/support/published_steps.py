@@ -7,10 +7,24 @@ training and generation, Megatron-core. Columns used: T-Max Sequence Length, G-A
 [TP,CP,EP,PP,VPP], Total Step time(s). Only the on-policy rows: a colocated step of generation, log-probs,
 training and refit, which is what verl runs (the 1-step-off rows overlap generation with training).
 
-Not in the table, so assumed here (the same for every case, and said): a 128-token mean prompt (OpenMathInstruct-2
-problems are short; the response takes the rest of the average and of the maximum), micro-batch 1, vLLM
-gpu_memory_utilization 0.6 (NeMo RL's default), parameters and optimizer moved off the GPU around generation, no
-recompute, no KL term.
+Not in the table, taken from the recipes the table points at (RECIPES: r0.4.0's examples/configs/recipes/llm/
+performance, tag v0.4.0 = c751f811217db7df0d4c94abdeaada6626cfc150; the same keys at the pinned commit): full
+activation recompute (megatron_cfg.activation_checkpointing: true, which NeMo RL's megatron_policy_worker.py turns
+into recompute_granularity "full") in grpo-deepseek-v3-32n8g.yaml, grpo-qwen3-235b-16n8g.yaml and
+grpo-llama3.1-8b-instruct-2n8g.yaml, not in the Qwen3-30B-A3B and Qwen3-32B ones (grpo_math_1B.yaml's default,
+false).
+Micro-batch 1 is the recipes' train_micro_batch_size. Not in the table nor read from a recipe, so assumed here (the
+same for every case, and said): a 128-token mean prompt (OpenMathInstruct-2 problems are short; the response takes
+the rest of the average and of the maximum), no sequence packing, vLLM gpu_memory_utilization 0.6 (NeMo RL's
+default), parameters and optimizer moved off the GPU around generation, no KL term. Two of these are known to differ
+from NeMo RL v0.4.0 and are left as they were, said here: grpo_math_1B.yaml packs sequences
+(sequence_packing.enabled, micro-batches of max_total_sequence_length tokens: fewer, fuller micro-batches, a larger
+pipeline bubble for PP > 1), and grpo.py computes the reference policy's log-probs every step
+(policy_and_reference_logprobs, unconditionally; reference_policy_kl_penalty 0.01 by default). With the reference
+pass on for the five NeMo RL cases the middles become, in the table's order, 82.6 s 0.54×, 534 s 1.06×, 146 s 0.65×,
+200.5 s 2.05× (Llama-3.1-8B out: its rollout alone, 133 s, is over the published 97.7 s step, the KV cache's fit
+being counted at the maximum sequence length) and 661 s 1.68×. The Llama row's recipe also sets
+pipeline_model_parallel_size 2; the table's training column for it has seven entries and is kept at PP1 here.
 
 The architectures (not among this project's five model groups) are the checkpoints' config.json facts:
 DeepSeek-V3 (deepseek-ai/DeepSeek-V3), Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-32B (Qwen/…), Llama-3.1-8B
@@ -19,29 +33,35 @@ verl's own DeepSeek-V3 figure (docs/perf/dpsk.md) is the last case, with its sou
 No published end-to-end step time was found for this project's own five models (GLM-5.1, Kimi-K2.6, Qwen3.5-35B-A3B,
 DeepSeek-V4 Flash/Pro) under verl or NeMo RL.
 
-Predicted (the estimate's middle) vs published, the factors unchanged; "before" is the roofline alone, "after" adds
-the rollout's TP all-reduces (two per decoder layer per decode step, NCCL's own latency model from its tuning.cc +
-the bytes over NVLink / the node's network; vrun/estimate/steptime.py allreduce_s) and the training mesh's TP
-all-reduce and EP all-to-all bytes in log-prob and training (training_collectives_s):
-  case                        published   before        after
-  deepseek_v3_256xh100          154 s      50 s 0.32×    58 s 0.38×   OUT
-  qwen3_235b_a22b_128xh100      506 s     416 s 0.82×   505 s 1.00×
-  qwen3_30b_a3b_32xh100         225 s     120 s 0.53×   135 s 0.60×
-  llama3_1_8b_16xh100          97.7 s     179 s 1.83×   179 s 1.83×   (TP1, EP1: no collective counted)
-  qwen3_32b_32xh100             393 s     539 s 1.37×   582 s 1.48×
-  verl_deepseek_v3_96xh20      1700 s     764 s 0.45×   904 s 0.53×
-Why NeMo RL's DeepSeek-V3 on 256 H100s stays out: its rollout's TP32 spans 4 nodes, yet 122 all-reduces of ~0.9 MB
-per decode step cost ~5 ms by NCCL's model (~7 s over the 1,408-token longest response): the decode side was never
-the size of the gap. The same table's 1-step-off row (DeepSeek-V3, 512 GPUs, generation overlapping training,
-77.9 s) bounds each of them at about 78 s on its share of the GPUs (256 each if split evenly, which the table does
-not say), so the on-policy 154 s plausibly splits about evenly; the estimate's log-prob + training is ~3.5 s (6·37B·381k tokens at 8–47% MFU), an order of magnitude
-under ~70 s. What is left out there (Megatron's EP16 all-to-all per MoE layer per micro-batch with one 745-token
-sequence per micro-batch — counted now by its bytes, ~1.6 s —, PP16's 47-slot schedule of tiny GEMMs, activation recompute — the recipe
-examples/configs/recipes/llm/performance/grpo-deepseek-v3-32n8g.yaml sets activation_checkpointing — and NeMo RL's
-offload and refit around the phases) has no sourced per-step figure here: DeepEP's published normal-kernel
-bandwidth (43 GB/s internode at EP16, deepseek-ai/DeepEP docs/legacy.md) makes the training all-to-all ~2–3 s, not
-~70 s, and no MFU figure for a MoE this size at this micro-batch is sourced independently of the case. The
-training MFU range is not lowered to fit it.
+Predicted (the estimate's middle) vs published, the factors unchanged. "roofline" is the roofline alone; "+coll"
+adds the rollout's TP all-reduces (NCCL's latency model) and the training mesh's TP/EP collective bytes; "now"
+adds the refit as the frameworks do it (vrun/estimate/steptime.py REFIT_RATE, sync_s: every rank gathers and
+hands over the whole bf16 model, tensor by tensor, at 36–96 GB/s measured by NeMo RL) and the recipes' recompute:
+  case                        published   roofline      +coll         now
+  deepseek_v3_256xh100          154 s      50 s 0.32×    58 s 0.38×    81 s 0.53×
+  qwen3_235b_a22b_128xh100      506 s     416 s 0.82×   505 s 1.00×   523 s 1.03×
+  qwen3_30b_a3b_32xh100         225 s     120 s 0.53×   135 s 0.60×   136 s 0.60×
+  llama3_1_8b_16xh100          97.7 s     179 s 1.83×   179 s 1.83×   190 s 1.94×
+  qwen3_32b_32xh100             393 s     539 s 1.37×   582 s 1.48×   583 s 1.48×
+  verl_deepseek_v3_96xh20      1700 s     764 s 0.45×   904 s 0.53×   926 s 0.54×
+NeMo RL's DeepSeek-V3 on 256 H100s, what brought it in: its refit. Every rank of a refit receives each weight whole
+(Megatron-Bridge's stream_weights_megatron_to_hf at the commit NeMo RL pins, 8aa287df: a PP broadcast, then TP and
+EP all-gathers, every rank yielding the full tensor; verl's per_tensor_generator does the same), so each GPU handles
+all 1.34 TB of DeepSeek-V3 in bf16 whatever its rollout shard (42 GB at TP32): 22.8 s at the middle rate, where the
+shard-only reshard had 1.2 s. The rate's ends are NeMo RL's timings of its non-colocated refit (NVIDIA-NeMo/RL pull
+1379: Qwen3-235B-A22B and DeepSeek-V3 on other set-ups), per-phase measurements, not the step times tested here.
+NeMo RL's own figure for the colocated refit, about 35 s for the whole of DeepSeek-V3 over some 175 IPC transfers
+(NVIDIA-NeMo/RL pull 1267, a review comment, 2025-10), matches the rate's low end (38 GB/s); it is a check, not an
+input. The rest of the gap (the estimate's 81 s against 154 s) has no sourced per-phase figure. The same table's
+v0.6 (docs/about/performance-summary.md at commit 69c7ca1170327f8185a7278166c31968236a841c, a later checkpoint, 701
+mean tokens) times this shape at 134 s on 256 GPUs and 111 s on 512; if log-prob and training scale with the tokens
+per DP rank (× a bubble growing from 1.47 to 1.94) and the rest does not, about 66 s lies in parts that do not
+shrink with more GPUs (the rollout's longest response, the refit) and about 68 s at 256 GPUs in log-prob and
+training, where the roofline has 6 s (8·37B·381k tokens at 8–47% MFU, PP16 with 32 one-sequence micro-batches). The
+per-micro-batch weight reads (≈ 60 GB per GPU per micro-batch with fp32 gradient accumulation, ≈ 18 ms at 3.35 TB/s,
+under 1 s over the 47 pipeline slots) and DeepEP's published all-to-all bandwidth (43 GB/s internode at EP16,
+deepseek-ai/DeepEP docs/legacy.md, ≈ 2–3 s) do not reach it, and no MFU for a MoE this size at this micro-batch is
+sourced independently of the case. The training MFU range is not lowered to fit it.
 """
 from __future__ import annotations
 
@@ -51,8 +71,9 @@ from typing import Optional
 SOURCE = {"repo": "NVIDIA-NeMo/RL", "path": "docs/about/performance-summary.md",
           "commit": "06beed91bac98a2c39a19435f6bbbbe71aa45720", "section": "Nemo RL v0.4, GRPO, DGX-H100, on policy"}
 PROMPT_MEAN = 128
-# the cases the estimate's middle leaves outside 0.5×–2×, and why (the module docstring)
-KNOWN_OUT = ("deepseek_v3_256xh100",)
+# the recipes the NeMo RL rows were measured with (the table points at r0.4.0's performance recipes)
+RECIPES = {"repo": "NVIDIA-NeMo/RL", "path": "examples/configs/recipes/llm/performance",
+           "tag": "v0.4.0", "commit": "c751f811217db7df0d4c94abdeaada6626cfc150"}
 GPU_MEMORY_UTILIZATION = 0.6
 
 DEEPSEEK_V3 = dict(layers=61, dense_layers=3, routed_experts=256, experts_per_token=8, shared_experts=1, heads=128,
@@ -102,10 +123,12 @@ VERL_DPSK = {"repo": "verl-project/verl", "path": "docs/perf/dpsk.md",
              "script_commit": "01143cbaacfd8085bc8a56f08c910b5f2403a100"}
 
 CASES = {
-    "deepseek_v3_256xh100": Case(DEEPSEEK_V3, 256, 1536, 745, 512, 512, 32, (1, 1, 16, 16), 154.0),
-    "qwen3_235b_a22b_128xh100": Case(QWEN3_235B_A22B, 128, 8192, 5671, 512, 512, 16, (2, 2, 16, 8), 506.0),
+    "deepseek_v3_256xh100": Case(DEEPSEEK_V3, 256, 1536, 745, 512, 512, 32, (1, 1, 16, 16), 154.0,
+                                 recompute=True),
+    "qwen3_235b_a22b_128xh100": Case(QWEN3_235B_A22B, 128, 8192, 5671, 512, 512, 16, (2, 2, 16, 8), 506.0,
+                                     recompute=True),
     "qwen3_30b_a3b_32xh100": Case(QWEN3_30B_A3B, 32, 4096, 3154, 2048, 512, 4, (2, 1, 8, 1), 225.0),
-    "llama3_1_8b_16xh100": Case(LLAMA3_1_8B, 16, 4096, 1060, 2048, 512, 1, (1, 1, 1, 1), 97.7),
+    "llama3_1_8b_16xh100": Case(LLAMA3_1_8B, 16, 4096, 1060, 2048, 512, 1, (1, 1, 1, 1), 97.7, recompute=True),
     "qwen3_32b_32xh100": Case(QWEN3_32B, 32, 4096, 3206, 2048, 512, 4, (4, 1, 1, 4), 393.0),
     "verl_deepseek_v3_96xh20": Case(DEEPSEEK_V3, 96, 2048 + 8192, None, 96 * 8, 32 * 8, 32, (8, 1, 8, 12), 1700.0,
                                     source=VERL_DPSK, part="H20", mean_response=1960, max_prompt=2048,

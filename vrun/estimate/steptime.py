@@ -19,8 +19,10 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               the training mesh's TP all-reduce and EP all-to-all bytes (training_collectives_s; log-prob too)
   bubble      log-prob and training × (1 + (PP − 1) / (m·VPP)), m micro-batches per mini-batch per DP rank
               (Narayanan et al. 2021, the 1F1B schedule's bubble fraction)
-  sync        the rollout's weights per GPU (bf16) gathered from the training layout: from other nodes over the
-              node's network (a share 1 − 1/nodes of them), within a node over NVLink; the slower bounds it
+  sync        the weight refit: the whole bf16 model through every rank at a measured refit rate (REFIT_RATE: verl's
+              and NeMo RL's refit gather each tensor in full on every rank, and the rollout engine loads it whole,
+              keeping its shard), never less than an ideal reshard of the rollout rank's own shard (from other nodes
+              over the node's network, a share 1 − 1/nodes of it, within a node over NVLink)
   offload     over PCIe per GPU: parameters and gradients loaded and offloaded once per step each
               (param_offload), the optimizer states too (optimizer_offload)
   sft         training and bubble only; T = train_batch_size · max_length · the mean fraction
@@ -28,9 +30,9 @@ Not modelled (said in the assumptions): reward computation, sequence imbalance b
 imbalance, communication not named above (the DP gradient reduction, CP and PP traffic, the rollout's EP
 all-to-all in place of its MoE all-reduce), kernel-launch and scheduling overheads, start-up and checkpoint saves.
 
-The efficiencies are one fixed set (FACTORS), each a (pessimistic, optimistic) pair with its source, never fitted to
-the published step times the tests hold the estimate to (tests/test_steptime.py). A calibration from recorded
-runs (vrun/planning/calibration.py) scales the result; the plan says so.
+The efficiencies are one fixed set (FACTORS, and the refit's REFIT_RATE), each a (pessimistic, optimistic) pair with
+its source, never fitted to the published step times the tests hold the estimate to (tests/test_steptime.py). A
+calibration from recorded runs (vrun/planning/calibration.py) scales the result; the plan says so.
 """
 from __future__ import annotations
 
@@ -62,6 +64,25 @@ FACTORS = {
     "pcie": Factor(0.50, 0.80, "ASSUMED (no measurement read): the share of the PCIe x16 rate a pinned host-device "
                    "copy reaches"),
 }
+
+
+@dataclass(frozen=True)
+class Rate:
+    low: float          # bytes/s, the pessimistic rate (the high time)
+    high: float         # bytes/s, the optimistic one
+    source: str
+
+
+# The refit path of both frameworks this project drives hands every rank each weight in FULL: verl's Megatron
+# per_tensor_generator (verl/utils/megatron_utils.py: PP broadcast, EP and TP all-gathers, every rank yields the
+# whole tensor) and NeMo RL's Megatron-Bridge export (stream_weights_megatron_to_hf, NVIDIA-NeMo/Megatron-Bridge
+# 8aa287df: the same gathers, every rank yielding the full tensor), then the rollout engine loads the full tensor
+# and keeps its shard. So a refit moves the whole bf16
+# model through every rank, tensor by tensor; its rate is measured, not a link's line rate.
+REFIT_RATE = Rate(36e9, 96e9, "bf16 bytes of the whole model per second through a refit, measured by NeMo RL on "
+                  "DGX H100 with the same full-tensor export feeding an NCCL broadcast (NVIDIA-NeMo/RL pull 1379, "
+                  "2025-10: Qwen3-235B-A22B 470 GB in 13 s = 36 GB/s before overlapping export and broadcast, "
+                  "DeepSeek-V3 1.34 TB in 14 s = 96 GB/s after); taken as is for every part (ASSUMED beyond H100)")
 # the mean prompt and response as a share of their maxima when nothing better is known (a calibration replaces it)
 MEAN_FRACTION = 0.5
 # a calibrated bound: the recorded runs' ratios, widened by this much each way (step-to-step variation)
@@ -291,8 +312,26 @@ def rollout_s(w: Workload, part: Part, response: float, mbu: float, mfu: float, 
     return decode + prefill
 
 
-def middle(f: Factor) -> float:
+def middle(f) -> float:
+    """The geometric mean of a (pessimistic, optimistic) pair: a Factor or a Rate."""
     return math.sqrt(f.low * f.high)
+
+
+def refit_bytes(w: Workload) -> float:
+    """The bf16 bytes of the whole model: what every rank materialises in a refit (REFIT_RATE)."""
+    return (w.rollout_dense + w.rollout_routed) * 2.0
+
+
+def sync_s(w: Workload, part: Part, net: float, rate: float) -> float:
+    """The weight refit before the rollout: the longer of (1) the whole bf16 model through every rank at the
+    refit path's measured rate (REFIT_RATE: the training side gathers each tensor in full on every rank and the
+    rollout engine loads the full tensor, keeping its shard) and (2) the floor of an ideal reshard, the rollout
+    rank's own bf16 shard from other nodes over the node's network (a share 1 − 1/nodes of it) and within the node
+    over NVLink, at efficiency `net`."""
+    per_gpu = (w.rollout_dense / w.rollout_tp + w.rollout_routed / (w.rollout_tp * w.rollout_dp)) * 2.0
+    gpn = min(w.gpus_per_node, w.world)
+    floor = max(per_gpu * gpn * (1 - 1 / w.nodes) / (part.network * net), per_gpu / (part.nvlink * net))
+    return max(refit_bytes(w) / rate, floor)
 
 
 def attention_flops_per_key(arch: dict) -> tuple[float, Optional[int]]:
@@ -386,15 +425,11 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
     if w.rollout and same_rollout is not None:
         phases["sync"] = same_rollout.phases["sync"]
     elif w.rollout:
-        per_gpu = (w.rollout_dense / w.rollout_tp + w.rollout_routed / (w.rollout_tp * w.rollout_dp)) * 2
-        remote = 1 - 1 / w.nodes
-        gpn = min(w.gpus_per_node, w.world)
-
-        def sync(e_net: float) -> float:
-            return max(per_gpu * gpn * remote / (part.network * e_net), per_gpu / (part.nvlink * e_net))
-
-        phases["sync"] = Phase(sync(net.high), sync(net.low), "bf16 weights to the rollout, network and NVLink",
-                               sync(middle(net)))
+        r = REFIT_RATE
+        phases["sync"] = Phase(sync_s(w, part, net.high, r.high), sync_s(w, part, net.low, r.low),
+                               f"every rank handles the whole bf16 model ({refit_bytes(w) / 1e9:.0f} GB) at "
+                               f"{r.low / 1e9:.0f}–{r.high / 1e9:.0f} GB/s (the frameworks' per-tensor refit)",
+                               sync_s(w, part, middle(net), middle(r)))
     moved = (2 * (w.param_bytes + w.grad_bytes) if w.param_offload else 0.0) + \
         (2 * w.optimizer_bytes if w.optimizer_offload else 0.0)
     if moved:
@@ -405,11 +440,12 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
         "middle = their geometric mean with one response at max_response_length)",
         w.mean_source,
         "decode: the rollout's TP all-reduces by NCCL's latency model + bytes; training and log-prob: TP all-reduce "
-        "and EP all-to-all bytes; not modelled: reward, DP and MoE load imbalance, the DP gradient reduction, CP "
+        "and EP all-to-all bytes; refit: the whole bf16 model through every rank at the measured refit rate; "
+        "not modelled: reward, DP and MoE load imbalance, the DP gradient reduction, CP "
         "and PP traffic, kernel-launch overheads, start-up, checkpoint saves",
     )
     return StepTime(phases=phases, rollout_at_mean=at_mean, rollout_at_max=at_max, assumptions=assumptions,
-                    factors=dict(f))
+                    factors={**f, **({"refit_rate": REFIT_RATE} if "sync" in phases else {})})
 
 
 def with_collectives(st: StepTime, w: Workload, part: Part, mesh, factors: Optional[dict] = None) -> StepTime:
