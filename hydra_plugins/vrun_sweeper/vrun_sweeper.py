@@ -12,6 +12,7 @@ points in hydra.sweep.dir/<hydra.sweep.subdir>.
 """
 
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
@@ -181,9 +182,13 @@ class PlanningSweeper(Sweeper):
         values = [o for o in parsed if not self._is_group(o)]
         key = tuple(groups)
         if key not in bases:
-            bases[key] = self._split(self.hydra_context.config_loader.load_sweep_config(self.config, groups))
+            full, dirs, launcher, choices = self._split(
+                self.hydra_context.config_loader.load_sweep_config(self.config, groups))
+            # each point's copy of the base: a pickle round trip in memory (~10x faster than DictConfig.copy;
+            # flags, types and validation kept)
+            bases[key] = (pickle.dumps(full), dirs, launcher, choices)
         base, dirs, launcher, choices = bases[key]
-        cfg = base.copy()
+        cfg = pickle.loads(base)
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
         return cfg, dirs, launcher, choices
 
