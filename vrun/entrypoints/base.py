@@ -22,6 +22,9 @@ class Entrypoint:
     uses_ray: bool
     # a vLLM rollout phase beside training (its memory, its TP chosen by mesh=auto)
     has_rollout: bool
+    # lengths with one source: a data key → the keys of this tree that repeat it (the plan sets them from it and
+    # refuses a tree where they differ); conf/data and conf/algo interpolate them
+    linked_lengths: dict[str, tuple[str, ...]] = {}
 
     def groups(self, searchpath: str, values: dict) -> list[str]:
         """verl group choices: Megatron Lite's config groups from `searchpath`."""

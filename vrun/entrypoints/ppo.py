@@ -7,13 +7,13 @@ from typing import Any, Optional
 from vrun.core.dotted import MISSING, get
 from vrun.entrypoints.base import Entrypoint
 from vrun.estimate.mesh import Mesh, Rules, divisors, rollout_problems
+from vrun.estimate.rollout import ROLLOUT, ROLLOUT_DP, ROLLOUT_TP
 from vrun.core.problems import Problem
 from vrun.config.schema import EntrypointName, RunConfig
 
 ACTOR = "actor_rollout_ref.actor"
 # sections of verl's tree an algorithm relies on, which not every verl has → what the algorithm loses without it
 CAPABILITIES = {"algorithm.filter_groups": "dynamic sampling"}
-ROLLOUT = "actor_rollout_ref.rollout"
 
 
 def sequence_length(verl: dict) -> int:
@@ -31,6 +31,8 @@ class PPO(Entrypoint):
     launches = "verl.trainer.main_ppo:run_ppo"
     uses_ray = True
     has_rollout = True
+    linked_lengths = {"data.max_prompt_length": (f"{ROLLOUT}.prompt_length",),
+                      "data.max_response_length": (f"{ROLLOUT}.response_length", "reward.reward_kwargs.max_resp_len")}
 
     def groups(self, searchpath: str, values: dict) -> list[str]:
         out = [f"hydra.searchpath=[{searchpath}]", "actor@actor_rollout_ref.actor=mlite_actor"]
@@ -54,10 +56,10 @@ class PPO(Entrypoint):
     def mesh_problems(self, verl: dict, mesh: Mesh, rules: Rules, rollout_tps: Optional[list] = None) -> list[Problem]:
         if rollout_tps is not None:  # mesh=auto picks the rollout TP from these: none left is a problem
             if not rollout_tps:
-                return [Problem(f"{ROLLOUT}.tensor_model_parallel_size", None, "no rollout TP fits the mesh",
+                return [Problem(ROLLOUT_TP, None, "no rollout TP fits the mesh",
                                 "mesh.gpus_per_node a power of two")]
             return ppo_batch_problems(verl, mesh)
-        rtp = get(verl, f"{ROLLOUT}.tensor_model_parallel_size")
+        rtp = get(verl, ROLLOUT_TP)
         return rollout_problems(mesh, rtp, rules.arch, rules.model) + ppo_batch_problems(verl, mesh)
 
     def recipe_problems(self, verl: dict, algo) -> list[Problem]:
@@ -115,8 +117,8 @@ class PPO(Entrypoint):
         v, m = verl, mesh
         tbs, n = get(v, "data.train_batch_size"), get(v, f"{ROLLOUT}.n")
         mini = get(v, f"{ACTOR}.ppo_mini_batch_size")
-        rtp = get(v, f"{ROLLOUT}.tensor_model_parallel_size")
-        rdp = get(v, f"{ROLLOUT}.data_parallel_size") or 1
+        rtp = get(v, ROLLOUT_TP)
+        rdp = get(v, ROLLOUT_DP) or 1
         return {"train_batch_size": tbs, "n": n, "samples_per_step": tbs * n, "mini_batch_size": mini,
                 "updates_per_step": tbs // mini, "samples_per_dp_rank": tbs * n // m.dp,
                 "dynamic_bsz": get(v, f"{ACTOR}.use_dynamic_bsz"),

@@ -63,7 +63,7 @@ def weight_formats(config: RunConfig, model_path: Optional[str] = None) -> rollo
 
 
 def rollout_ep(verl: dict) -> int:
-    e = get(verl, f"{ROLLOUT}.expert_parallel_size") or 1
+    e = get(verl, rollout.ROLLOUT_EP) or 1
     return e if isinstance(e, int) and e > 0 else 1
 
 
@@ -72,8 +72,8 @@ def rollout_for(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rpa
     inputs = rollout_inputs(entrypoint, verl, gpu_mem_gib)
     if inputs is None or rollout.kv_missing(config.model.arch.facts()):
         return None
-    t = get(verl, f"{ROLLOUT}.tensor_model_parallel_size")
-    d = get(verl, f"{ROLLOUT}.data_parallel_size") or 1
+    t = get(verl, rollout.ROLLOUT_TP)
+    d = get(verl, rollout.ROLLOUT_DP) or 1
     if not isinstance(t, int) or t < 1 or not isinstance(d, int) or d < 1 or mesh.world % (t * d):
         return None
     return rollout.estimate(config.model.arch.facts(), rparams, world=mesh.world, rollout_tp=t, rollout_dp=d,
@@ -121,7 +121,7 @@ def rollout_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rpa
 
 
 def rollout_problems(r: Optional[rollout.RolloutEstimate], key: str = f"{ROLLOUT}.gpu_memory_utilization",
-                     tp_key: str = f"{ROLLOUT}.tensor_model_parallel_size",
+                     tp_key: str = rollout.ROLLOUT_TP,
                      fix: Optional[rollout.RolloutEstimate] = None, allow_overrun: bool = False) -> list:
     """A replica whose weights alone exceed vLLM's share of the GPU is an error (certain: weights are counted, not
     estimated). One that cannot hold a single prompt+response by the estimate (reserve and KV formula) is refused

@@ -11,10 +11,9 @@ from typing import Optional
 
 from vrun.estimate import hardware, steptime
 from vrun.core.dotted import get
+from vrun.estimate.rollout import ROLLOUT_DP, ROLLOUT_TP
 from vrun.estimate.steptime import MEAN_FRACTION, StepTime, Workload
-
-ACTOR = "actor_rollout_ref.actor"
-ROLLOUT = "actor_rollout_ref.rollout"
+from vrun.entrypoints import ACTOR, ROLLOUT
 
 
 def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> Optional[Workload]:
@@ -58,8 +57,8 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
         micro_batches=micro,
         reference=needs_reference({f"{ACTOR}.use_kl_loss": get(verl, f"{ACTOR}.use_kl_loss"),
                                    "algorithm.use_kl_in_reward": get(verl, "algorithm.use_kl_in_reward")}),
-        rollout_tp=int(get(verl, f"{ROLLOUT}.tensor_model_parallel_size") or 1),
-        rollout_dp=int(get(verl, f"{ROLLOUT}.data_parallel_size") or 1),
+        rollout_tp=int(get(verl, ROLLOUT_TP) or 1),
+        rollout_dp=int(get(verl, ROLLOUT_DP) or 1),
         rollout_dense=float(rollout[0]), rollout_routed=float(rollout[1]),
         experts=int(arch.get("routed_experts") or 0),
         rollout_weight_bytes=float(r.weight_bytes) if r is not None else 2.0,
