@@ -172,9 +172,7 @@ def run_problems(config) -> list[Problem]:
                                    f"recipe.{block} is read by nothing",
                                    "drop it, or " + ("algo=sft" if block == "sft" else "algo=grpo or algo=dapo"),
                                    warning=True))
-    if config.run.dump_rollouts and not entrypoints.of(config).has_rollout:
-        out.append(Problem("run.dump_rollouts", True, "SFT has no rollouts: read by nothing",
-                           "drop it, or algo=grpo|dapo", warning=True))
+    out += entrypoints.of(config).run_problems(config)
     return out
 
 

@@ -8,6 +8,7 @@ from vrun.core.dotted import MISSING, get
 from vrun.entrypoints.base import Entrypoint
 from vrun.estimate.mesh import Mesh, Rules, divisors, rollout_problems
 from vrun.estimate.rollout import ROLLOUT, ROLLOUT_DP, ROLLOUT_TP
+from vrun.estimate.steptime import MAX_NUM_SEQS, MEAN_FRACTION
 from vrun.core.problems import Problem
 from vrun.config.schema import EntrypointName, RunConfig
 
@@ -30,7 +31,6 @@ class PPO(Entrypoint):
     model = "actor_rollout_ref.model"
     launches = "verl.trainer.main_ppo:run_ppo"
     uses_ray = True
-    has_rollout = True
     linked_lengths = {"data.max_prompt_length": (f"{ROLLOUT}.prompt_length",),
                       "data.max_response_length": (f"{ROLLOUT}.response_length", "reward.reward_kwargs.max_resp_len")}
 
@@ -98,6 +98,32 @@ class PPO(Entrypoint):
             (get(verl, f"{ACTOR}.ppo_micro_batch_size_per_gpu") or 1) * seq
         return {"tokens_per_gpu": int(tokens or 0),
                 "rollout_fraction": float(get(verl, f"{ROLLOUT}.gpu_memory_utilization") or 0.0)}
+
+    def rollout_inputs(self, verl: dict) -> Optional[dict]:
+        r = get(verl, ROLLOUT, {}) or {}
+        return dict(utilization=float(r.get("gpu_memory_utilization") or 0.0), seq_len=sequence_length(verl),
+                    step_sequences=int((get(verl, "data.train_batch_size") or 0) * (r.get("n") or 1)),
+                    dtype=str(r.get("dtype") or "bfloat16"), quantization=r.get("quantization"),
+                    kv_cache_dtype=get(r, "engine_kwargs.vllm.kv_cache_dtype"))
+
+    def step_batch(self, verl: dict) -> dict:
+        tbs = int(get(verl, "data.train_batch_size") or 0)
+        n = int(get(verl, f"{ROLLOUT}.n") or 1)
+        pmax = float(get(verl, "data.max_prompt_length") or 0)
+        rmax = float(get(verl, "data.max_response_length") or 0)
+        return dict(samples=tbs * n, prompt_mean=pmax * MEAN_FRACTION, response_mean=rmax * MEAN_FRACTION,
+                    response_max=rmax, rollout=True,
+                    reference=needs_reference({f"{ACTOR}.use_kl_loss": get(verl, f"{ACTOR}.use_kl_loss"),
+                                               "algorithm.use_kl_in_reward": get(verl, "algorithm.use_kl_in_reward")}),
+                    rollout_tp=int(get(verl, ROLLOUT_TP) or 1), rollout_dp=int(get(verl, ROLLOUT_DP) or 1),
+                    max_num_seqs=int(get(verl, f"{ROLLOUT}.max_num_seqs") or MAX_NUM_SEQS))
+
+    def mini_batch_tokens(self, verl: dict) -> float:
+        tbs = int(get(verl, "data.train_batch_size") or 0)
+        n = int(get(verl, f"{ROLLOUT}.n") or 1)
+        mini = int(get(verl, f"{ACTOR}.ppo_mini_batch_size") or tbs) * n
+        seq = (float(get(verl, "data.max_prompt_length") or 0) + float(get(verl, "data.max_response_length") or 0))
+        return mini * seq * MEAN_FRACTION
 
     def runtime_modules(self, verl: dict) -> list[str]:
         return [get(verl, f"{ROLLOUT}.name")]

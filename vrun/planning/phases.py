@@ -10,7 +10,6 @@ from vrun.estimate import memory, rollout
 from vrun.compose import mlite
 from vrun.core.dotted import get
 from vrun.entrypoints import ROLLOUT, Entrypoint
-from vrun.entrypoints.ppo import sequence_length
 from vrun.config.schema import RunConfig
 from vrun.core.problems import PlanError
 
@@ -42,14 +41,9 @@ def vision_mounted(entrypoint: Entrypoint, verl: dict) -> bool:
 
 
 def rollout_inputs(entrypoint: Entrypoint, verl: dict, gpu_mem_gib: float) -> Optional[dict]:
-    if not entrypoint.has_rollout:
-        return None
-    r = get(verl, ROLLOUT, {}) or {}
-    seq = sequence_length(verl)
-    return dict(gpu_mem_gib=gpu_mem_gib, utilization=float(r.get("gpu_memory_utilization") or 0.0),
-                seq_len=seq, step_sequences=int((get(verl, "data.train_batch_size") or 0) * (r.get("n") or 1)),
-                dtype=str(r.get("dtype") or "bfloat16"), quantization=r.get("quantization"),
-                kv_cache_dtype=get(r, "engine_kwargs.vllm.kv_cache_dtype"))
+    """The rollout estimate's inputs: the record's (None: no rollout phase) on a GPU of gpu_mem_gib."""
+    inputs = entrypoint.rollout_inputs(verl)
+    return None if inputs is None else dict(gpu_mem_gib=gpu_mem_gib, **inputs)
 
 
 def weight_formats(config: RunConfig, model_path: Optional[str] = None) -> rollout.Formats:

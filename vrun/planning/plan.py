@@ -226,7 +226,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
         if [x for x in found if not x.warning]:
             raise PlanError(problems + found)
         warnings += found
-        missing = rollout.kv_missing(config.model.arch.facts()) if ep.has_rollout else []
+        missing = rollout.kv_missing(config.model.arch.facts()) if ep.rollout_inputs(resolved) is not None else []
         if missing:
             warnings.append(Problem(f"model.arch.{missing[0]}", None, f"the rollout's KV cache formula for "
                                     f"{config.model.arch.attention} attention needs {', '.join(missing)}: no rollout "
@@ -236,7 +236,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     from vrun.planning import steptime_plan
 
     st, st_note = steptime_plan.estimate(config, ep, resolved, mesh, counts, est)
-    cost = steptime_plan.cost(st, mesh.world, resolved, ep.has_rollout, config.cluster.gpu_hour_price) \
+    cost = steptime_plan.cost(st, mesh.world, resolved, config.cluster.gpu_hour_price) \
         if st is not None else None
     return Plan(config=config, entrypoint=ep, mesh=mesh, run_dir=run_dir, verl=resolved, request=req, argv=argv,
                 env=env, env_unset=unset, model_path=path, model_path_source=path_from, mlite=source,
@@ -423,7 +423,7 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
     from vrun.planning import steptime_plan
 
     model, arch = config.model, config.model.arch.facts()
-    rollout_on = entrypoint.has_rollout
+    rollout_on = entrypoint.rollout_inputs(verl) is not None  # a rollout phase: its TP is chosen beside the mesh
     t = time.perf_counter()
     world, gpn = mesh.world, mesh.gpus_per_node
     pinned = get(config.verl, rollout.ROLLOUT_TP)
