@@ -17,8 +17,6 @@ from typing import Any, Optional
 from vrun.checks.paths import short as _short
 from vrun.checks.secret import leaves as _leaves
 from vrun.core.problems import Problem
-from vrun.entrypoints import ACTOR, ROLLOUT
-from vrun.estimate.rollout import ROLLOUT_TP
 
 
 def run_config(config) -> list:
@@ -31,7 +29,7 @@ def verl(resolved: dict, entrypoint, base: Optional[dict] = None) -> list:
     entrypoint's record links (vrun.entrypoints.Entrypoint.linked_lengths)."""
     out = type_problems(resolved, base) if base is not None else []
     bad = {p.key for p in out}
-    out += [p for p in range_problems(resolved) + length_problems(resolved, entrypoint.linked_lengths)
+    out += [p for p in range_problems(resolved, entrypoint) + length_problems(resolved, entrypoint.linked_lengths)
             if p.key not in bad]
     return out
 
@@ -72,33 +70,30 @@ def _types(v: Any, b: Any, path: str, out: list) -> None:
         out.append(Problem(key, v, f"negative where verl's default is positive ({b!r})", f"{key}=<a positive number>"))
 
 
-# verl keys with a range verl (or its first step) enforces, by the entrypoint's tree: key → (kind, fix)
-POSITIVE_INT = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length", f"{ROLLOUT}.n",
-                f"{ACTOR}.ppo_mini_batch_size", ROLLOUT_TP, "data.micro_batch_size_per_gpu", "data.max_length",
-                f"{ACTOR}.ppo_max_token_len_per_gpu", f"{ACTOR}.ppo_micro_batch_size_per_gpu", f"{ACTOR}.ppo_epochs")
+# verl keys with a range verl (or its first step) enforces in every tree; each entrypoint's record lists its own
+# (Entrypoint.positive_ints, .fractions), and its optimizer block's offload_fraction is a fraction too
 NON_NEGATIVE_INT = ("trainer.total_epochs", "trainer.save_freq", "trainer.test_freq")
-FRACTION = (f"{ROLLOUT}.gpu_memory_utilization", f"{ACTOR}.clip_ratio",
-            f"{ACTOR}.optim.override_optimizer_config.offload_fraction",
-            "optim.override_optimizer_config.offload_fraction")
 RAY_ADDRESS = re.compile(r"^(local|auto|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$")
 
 
-def range_problems(verl: dict) -> list[Problem]:
-    """Values of the resolved verl tree out of the range verl accepts (booleans are not integers)."""
+def range_problems(verl: dict, entrypoint) -> list[Problem]:
+    """Values of the resolved verl tree out of the range verl accepts (booleans are not integers): the shared keys
+    and those the entrypoint's record lists."""
     from vrun.core.dotted import MISSING, get
 
     out = []
-    for key in POSITIVE_INT + NON_NEGATIVE_INT:
+    positive = tuple(entrypoint.positive_ints)
+    for key in positive + NON_NEGATIVE_INT:
         v = get(verl, key, MISSING)
         if v is MISSING or v is None:
             continue
-        low = 1 if key in POSITIVE_INT else (-1 if key.endswith("_freq") else 0)
+        low = 1 if key in positive else (-1 if key.endswith("_freq") else 0)
         if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 2 ** 31:
             what = "a positive integer" if low == 1 else ("an integer ≥ -1 (-1: never)" if low == -1
                                                           else "a non-negative integer")
             what += " up to 2^31"
             out.append(Problem(f"verl.{key}", v, f"must be {what}", f"verl.{key}=<{what}>"))
-    for key in FRACTION:
+    for key in (*entrypoint.fractions, f"{entrypoint.optim}.override_optimizer_config.offload_fraction"):
         v = get(verl, key, MISSING)
         if v is MISSING or v is None:
             continue

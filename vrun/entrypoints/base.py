@@ -23,6 +23,10 @@ class Entrypoint:
     # lengths with one source: a data key → the keys of this tree that repeat it (the plan sets them from it and
     # refuses a tree where they differ); conf/data and conf/algo interpolate them
     linked_lengths: dict[str, tuple[str, ...]] = {}
+    # keys of this tree with a range verl (or its first step) enforces: positive integers, fractions in (0, 1]
+    # (vrun.checks.values.range_problems; the trainer's and the optimizer block's are checked for every tree)
+    positive_ints: tuple[str, ...] = ()
+    fractions: tuple[str, ...] = ()
 
     def groups(self, searchpath: str, values: dict) -> list[str]:
         """verl group choices: Megatron Lite's config groups from `searchpath`."""

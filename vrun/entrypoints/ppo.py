@@ -33,6 +33,10 @@ class PPO(Entrypoint):
     uses_ray = True
     linked_lengths = {"data.max_prompt_length": (f"{ROLLOUT}.prompt_length",),
                       "data.max_response_length": (f"{ROLLOUT}.response_length", "reward.reward_kwargs.max_resp_len")}
+    positive_ints = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length", f"{ROLLOUT}.n",
+                     f"{ACTOR}.ppo_mini_batch_size", ROLLOUT_TP, f"{ACTOR}.ppo_max_token_len_per_gpu",
+                     f"{ACTOR}.ppo_micro_batch_size_per_gpu", f"{ACTOR}.ppo_epochs")
+    fractions = (f"{ROLLOUT}.gpu_memory_utilization", f"{ACTOR}.clip_ratio")
 
     def groups(self, searchpath: str, values: dict) -> list[str]:
         out = [f"hydra.searchpath=[{searchpath}]", "actor@actor_rollout_ref.actor=mlite_actor"]

@@ -20,6 +20,7 @@ class SFT(Entrypoint):
     model = "model"
     launches = "verl.trainer.sft_trainer (torchrun, verl_mlite.launch)"
     uses_ray = False
+    positive_ints = ("data.train_batch_size", "data.micro_batch_size_per_gpu", "data.max_length")
 
     def builds_mlite_workers(self, config: RunConfig) -> bool:
         """run.sft_entry replaced by another module: that module decides what it needs."""
