@@ -213,3 +213,35 @@ def test_node_control_files(tmp_path, monkeypatch):
     assert node.failure() is None and not node.released()
     other = Node(job, plan, SimpleNamespace(**{**vars(env), "node": 0}), node.ctl, 0.0, node.cluster)
     assert other.failure().endswith(": boom")
+
+
+def test_the_node_and_the_local_launch_start_children_alike(tmp_path, monkeypatch):
+    """Both launchers build the child environment in one place (vrun.launch.environment): the plan's variables
+    set, its unset ones and ROCR/HIP (CUDA_VISIBLE_DEVICES is set) dropped, the run id exported; the node adds
+    only its attempt and its own extras."""
+    from types import SimpleNamespace
+
+    from conftest import record_json
+    from vrun.launch import local
+    from vrun.launch.slurm.node import Node, RunJob
+
+    data = record_json(tmp_path, mode="train", cluster="slurm")
+    data["env"], data["env_unset"] = {"VRUN_TEST_SET": "1", "PYTHONPATH": "/mlite:/vrun"}, ["VRUN_TEST_DROP"]
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    job = RunJob(str(tmp_path), data["run_id"], 2)
+    plan = job.plan()
+    for k, v in {"CUDA_VISIBLE_DEVICES": "0,1", "ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0",
+                 "VRUN_TEST_DROP": "x", "VRUN_TEST_KEEP": "y", "PYTHONPATH": "/mine"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    node = Node.open(job, plan, SimpleNamespace(job_id="7", node=0, hostnames=["n0"], num_nodes=1), 0.0)
+    on_node = node.environ({"RAY_ADDRESS": "10.0.0.1:20000"})
+    here = local.child_env(SimpleNamespace(env=plan.env, env_unset=plan.env_unset, run_dir=str(tmp_path)))
+    assert {k: on_node[k] for k in ("VRUN_ATTEMPT", "RAY_ADDRESS")} == {"VRUN_ATTEMPT": "2",
+                                                                         "RAY_ADDRESS": "10.0.0.1:20000"}
+    assert {k: v for k, v in on_node.items() if k not in ("VRUN_ATTEMPT", "RAY_ADDRESS")} == here
+    assert here["VRUN_RUN_ID"] == data["run_id"] and here["VRUN_TEST_SET"] == "1" and here["VRUN_TEST_KEEP"] == "y"
+    assert here["PYTHONPATH"] == "/mlite:/vrun"  # the plan's, which already ends with the planner's own
+    assert not {"ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "VRUN_TEST_DROP"} & set(here)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert node.environ({})["ROCR_VISIBLE_DEVICES"] == "0"  # decided where the children start

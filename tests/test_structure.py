@@ -278,3 +278,42 @@ def test_no_class_name_or_target_matching():
     assert found == [], "\n".join(found)
     probe = ast.parse('a = cfg.get("_target_", "")\nb = "SlurmLauncher" in str(a)\nc = x["_target_"]\n')
     assert target_matching(probe) == [1, 2, 3] or sorted(target_matching(probe)) == [1, 2, 3]
+
+
+def key_literals(path: Path, prefix: str) -> list[str]:
+    """String constants in `path` (f-string parts included, docstrings not) that are verl keys under `prefix`."""
+    import re
+
+    shape = re.compile(rf"^{re.escape(prefix)}(\.[A-Za-z0-9_]+)*\.?$")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [f"{path.relative_to(ROOT)}:{n.lineno}: {n.value!r}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs and shape.match(n.value)]
+
+
+# verl's PPO sections, spelled once each: the rollout (and its replica's sizes) where the lowest layer that reads
+# it is (the mesh rules, mesh=auto), the actor and the model in the PPO record
+KEY_HOMES = {"actor_rollout_ref.rollout": "vrun/estimate/rollout.py", "actor_rollout_ref.actor": "vrun/entrypoints/ppo.py",
+             "actor_rollout_ref.model": "vrun/entrypoints/ppo.py"}
+
+
+def test_verl_sections_are_spelled_in_one_module():
+    """Every other module reads ROLLOUT, ROLLOUT_TP/DP/EP, ACTOR or the record's `model` (one home per fact)."""
+    found = [line for f in sorted((ROOT / "vrun").rglob("*.py")) for prefix, home in KEY_HOMES.items()
+             if str(f.relative_to(ROOT)) != home for line in key_literals(f, prefix)]
+    assert found == [], "\n".join(found)
+
+
+def test_the_key_check_sees_a_literal():
+    """The check fires on a plain literal and on an f-string's part, not on a docstring."""
+    probe = ROOT / "vrun" / "_keys_probe_tmp.py"
+    probe.write_text('"""actor_rollout_ref.rollout.n"""\nK = "actor_rollout_ref.rollout.tensor_model_parallel_size"\n'
+                     'J = f"actor_rollout_ref.rollout.{K}"\n')
+    try:
+        found = key_literals(probe, "actor_rollout_ref.rollout")
+    finally:
+        probe.unlink()
+    assert [x.split(": ", 1)[1] for x in found] == ["'actor_rollout_ref.rollout.tensor_model_parallel_size'",
+                                                      "'actor_rollout_ref.rollout.'"]

@@ -5,6 +5,7 @@ batch arithmetic, its algorithm) live with its record: vrun/entrypoints/ppo.py, 
 from __future__ import annotations
 
 from vrun.compose import mlite
+from vrun.compose.translate import TRAINER_SIZES
 from vrun.core.dotted import get
 from vrun.estimate.mesh import Mesh, Rules
 from vrun.core.problems import Problem
@@ -56,8 +57,8 @@ def engine_problems(eng: dict) -> list[Problem]:
 
 def trainer_problems(verl: dict, mesh: Mesh) -> list[Problem]:
     out = []
-    for key, want, knob in (("trainer.nnodes", mesh.nnodes, "mesh.nnodes"),
-                            ("trainer.n_gpus_per_node", mesh.gpus_per_node, "mesh.gpus_per_node")):
+    for key, field in TRAINER_SIZES.items():
+        want = getattr(mesh, field)
         if get(verl, key) != want:
-            out.append(Problem(key, get(verl, key), f"must equal the mesh's {want}", f"set {knob} instead"))
+            out.append(Problem(key, get(verl, key), f"must equal the mesh's {want}", f"set mesh.{field} instead"))
     return out

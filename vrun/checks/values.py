@@ -2,8 +2,9 @@
 config's own ranges, the model group's facts as counts, and types — a boolean given as a string, NaN or inf, a
 negative where verl's default is positive — refused so the plan and verl never read a value differently.
 
-Entry points: `run_config(config)` on the typed run config; `verl(resolved, has_rollout, base)` on the resolved
-verl tree (base: verl's own composed tree, for the types of its defaults).
+Entry points: `run_config(config)` on the typed run config; `verl(resolved, entrypoint, base)` on the resolved
+verl tree (entrypoint: its record, vrun.entrypoints; base: verl's own composed tree, for the types of its
+defaults).
 """
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ def run_config(config) -> list:
     return run_problems(config) + model_problems(config.model)
 
 
-def verl(resolved: dict, has_rollout: bool, base: Optional[dict] = None) -> list:
-    """The resolved verl tree: types as verl reads them (against base, verl's defaults), ranges, lengths."""
+def verl(resolved: dict, entrypoint, base: Optional[dict] = None) -> list:
+    """The resolved verl tree: types as verl reads them (against base, verl's defaults), ranges, the lengths the
+    entrypoint's record links (vrun.entrypoints.Entrypoint.linked_lengths)."""
     out = type_problems(resolved, base) if base is not None else []
     bad = {p.key for p in out}
-    out += [p for p in range_problems(resolved) + (length_problems(resolved) if has_rollout else []) if p.key not in bad]
+    out += [p for p in range_problems(resolved, entrypoint) + length_problems(resolved, entrypoint.linked_lengths)
+            if p.key not in bad]
     return out
 
 
@@ -67,35 +70,30 @@ def _types(v: Any, b: Any, path: str, out: list) -> None:
         out.append(Problem(key, v, f"negative where verl's default is positive ({b!r})", f"{key}=<a positive number>"))
 
 
-# verl keys with a range verl (or its first step) enforces, by the entrypoint's tree: key → (kind, fix)
-POSITIVE_INT = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
-                "actor_rollout_ref.rollout.n", "actor_rollout_ref.actor.ppo_mini_batch_size",
-                "actor_rollout_ref.rollout.tensor_model_parallel_size", "data.micro_batch_size_per_gpu",
-                "data.max_length", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_epochs")
+# verl keys with a range verl (or its first step) enforces in every tree; each entrypoint's record lists its own
+# (Entrypoint.positive_ints, .fractions), and its optimizer block's offload_fraction is a fraction too
 NON_NEGATIVE_INT = ("trainer.total_epochs", "trainer.save_freq", "trainer.test_freq")
-FRACTION = ("actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.actor.clip_ratio",
-            "actor_rollout_ref.actor.optim.override_optimizer_config.offload_fraction",
-            "optim.override_optimizer_config.offload_fraction")
 RAY_ADDRESS = re.compile(r"^(local|auto|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$")
 
 
-def range_problems(verl: dict) -> list[Problem]:
-    """Values of the resolved verl tree out of the range verl accepts (booleans are not integers)."""
+def range_problems(verl: dict, entrypoint) -> list[Problem]:
+    """Values of the resolved verl tree out of the range verl accepts (booleans are not integers): the shared keys
+    and those the entrypoint's record lists."""
     from vrun.core.dotted import MISSING, get
 
     out = []
-    for key in POSITIVE_INT + NON_NEGATIVE_INT:
+    positive = tuple(entrypoint.positive_ints)
+    for key in positive + NON_NEGATIVE_INT:
         v = get(verl, key, MISSING)
         if v is MISSING or v is None:
             continue
-        low = 1 if key in POSITIVE_INT else (-1 if key.endswith("_freq") else 0)
+        low = 1 if key in positive else (-1 if key.endswith("_freq") else 0)
         if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 2 ** 31:
             what = "a positive integer" if low == 1 else ("an integer ≥ -1 (-1: never)" if low == -1
                                                           else "a non-negative integer")
             what += " up to 2^31"
             out.append(Problem(f"verl.{key}", v, f"must be {what}", f"verl.{key}=<{what}>"))
-    for key in FRACTION:
+    for key in (*entrypoint.fractions, f"{entrypoint.optim}.override_optimizer_config.offload_fraction"):
         v = get(verl, key, MISSING)
         if v is MISSING or v is None:
             continue
@@ -106,14 +104,13 @@ def range_problems(verl: dict) -> list[Problem]:
     return out
 
 
-def length_problems(verl: dict) -> list[Problem]:
-    """PPO: the rollout's lengths and the DAPO reward's max_resp_len equal the data's (one source)."""
+def length_problems(verl: dict, linked: dict) -> list[Problem]:
+    """Lengths with one source (linked: data key → the keys that repeat it; PPO: the rollout's lengths and the DAPO
+    reward's max_resp_len) equal the data's."""
     from vrun.core.dotted import MISSING, get
 
     out = []
-    for src, dest in (("data.max_prompt_length", "actor_rollout_ref.rollout.prompt_length"),
-                      ("data.max_response_length", "actor_rollout_ref.rollout.response_length"),
-                      ("data.max_response_length", "reward.reward_kwargs.max_resp_len")):
+    for src, dest in ((s, d) for s, dests in linked.items() for d in dests):
         a, b = get(verl, src, MISSING), get(verl, dest, MISSING)
         if a is MISSING or b is MISSING or a is None or b is None or a == b:
             continue
@@ -170,9 +167,7 @@ def run_problems(config) -> list[Problem]:
                                    f"recipe.{block} is read by nothing",
                                    "drop it, or " + ("algo=sft" if block == "sft" else "algo=grpo or algo=dapo"),
                                    warning=True))
-    if config.run.dump_rollouts and not entrypoints.of(config).has_rollout:
-        out.append(Problem("run.dump_rollouts", True, "SFT has no rollouts: read by nothing",
-                           "drop it, or algo=grpo|dapo", warning=True))
+    out += entrypoints.of(config).run_problems(config)
     return out
 
 

@@ -12,24 +12,24 @@ from typing import Any, Iterator, Optional
 
 from vrun.core import dotted
 from vrun.compose import mlite, stack, verl_tree
-from vrun.entrypoints import ROLLOUT, Entrypoint
+from vrun.entrypoints import Entrypoint
 from vrun.estimate.mesh import KNOBS, Mesh
+from vrun.estimate.rollout import ROLLOUT_DP, ROLLOUT_EP, ROLLOUT_TP
 from vrun.core.problems import Problem
 from vrun.config.schema import RunConfig
 from vrun.compose.verl_tree import Override
+
+# verl's trainer keys that size the cluster → the mesh's field that sets them (the plan checks they stay equal)
+TRAINER_SIZES = {"trainer.nnodes": "nnodes", "trainer.n_gpus_per_node": "gpus_per_node"}
 
 # keys owned by a project knob → the knob to use instead ({engine} and {model}: the entrypoint's blocks)
 OWNED = {
     **{f"{{engine}}.{k}": f"mesh.{k}" for k in KNOBS}, "{engine}.model_name": "model.mlite_name",
     "{engine}.impl_cfg.optimizer": "optimizer=fsdp2|dist_opt", "{model}.path": "model.path",
-    "trainer.nnodes": "mesh.nnodes", "trainer.n_gpus_per_node": "mesh.gpus_per_node",
+    **{k: f"mesh.{f}" for k, f in TRAINER_SIZES.items()},
     "trainer.project_name": "run.project_name", "trainer.experiment_name": "run.experiment_name",
     "trainer.default_local_dir": "hydra.run.dir (checkpoints go to <run dir>/checkpoints)",
 }
-
-# lengths that follow the data's: data key → the keys set from it (conf/data, conf/algo/dapo.yaml interpolate them)
-LINKED = {"data.max_prompt_length": [f"{ROLLOUT}.prompt_length"],
-          "data.max_response_length": [f"{ROLLOUT}.response_length", "reward.reward_kwargs.max_resp_len"]}
 
 # maps whose keys are free-form for verl (a `+` may add to them)
 OPEN_MAPS = ("reward.reward_kwargs", "ray_kwargs.ray_init")
@@ -60,11 +60,11 @@ def flatten(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 def mesh_values(entrypoint: Entrypoint, mesh: Mesh, rollout: Optional[tuple] = None) -> list[tuple[str, Any]]:
     """The verl keys the mesh sets (and, given a rollout (TP, DP), the rollout's)."""
     out = [(f"{entrypoint.engine}.{k}", getattr(mesh, k)) for k in KNOBS] + \
-        [("trainer.nnodes", mesh.nnodes), ("trainer.n_gpus_per_node", mesh.gpus_per_node)]
+        [(k, getattr(mesh, f)) for k, f in TRAINER_SIZES.items()]
     if rollout is not None:
-        out += [(f"{ROLLOUT}.tensor_model_parallel_size", rollout[0]), (f"{ROLLOUT}.data_parallel_size", rollout[1])]
+        out += [(ROLLOUT_TP, rollout[0]), (ROLLOUT_DP, rollout[1])]
         if len(rollout) > 2 and rollout[2] is not None:  # expert parallelism on: verl requires EP = TP·DP
-            out.append((f"{ROLLOUT}.expert_parallel_size", rollout[2]))
+            out.append((ROLLOUT_EP, rollout[2]))
     return out
 
 
@@ -115,8 +115,8 @@ def build(config: RunConfig, entrypoint: Entrypoint, mesh: Mesh, run_dir: str, e
     derived += ep.derived(config, run_dir, env)
     put(derived, "project")
     put([(k, v) for k, v in passthrough if k not in owned], "verl")
-    # lengths have one source: whichever door sets the data lengths, the rollout's and the DAPO reward's follow
-    for src, dests in LINKED.items():
+    # lengths have one source: whichever door sets the data lengths, the keys the record links to them follow
+    for src, dests in ep.linked_lengths.items():
         if src in values and origin.get(src) == "verl":
             for d in dests:
                 if d in values and origin.get(d) != "verl":

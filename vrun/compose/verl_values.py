@@ -13,8 +13,7 @@ from typing import Any, Optional
 
 from vrun.core.dotted import MISSING, get
 from vrun.core.problems import Problem
-
-ACTOR, ROLLOUT = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+from vrun.entrypoints import ACTOR, ROLLOUT
 
 
 def verl_root() -> Optional[Path]:
@@ -59,8 +58,9 @@ def choices() -> dict[str, Any]:
     return out
 
 
-def problems(verl: dict, has_rollout: bool) -> list[Problem]:
-    """The resolved tree's closed choices against the installed verl's."""
+def problems(verl: dict) -> list[Problem]:
+    """The resolved tree's closed choices against the installed verl's, each where the tree has its key (an
+    entrypoint's tree without a key has nothing to check there: SFT's has no algorithm, actor or rollout)."""
     c = choices()
     out = []
 
@@ -75,8 +75,6 @@ def problems(verl: dict, has_rollout: bool) -> list[Problem]:
     if "logger" in c and logger is not MISSING and logger is not None:
         for name in ([logger] if isinstance(logger, str) else logger if isinstance(logger, list) else [logger]):
             one_of("trainer.logger", name, c["logger"], "logger backends (utils/tracking.py)")
-    if not has_rollout:
-        return out
     one_of("algorithm.adv_estimator", get(verl, "algorithm.adv_estimator", MISSING), c.get("adv_estimator", set()),
            "advantage estimators (trainer/ppo/core_algos.py)")
     one_of(f"{ACTOR}.loss_agg_mode", get(verl, f"{ACTOR}.loss_agg_mode", MISSING), c.get("loss_agg_mode", set()),

@@ -1,7 +1,9 @@
 """One record per verl entrypoint: PPO on Ray (GRPO, DAPO) and SFT under torchrun.
 
 Each says where its keys live in verl's tree, which verl config and groups it composes, its batch checks,
-what the memory estimate reads from its tree, its batch summary and its command. The plan looks the record up
+what the memory estimate reads from its tree, its rollout phase's inputs (none for SFT: no rollout estimate, no
+rollout TP to choose), the step's batch the step-time estimate reads, the lengths that repeat the data's, its
+batch summary and its command. The plan looks the record up
 once (`of(config)`); no other module branches on the entrypoint's name.
 
 May import: `vrun.core`, `vrun.config`, `vrun.estimate`. Adding an entrypoint touches its record here and its

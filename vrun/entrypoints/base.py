@@ -20,8 +20,13 @@ class Entrypoint:
     launches: str
     # on SLURM: a Ray cluster over the nodes (the driver on node 0), or the command itself on every node
     uses_ray: bool
-    # a vLLM rollout phase beside training (its memory, its TP chosen by mesh=auto)
-    has_rollout: bool
+    # lengths with one source: a data key → the keys of this tree that repeat it (the plan sets them from it and
+    # refuses a tree where they differ); conf/data and conf/algo interpolate them
+    linked_lengths: dict[str, tuple[str, ...]] = {}
+    # keys of this tree with a range verl (or its first step) enforces: positive integers, fractions in (0, 1]
+    # (vrun.checks.values.range_problems; the trainer's and the optimizer block's are checked for every tree)
+    positive_ints: tuple[str, ...] = ()
+    fractions: tuple[str, ...] = ()
 
     def groups(self, searchpath: str, values: dict) -> list[str]:
         """verl group choices: Megatron Lite's config groups from `searchpath`."""
@@ -50,6 +55,26 @@ class Entrypoint:
     def token_inputs(self, verl: dict) -> dict:
         """tokens_per_gpu and rollout_fraction for the memory estimate."""
         raise NotImplementedError
+
+    def rollout_inputs(self, verl: dict) -> Optional[dict]:
+        """The rollout phase's inputs from the tree (vrun.estimate.rollout's: utilization, seq_len, step_sequences,
+        dtype, quantization, kv_cache_dtype), or None when the entrypoint generates nothing before it trains (then
+        there is no rollout estimate, no rollout TP for mesh=auto to choose and no rollout phase in the step)."""
+        return None
+
+    def step_batch(self, verl: dict) -> dict:
+        """The step's batch as the step-time estimate reads it (vrun.estimate.steptime.Workload's fields):
+        samples, mean and longest lengths, whether a rollout generates them (with its replica's TP, DP and
+        sequence cap) and whether a reference pass runs."""
+        raise NotImplementedError
+
+    def mini_batch_tokens(self, verl: dict) -> float:
+        """Tokens of one mini-batch (one optimizer update) at the step's mean lengths."""
+        raise NotImplementedError
+
+    def run_problems(self, config: RunConfig) -> list[Problem]:
+        """Settings of the run config this entrypoint reads nothing of (warnings)."""
+        return []
 
     def runtime_modules(self, verl: dict) -> list[str]:
         """Python modules the run imports besides verl, verl_mlite and the model's own."""

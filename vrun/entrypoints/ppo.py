@@ -7,13 +7,14 @@ from typing import Any, Optional
 from vrun.core.dotted import MISSING, get
 from vrun.entrypoints.base import Entrypoint
 from vrun.estimate.mesh import Mesh, Rules, divisors, rollout_problems
+from vrun.estimate.rollout import ROLLOUT, ROLLOUT_DP, ROLLOUT_TP
+from vrun.estimate.steptime import MAX_NUM_SEQS, MEAN_FRACTION
 from vrun.core.problems import Problem
 from vrun.config.schema import EntrypointName, RunConfig
 
 ACTOR = "actor_rollout_ref.actor"
 # sections of verl's tree an algorithm relies on, which not every verl has → what the algorithm loses without it
 CAPABILITIES = {"algorithm.filter_groups": "dynamic sampling"}
-ROLLOUT = "actor_rollout_ref.rollout"
 
 
 def sequence_length(verl: dict) -> int:
@@ -30,7 +31,12 @@ class PPO(Entrypoint):
     model = "actor_rollout_ref.model"
     launches = "verl.trainer.main_ppo:run_ppo"
     uses_ray = True
-    has_rollout = True
+    linked_lengths = {"data.max_prompt_length": (f"{ROLLOUT}.prompt_length",),
+                      "data.max_response_length": (f"{ROLLOUT}.response_length", "reward.reward_kwargs.max_resp_len")}
+    positive_ints = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length", f"{ROLLOUT}.n",
+                     f"{ACTOR}.ppo_mini_batch_size", ROLLOUT_TP, f"{ACTOR}.ppo_max_token_len_per_gpu",
+                     f"{ACTOR}.ppo_micro_batch_size_per_gpu", f"{ACTOR}.ppo_epochs")
+    fractions = (f"{ROLLOUT}.gpu_memory_utilization", f"{ACTOR}.clip_ratio")
 
     def groups(self, searchpath: str, values: dict) -> list[str]:
         out = [f"hydra.searchpath=[{searchpath}]", "actor@actor_rollout_ref.actor=mlite_actor"]
@@ -54,10 +60,10 @@ class PPO(Entrypoint):
     def mesh_problems(self, verl: dict, mesh: Mesh, rules: Rules, rollout_tps: Optional[list] = None) -> list[Problem]:
         if rollout_tps is not None:  # mesh=auto picks the rollout TP from these: none left is a problem
             if not rollout_tps:
-                return [Problem(f"{ROLLOUT}.tensor_model_parallel_size", None, "no rollout TP fits the mesh",
+                return [Problem(ROLLOUT_TP, None, "no rollout TP fits the mesh",
                                 "mesh.gpus_per_node a power of two")]
             return ppo_batch_problems(verl, mesh)
-        rtp = get(verl, f"{ROLLOUT}.tensor_model_parallel_size")
+        rtp = get(verl, ROLLOUT_TP)
         return rollout_problems(mesh, rtp, rules.arch, rules.model) + ppo_batch_problems(verl, mesh)
 
     def recipe_problems(self, verl: dict, algo) -> list[Problem]:
@@ -97,6 +103,32 @@ class PPO(Entrypoint):
         return {"tokens_per_gpu": int(tokens or 0),
                 "rollout_fraction": float(get(verl, f"{ROLLOUT}.gpu_memory_utilization") or 0.0)}
 
+    def rollout_inputs(self, verl: dict) -> Optional[dict]:
+        r = get(verl, ROLLOUT, {}) or {}
+        return dict(utilization=float(r.get("gpu_memory_utilization") or 0.0), seq_len=sequence_length(verl),
+                    step_sequences=int((get(verl, "data.train_batch_size") or 0) * (r.get("n") or 1)),
+                    dtype=str(r.get("dtype") or "bfloat16"), quantization=r.get("quantization"),
+                    kv_cache_dtype=get(r, "engine_kwargs.vllm.kv_cache_dtype"))
+
+    def step_batch(self, verl: dict) -> dict:
+        tbs = int(get(verl, "data.train_batch_size") or 0)
+        n = int(get(verl, f"{ROLLOUT}.n") or 1)
+        pmax = float(get(verl, "data.max_prompt_length") or 0)
+        rmax = float(get(verl, "data.max_response_length") or 0)
+        return dict(samples=tbs * n, prompt_mean=pmax * MEAN_FRACTION, response_mean=rmax * MEAN_FRACTION,
+                    response_max=rmax, rollout=True,
+                    reference=needs_reference({f"{ACTOR}.use_kl_loss": get(verl, f"{ACTOR}.use_kl_loss"),
+                                               "algorithm.use_kl_in_reward": get(verl, "algorithm.use_kl_in_reward")}),
+                    rollout_tp=int(get(verl, ROLLOUT_TP) or 1), rollout_dp=int(get(verl, ROLLOUT_DP) or 1),
+                    max_num_seqs=int(get(verl, f"{ROLLOUT}.max_num_seqs") or MAX_NUM_SEQS))
+
+    def mini_batch_tokens(self, verl: dict) -> float:
+        tbs = int(get(verl, "data.train_batch_size") or 0)
+        n = int(get(verl, f"{ROLLOUT}.n") or 1)
+        mini = int(get(verl, f"{ACTOR}.ppo_mini_batch_size") or tbs) * n
+        seq = (float(get(verl, "data.max_prompt_length") or 0) + float(get(verl, "data.max_response_length") or 0))
+        return mini * seq * MEAN_FRACTION
+
     def runtime_modules(self, verl: dict) -> list[str]:
         return [get(verl, f"{ROLLOUT}.name")]
 
@@ -115,8 +147,8 @@ class PPO(Entrypoint):
         v, m = verl, mesh
         tbs, n = get(v, "data.train_batch_size"), get(v, f"{ROLLOUT}.n")
         mini = get(v, f"{ACTOR}.ppo_mini_batch_size")
-        rtp = get(v, f"{ROLLOUT}.tensor_model_parallel_size")
-        rdp = get(v, f"{ROLLOUT}.data_parallel_size") or 1
+        rtp = get(v, ROLLOUT_TP)
+        rdp = get(v, ROLLOUT_DP) or 1
         return {"train_batch_size": tbs, "n": n, "samples_per_step": tbs * n, "mini_batch_size": mini,
                 "updates_per_step": tbs // mini, "samples_per_dp_rank": tbs * n // m.dp,
                 "dynamic_bsz": get(v, f"{ACTOR}.use_dynamic_bsz"),

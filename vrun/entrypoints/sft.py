@@ -7,6 +7,7 @@ from typing import Optional
 from vrun.core.dotted import get
 from vrun.entrypoints.base import Entrypoint
 from vrun.estimate.mesh import Mesh, Rules, divisors
+from vrun.estimate.steptime import MEAN_FRACTION
 from vrun.core.problems import Problem
 from vrun.config.schema import EntrypointName, RunConfig
 
@@ -19,7 +20,7 @@ class SFT(Entrypoint):
     model = "model"
     launches = "verl.trainer.sft_trainer (torchrun, verl_mlite.launch)"
     uses_ray = False
-    has_rollout = False
+    positive_ints = ("data.train_batch_size", "data.micro_batch_size_per_gpu", "data.max_length")
 
     def builds_mlite_workers(self, config: RunConfig) -> bool:
         """run.sft_entry replaced by another module: that module decides what it needs."""
@@ -35,6 +36,23 @@ class SFT(Entrypoint):
         tokens = get(verl, "data.max_token_len_per_gpu") if get(verl, "data.use_dynamic_bsz") else \
             (get(verl, "data.micro_batch_size_per_gpu") or 1) * (get(verl, "data.max_length") or 0)
         return {"tokens_per_gpu": int(tokens or 0), "rollout_fraction": 0.0}
+
+    def step_batch(self, verl: dict) -> dict:
+        """No rollout: the sequence is the data's (prompt_mean carries all of it)."""
+        seq = float(get(verl, "data.max_length") or 0) * MEAN_FRACTION
+        return dict(samples=int(get(verl, "data.train_batch_size") or 0), prompt_mean=seq, response_mean=0.0,
+                    response_max=0.0, rollout=False,
+                    mean_source=f"mean sequence = {MEAN_FRACTION:g} × data.max_length (assumed)")
+
+    def mini_batch_tokens(self, verl: dict) -> float:
+        """One update per step: the whole batch."""
+        return int(get(verl, "data.train_batch_size") or 0) * float(get(verl, "data.max_length") or 0) * MEAN_FRACTION
+
+    def run_problems(self, config: RunConfig) -> list[Problem]:
+        if config.run.dump_rollouts:
+            return [Problem("run.dump_rollouts", True, "SFT has no rollouts: read by nothing",
+                            "drop it, or algo=grpo|dapo", warning=True)]
+        return []
 
     def batch_summary(self, verl: dict, mesh: Mesh) -> dict:
         v = verl

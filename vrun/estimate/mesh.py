@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from vrun.core.problems import PlanError, Problem
 from vrun.config.schema import Arch
+from vrun.estimate.rollout import ROLLOUT_TP
 
 # the mesh's knobs, in the order overrides and hints spell them (nnodes and gpus_per_node size the world)
 KNOBS = ("tp", "pp", "ep", "cp", "etp", "vpp")
@@ -170,7 +171,7 @@ def mesh_problems(mesh: Mesh, arch: Arch, tp_allowed: Iterable[int], etp_allowed
 
 
 def rollout_problems(mesh: Mesh, rollout_tp: int, arch: Arch, model: str) -> list[Problem]:
-    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    key = ROLLOUT_TP
     out = []
     if not isinstance(rollout_tp, int) or rollout_tp < 1:
         return [Problem(key, rollout_tp, "must be a positive integer", f"{key}=1")]

@@ -49,6 +49,13 @@ from typing import Optional
 
 from vrun.core.units import GIB
 
+# where verl's tree keeps the rollout and its replica's sizes: the one spelling of these keys (the mesh rules and
+# mesh=auto's search here, the PPO record, the plan and the checks read them from here)
+ROLLOUT = "actor_rollout_ref.rollout"
+ROLLOUT_TP = f"{ROLLOUT}.tensor_model_parallel_size"
+ROLLOUT_DP = f"{ROLLOUT}.data_parallel_size"
+ROLLOUT_EP = f"{ROLLOUT}.expert_parallel_size"
+
 RESERVE = 2 * GIB
 BLOCK_TOKENS = 16       # vLLM's default KV block size on CUDA (CacheConfig.block_size)
 MLA_BLOCK_TOKENS = 64   # FlashMLA's block size (vLLM forces 64 for MLA backends)
@@ -306,8 +313,7 @@ def smallest_fit(arch: dict, rollout_params: tuple, *, world: int, gpus_per_node
 
 def overrides(r: RolloutEstimate) -> str:
     """The rollout replica as overrides a user can paste."""
-    k = "verl.actor_rollout_ref.rollout"
-    out = f"{k}.tensor_model_parallel_size={r.tp} {k}.data_parallel_size={r.dp}"
+    out = f"verl.{ROLLOUT_TP}={r.tp} verl.{ROLLOUT_DP}={r.dp}"
     if r.ep > 1:
-        out += f" {k}.expert_parallel_size={r.tp * r.dp}"
+        out += f" verl.{ROLLOUT_EP}={r.tp * r.dp}"
     return out

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, NamedTuple, Optional
 
 from vrun.estimate.mesh import KNOBS, Mesh, Rules, divisors
-from vrun.estimate.rollout import RANKING as ROLLOUT_RANKING
+from vrun.estimate.rollout import RANKING as ROLLOUT_RANKING, ROLLOUT_TP
 
 TIME = "lower predicted step time"
 # step times closer than this share are equal for the ranking (the estimate's low–high bound spans ~2–6× and its
@@ -320,7 +320,8 @@ def as_overrides(mesh: Mesh, base: Mesh) -> str:
 def binding_constraint(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[dict], entrypoint,
                        rollout_tps: Optional[list]):
     """Why no mesh passes: the first family of checks that leaves none — Megatron Lite's mesh rules, the rollout
-    TP, then the batch checks (with the problem of the best mesh that passed the earlier ones)."""
+    TP, then the batch checks (with the problem of the best mesh that passed the earlier ones). rollout_tps: the
+    rollout (TP, DP) choices mesh=auto had, None for an entrypoint without a rollout."""
     from vrun.core.problems import Problem
 
     world = nnodes * gpus_per_node
@@ -331,10 +332,9 @@ def binding_constraint(rules: Rules, nnodes: int, gpus_per_node: int, verl: Opti
                        f"GPUs meets {rules.model}'s rules (EP divides {arch.routed_experts} experts, TP in "
                        f"{list(rules.tp_allowed)})", "a GPU count with more factors of 2, e.g. mesh.nnodes="
                        f"{max(1, 1 << (max(nnodes, 1) - 1).bit_length())}")
-    if entrypoint.has_rollout and rollout_tps is not None and not rollout_tps:
-        key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    if rollout_tps is not None and not rollout_tps:  # mesh=auto's rollout TP choices (None: no rollout)
         rule = f" and divide {arch.o_groups} o_groups" if arch.o_groups else ""
-        return Problem(key, None, f"no rollout TP fits within a node of {gpus_per_node} GPUs, tiles {world} GPUs"
+        return Problem(ROLLOUT_TP, None, f"no rollout TP fits within a node of {gpus_per_node} GPUs, tiles {world} GPUs"
                        f"{rule}", "mesh.gpus_per_node a power of two")
     ranked = rank(meshes)
     found = entrypoint.mesh_problems(verl, ranked[0].mesh, rules, rollout_tps) if verl else []

@@ -1,5 +1,6 @@
 """Running planned points: what the sweeper hands a launcher (`points.py`), checks that need the target machine
-(`preflight.py`, `preflight_nodes.py`), the local launch by mode (`local.py`), the job entry (`entry.py`: checks
+(`preflight.py`, `preflight_nodes.py`), the environment a run's processes start with (`environment.py`, local and
+on every node), the local launch by mode (`local.py`), the job entry (`entry.py`: checks
 the plan's stack, then verl's main_ppo on the saved config) and SLURM (`slurm/`). The Hydra plugins in
 hydra_plugins/ (the sweeper that plans, the launchers that call in here) are its only callers besides `runs`.
 

@@ -4,10 +4,10 @@ checks this machine (vrun.launch.preflight), train runs the plan's command in th
 one after the other (a failing point ends the sweep with its exit code).
 
 The child's output goes to the terminal (stdout and stderr apart) and to <run dir>/job.log (both), where
-`python -m vrun status` reads verl's per-step timings back (vrun/rundir/joblog.py). The environment is built here
-and the command inherits it, so whatever the command starts (Ray's local instance, torchrun's ranks) starts
-from it: variables set, ROCR/HIP unset when CUDA_VISIBLE_DEVICES is set
-(a Ray runtime env can set variables but not unset them). Secrets pass by name only.
+`python -m vrun status` reads verl's per-step timings back (vrun/rundir/joblog.py). The command starts in the
+run's environment (vrun/launch/environment.py, as on a SLURM node) and whatever it starts (Ray's local instance,
+torchrun's ranks) inherits it: variables set, ROCR/HIP unset when CUDA_VISIBLE_DEVICES is set (a Ray runtime env
+can set variables but not unset them). Secrets pass by name only.
 """
 from __future__ import annotations
 
@@ -81,12 +81,11 @@ def run_point(point, drawer=None) -> None:
 
 
 def child_env(plan: Plan, environ: dict | None = None) -> dict:
-    env = dict(os.environ if environ is None else environ)
-    for name in plan.env_unset:
-        env.pop(name, None)
-    env.update(plan.env)
-    env["VRUN_RUN_ID"] = rundir.run_id(plan.run_dir)  # inherited by every process the run starts (cancel checks it)
-    return env
+    """The command's environment (vrun.launch.environment), inherited by every process the run starts."""
+    from vrun.launch.environment import child_environ
+
+    return child_environ(os.environ if environ is None else environ, plan.env, plan.env_unset,
+                         rundir.run_id(plan.run_dir))
 
 
 def train(plan: Plan) -> int:

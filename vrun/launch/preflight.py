@@ -77,17 +77,18 @@ def model_path_problems(plan: Plan) -> list[Problem]:
                     "download the checkpoint and point at it if the nodes are offline", warning=True)]
 
 
-def data_problems(plan: Plan) -> list[Problem]:
+def data_files(verl: dict) -> list[tuple[str, str]]:
+    """The files the run reads its data from, as (verl key, path): the local ones (a URL is the reader's)."""
     out = []
     for key in ("data.train_files", "data.val_files"):
-        v = dotted.get(plan.verl, key)
-        for f in ([v] if isinstance(v, str) else list(v or [])):
-            if "://" in f:
-                continue
-            if not Path(os.path.expanduser(f)).exists():
-                out.append(Problem(key, f, "no such file", "prepare the data (verl's examples/data_preprocess) "
-                                   f"or set verl.{key}=..."))
+        v = dotted.get(verl, key)
+        out += [(key, f) for f in ([v] if isinstance(v, str) else list(v or [])) if "://" not in f]
     return out
+
+
+def data_problems(plan: Plan) -> list[Problem]:
+    return [Problem(key, f, "no such file", f"prepare the data (verl's examples/data_preprocess) or set verl.{key}=...")
+            for key, f in data_files(plan.verl) if not Path(os.path.expanduser(f)).exists()]
 
 
 def runtime_problems(plan: Plan) -> list[Problem]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import ray
 
 from vrun.core import dotted, writer
-from vrun.entrypoints import PPO
+from vrun.entrypoints import PPO, ROLLOUT
 
 WATCH_PREFIXES = ("CUDA_", "VLLM_", "NCCL_", "RAY_AUTH_MODE", "PYTHONPATH", "ROCR_", "HIP_", "HF_HOME")
 
@@ -48,7 +48,7 @@ def node_report(config: dict) -> dict:
 
 def rollout_module(config: dict) -> str | None:
     """The module the rollout engine imports (actor_rollout_ref.rollout.name), None for none."""
-    name = str(dotted.get(config, "actor_rollout_ref.rollout.name", "") or "")
+    name = str(dotted.get(config, f"{ROLLOUT}.name", "") or "")
     return {"vllm": "vllm", "sglang": "sglang"}.get(name)
 
 

@@ -10,7 +10,6 @@ from vrun.estimate import memory, rollout
 from vrun.compose import mlite
 from vrun.core.dotted import get
 from vrun.entrypoints import ROLLOUT, Entrypoint
-from vrun.entrypoints.ppo import sequence_length
 from vrun.config.schema import RunConfig
 from vrun.core.problems import PlanError
 
@@ -42,14 +41,9 @@ def vision_mounted(entrypoint: Entrypoint, verl: dict) -> bool:
 
 
 def rollout_inputs(entrypoint: Entrypoint, verl: dict, gpu_mem_gib: float) -> Optional[dict]:
-    if not entrypoint.has_rollout:
-        return None
-    r = get(verl, ROLLOUT, {}) or {}
-    seq = sequence_length(verl)
-    return dict(gpu_mem_gib=gpu_mem_gib, utilization=float(r.get("gpu_memory_utilization") or 0.0),
-                seq_len=seq, step_sequences=int((get(verl, "data.train_batch_size") or 0) * (r.get("n") or 1)),
-                dtype=str(r.get("dtype") or "bfloat16"), quantization=r.get("quantization"),
-                kv_cache_dtype=get(r, "engine_kwargs.vllm.kv_cache_dtype"))
+    """The rollout estimate's inputs: the record's (None: no rollout phase) on a GPU of gpu_mem_gib."""
+    inputs = entrypoint.rollout_inputs(verl)
+    return None if inputs is None else dict(gpu_mem_gib=gpu_mem_gib, **inputs)
 
 
 def weight_formats(config: RunConfig, model_path: Optional[str] = None) -> rollout.Formats:
@@ -63,7 +57,7 @@ def weight_formats(config: RunConfig, model_path: Optional[str] = None) -> rollo
 
 
 def rollout_ep(verl: dict) -> int:
-    e = get(verl, f"{ROLLOUT}.expert_parallel_size") or 1
+    e = get(verl, rollout.ROLLOUT_EP) or 1
     return e if isinstance(e, int) and e > 0 else 1
 
 
@@ -72,8 +66,8 @@ def rollout_for(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rpa
     inputs = rollout_inputs(entrypoint, verl, gpu_mem_gib)
     if inputs is None or rollout.kv_missing(config.model.arch.facts()):
         return None
-    t = get(verl, f"{ROLLOUT}.tensor_model_parallel_size")
-    d = get(verl, f"{ROLLOUT}.data_parallel_size") or 1
+    t = get(verl, rollout.ROLLOUT_TP)
+    d = get(verl, rollout.ROLLOUT_DP) or 1
     if not isinstance(t, int) or t < 1 or not isinstance(d, int) or d < 1 or mesh.world % (t * d):
         return None
     return rollout.estimate(config.model.arch.facts(), rparams, world=mesh.world, rollout_tp=t, rollout_dp=d,
@@ -121,7 +115,7 @@ def rollout_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rpa
 
 
 def rollout_problems(r: Optional[rollout.RolloutEstimate], key: str = f"{ROLLOUT}.gpu_memory_utilization",
-                     tp_key: str = f"{ROLLOUT}.tensor_model_parallel_size",
+                     tp_key: str = rollout.ROLLOUT_TP,
                      fix: Optional[rollout.RolloutEstimate] = None, allow_overrun: bool = False) -> list:
     """A replica whose weights alone exceed vLLM's share of the GPU is an error (certain: weights are counted, not
     estimated). One that cannot hold a single prompt+response by the estimate (reserve and KV formula) is refused

@@ -186,8 +186,8 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     if [x for x in problems if not x.warning]:
         raise PlanError(problems)
     resolved = verl_tree.resolve(tree)
-    problems += check_values.verl(resolved, ep.has_rollout, verl_tree.base_view(req.config_name, req.groups)) + \
-        verl_values.problems(resolved, ep.has_rollout)
+    problems += check_values.verl(resolved, ep, verl_tree.base_view(req.config_name, req.groups)) + \
+        verl_values.problems(resolved)
     if [x for x in problems if not x.warning]:
         raise PlanError(problems)
     rules = rules_of(config, ep, resolved)
@@ -226,7 +226,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
         if [x for x in found if not x.warning]:
             raise PlanError(problems + found)
         warnings += found
-        missing = rollout.kv_missing(config.model.arch.facts()) if ep.has_rollout else []
+        missing = rollout.kv_missing(config.model.arch.facts()) if ep.rollout_inputs(resolved) is not None else []
         if missing:
             warnings.append(Problem(f"model.arch.{missing[0]}", None, f"the rollout's KV cache formula for "
                                     f"{config.model.arch.attention} attention needs {', '.join(missing)}: no rollout "
@@ -236,7 +236,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     from vrun.planning import steptime_plan
 
     st, st_note = steptime_plan.estimate(config, ep, resolved, mesh, counts, est)
-    cost = steptime_plan.cost(st, mesh.world, resolved, ep.has_rollout, config.cluster.gpu_hour_price) \
+    cost = steptime_plan.cost(st, mesh.world, resolved, config.cluster.gpu_hour_price) \
         if st is not None else None
     return Plan(config=config, entrypoint=ep, mesh=mesh, run_dir=run_dir, verl=resolved, request=req, argv=argv,
                 env=env, env_unset=unset, model_path=path, model_path_source=path_from, mlite=source,
@@ -361,7 +361,7 @@ def memory_problems(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh:
     elif est.rollout + est.rollout_residents > est.gpu_mem:
         u = est.rollout / est.gpu_mem
         room = max(est.gpu_mem - est.rollout_residents, 0) / est.gpu_mem
-        out.append(Problem("actor_rollout_ref.rollout.gpu_memory_utilization", round(u, 3), f"vLLM's "
+        out.append(Problem(f"{rollout.ROLLOUT}.gpu_memory_utilization", round(u, 3), f"vLLM's "
                            f"{est.rollout / GIB:.1f} GiB and the actor's {est.rollout_residents / GIB:.1f} GiB left on "
                            f"the GPU (estimate) exceed its {est.gpu_mem / GIB:g} GiB {where} by "
                            f"{(est.rollout + est.rollout_residents - est.gpu_mem) / GIB:.1f} GiB",
@@ -423,11 +423,10 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
     from vrun.planning import steptime_plan
 
     model, arch = config.model, config.model.arch.facts()
-    rollout_on = entrypoint.has_rollout
+    rollout_on = entrypoint.rollout_inputs(verl) is not None  # a rollout phase: its TP is chosen beside the mesh
     t = time.perf_counter()
     world, gpn = mesh.world, mesh.gpus_per_node
-    rkey = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    pinned = get(config.verl, rkey)
+    pinned = get(config.verl, rollout.ROLLOUT_TP)
     tps = None
     ep_on = phases.rollout_ep(verl) > 1
     if rollout_on:
@@ -440,7 +439,7 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
     # the rollout replica depends on the GPUs, not on the training mesh: chosen first, the step times use it
     if rollout_on and valid and params is not None and not rollout.kv_missing(arch):
         rin = phases.rollout_inputs(entrypoint, verl, inputs["gpu_mem_gib"])
-        configured = (get(verl, rkey), get(verl, "actor_rollout_ref.rollout.data_parallel_size"))
+        configured = (get(verl, rollout.ROLLOUT_TP), get(verl, rollout.ROLLOUT_DP))
         ropts = rollout.choose(arch, rollout_params(params, counts), world=world, gpus_per_node=gpn,
                                configured=configured, allowed=tps, formats=phases.weight_formats(config),
                                rollout_ep=2 if ep_on else 1, **rin)
@@ -461,9 +460,8 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
                                             "batch sizes")])
     choice = (rtp, rdp, (rtp * rdp if rtp * rdp > 1 else 1) if ep_on else None) \
         if rollout_on and pinned is None and rtp is not None else None
-    rkeys = "verl.actor_rollout_ref.rollout"
-    rsuffix = (rollout.overrides(ropts[0]) if ropts else f"{rkeys}.tensor_model_parallel_size={rtp} "
-               f"{rkeys}.data_parallel_size={rdp}") if rollout_on and rtp is not None else ""
+    rsuffix = (rollout.overrides(ropts[0]) if ropts else f"verl.{rollout.ROLLOUT_TP}={rtp} "
+               f"verl.{rollout.ROLLOUT_DP}={rdp}") if rollout_on and rtp is not None else ""
     top = [{"overrides": " ".join(x for x in (c.mesh.overrides(), rsuffix) if x), "dp": c.mesh.dp,
             "edp": c.mesh.edp, "rollout_tp": rtp,
             "peak_gib": round(c.estimate.peak / GIB, 1) if c.estimate is not None else None, "fits": c.fits,

@@ -11,10 +11,8 @@ from typing import Optional
 
 from vrun.estimate import hardware, steptime
 from vrun.core.dotted import get
-from vrun.estimate.steptime import MEAN_FRACTION, StepTime, Workload
-
-ACTOR = "actor_rollout_ref.actor"
-ROLLOUT = "actor_rollout_ref.rollout"
+from vrun.estimate.steptime import StepTime, Workload
+from vrun.entrypoints import ROLLOUT
 
 
 def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> Optional[Workload]:
@@ -39,33 +37,17 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
     attn, cap = steptime.attention_flops_per_key(arch)
     common.update(attn_flops_per_key=attn, attn_keys_cap=cap)
     micro = _micro(tokens / max(mesh.dp, 1), budget * mesh.cp)
-    if not entrypoint.has_rollout:
-        tbs = int(get(verl, "data.train_batch_size") or 0)
-        seq = float(get(verl, "data.max_length") or 0) * MEAN_FRACTION
-        return Workload(samples=tbs, prompt_mean=seq, response_mean=0.0, response_max=0.0, rollout=False,
-                        micro_batches=micro, mean_source=f"mean sequence = {MEAN_FRACTION:g} × data.max_length "
-                        "(assumed)", **common)
-    from vrun.entrypoints.ppo import needs_reference
-
-    tbs = int(get(verl, "data.train_batch_size") or 0)
-    n = int(get(verl, f"{ROLLOUT}.n") or 1)
-    pmax = float(get(verl, "data.max_prompt_length") or 0)
-    rmax = float(get(verl, "data.max_response_length") or 0)
-    r = est.rollout_detail if est is not None else None
-    rollout = counts.rollout if counts is not None else (0, 0)
-    return Workload(
-        samples=tbs * n, prompt_mean=pmax * MEAN_FRACTION, response_mean=rmax * MEAN_FRACTION, response_max=rmax,
-        micro_batches=micro,
-        reference=needs_reference({f"{ACTOR}.use_kl_loss": get(verl, f"{ACTOR}.use_kl_loss"),
-                                   "algorithm.use_kl_in_reward": get(verl, "algorithm.use_kl_in_reward")}),
-        rollout_tp=int(get(verl, f"{ROLLOUT}.tensor_model_parallel_size") or 1),
-        rollout_dp=int(get(verl, f"{ROLLOUT}.data_parallel_size") or 1),
-        rollout_dense=float(rollout[0]), rollout_routed=float(rollout[1]),
-        experts=int(arch.get("routed_experts") or 0),
-        rollout_weight_bytes=float(r.weight_bytes) if r is not None else 2.0,
-        kv_per_token=r.kv.per_token if r is not None else 0.0, kv_per_sequence=r.kv.per_sequence if r else 0.0,
-        kv_fits=r.fits if r is not None else None,
-        max_num_seqs=int(get(verl, f"{ROLLOUT}.max_num_seqs") or steptime.MAX_NUM_SEQS), **common)
+    batch = entrypoint.step_batch(verl)  # the record's: samples, lengths, whether a rollout generates them
+    if batch["rollout"]:
+        # what vLLM loads and holds, from the parameter counts and the rollout estimate
+        r = est.rollout_detail if est is not None else None
+        rollout = counts.rollout if counts is not None else (0, 0)
+        common.update(rollout_dense=float(rollout[0]), rollout_routed=float(rollout[1]),
+                      experts=int(arch.get("routed_experts") or 0),
+                      rollout_weight_bytes=float(r.weight_bytes) if r is not None else 2.0,
+                      kv_per_token=r.kv.per_token if r is not None else 0.0,
+                      kv_per_sequence=r.kv.per_sequence if r else 0.0, kv_fits=r.fits if r is not None else None)
+    return Workload(micro_batches=micro, **batch, **common)
 
 
 def moe_layers(arch: dict) -> int:
@@ -78,14 +60,7 @@ def moe_layers(arch: dict) -> int:
 def batch_tokens(entrypoint, verl: dict) -> tuple[float, float]:
     """(tokens of one mini-batch at the mean lengths, the token budget per GPU): the micro-batches per DP rank
     follow from them and the mesh (_micro)."""
-    budget = float(entrypoint.token_inputs(verl)["tokens_per_gpu"] or 0)
-    tbs = int(get(verl, "data.train_batch_size") or 0)
-    if not entrypoint.has_rollout:
-        return tbs * float(get(verl, "data.max_length") or 0) * MEAN_FRACTION, budget
-    n = int(get(verl, f"{ROLLOUT}.n") or 1)
-    mini = int(get(verl, f"{ACTOR}.ppo_mini_batch_size") or tbs) * n
-    seq = (float(get(verl, "data.max_prompt_length") or 0) + float(get(verl, "data.max_response_length") or 0))
-    return mini * seq * MEAN_FRACTION, budget
+    return entrypoint.mini_batch_tokens(verl), float(entrypoint.token_inputs(verl)["tokens_per_gpu"] or 0)
 
 
 def mesh_timer(config, entrypoint, verl: dict, mesh, counts, replica=None, rollout_tp_dp=None):
@@ -160,8 +135,9 @@ def estimate(config, entrypoint, verl: dict, mesh, counts, est) -> tuple[Optiona
 
 
 def kind(config, verl: dict) -> dict:
-    """What a calibration is kept per: the model, the GPU part, the rollout engine (SFT: none), the algorithm."""
-    engine = get(verl, f"{ROLLOUT}.name") if config.algo.name != "sft" else "none"
+    """What a calibration is kept per: the model, the GPU part, the rollout engine (none in a tree without a
+    rollout: SFT's), the algorithm."""
+    engine = get(verl, f"{ROLLOUT}.name")
     return {"model": config.model.name, "gpu": str(config.cluster.gpu), "engine": str(engine or "none"),
             "algo": str(config.algo.name)}
 
@@ -171,7 +147,7 @@ def predicted_step_s(plan) -> Optional[float]:
     return plan.time.central if getattr(plan, "time", None) is not None else None
 
 
-def steps(verl: dict, has_rollout: bool) -> tuple[Optional[int], str]:
+def steps(verl: dict) -> tuple[Optional[int], str]:
     """The run's optimizer steps and where the figure comes from: trainer.total_training_steps, else the train
     file's rows (parquet metadata, when readable) · epochs / batch, else None (the cost is given per 100 steps)."""
     total = get(verl, "trainer.total_training_steps")
@@ -206,8 +182,8 @@ def parquet_rows(path: str) -> Optional[int]:
         return None
 
 
-def cost(st: StepTime, gpus: int, verl: dict, has_rollout: bool, price: Optional[float]) -> dict:
-    n, source = steps(verl, has_rollout)
+def cost(st: StepTime, gpus: int, verl: dict, price: Optional[float]) -> dict:
+    n, source = steps(verl)
     count = n if n is not None else 100
     lo, hi = steptime.gpu_hours(st, count, gpus)
     out = {"estimate": True, "steps": count, "steps_from": source, "gpus": gpus,

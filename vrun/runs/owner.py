@@ -1,6 +1,6 @@
 """Whether a process is a run's own, proven before `cancel` signals it: a pid greater than 1, not this process,
 alive, and started with the run's id in its environment (VRUN_RUN_ID, exported by the run to every process it
-starts: vrun/launch/local.py, vrun/launch/slurm/node.py), read from /proc/<pid>/environ. A recorded pid that is stale (reused by
+starts: vrun/launch/environment.py), read from /proc/<pid>/environ. A recorded pid that is stale (reused by
 another process), -1, 0, 1, a group or not a number is never signalled. Standard library only."""
 from __future__ import annotations
 

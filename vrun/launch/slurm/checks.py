@@ -44,12 +44,7 @@ def node_checks(plan) -> dict:
     """What a node checks first thing when the login preflight is skipped (plain values, carried with the job)."""
     from vrun.launch import preflight
 
-    files = []
-    for key in ("data.train_files", "data.val_files"):
-        from vrun.core import dotted
-
-        v = dotted.get(plan.verl, key)
-        files += [(key, f) for f in ([v] if isinstance(v, str) else list(v or [])) if "://" not in f]
+    files = preflight.data_files(plan.verl)
     builds = plan.entrypoint.builds_mlite_workers(plan.config)
     modules = (["verl_mlite"] + list(plan.config.model.requires) + plan.entrypoint.runtime_modules(plan.verl)) \
         if builds else []

@@ -35,7 +35,7 @@ from vrun import entrypoints
 from vrun.rundir import records as rundir
 from vrun.compose import stack
 from vrun.core import writer
-from vrun.planning.plan import UNSET_WITH_CUDA
+from vrun.launch.environment import child_environ
 from vrun.config.schema import Cluster, EntrypointName, RayCfg
 from vrun.rundir.record import PlanRecord
 
@@ -159,15 +159,10 @@ class Node:
 
     # ---------------------------------------------------------------- children
     def environ(self, extra: dict) -> dict:
-        """The environment children start with: the plan's env on top of the task's, then `extra`."""
-        e = dict(os.environ)
-        # decided on the node: SLURM sets CUDA_VISIBLE_DEVICES (and ROCR_VISIBLE_DEVICES) per allocation
-        unset = set(self.plan.env_unset) | (set(UNSET_WITH_CUDA) if e.get("CUDA_VISIBLE_DEVICES") else set())
-        for name in unset:
-            e.pop(name, None)
-        e.update(self.plan.env)
+        """The environment children start with: the run's (vrun.launch.environment, from the task's, with
+        ROCR/HIP unset when SLURM set CUDA_VISIBLE_DEVICES on this node), this attempt's number, then `extra`."""
+        e = child_environ(os.environ, self.plan.env, self.plan.env_unset, self.plan.run_id)
         e["VRUN_ATTEMPT"] = str(self.job.attempt)
-        e["VRUN_RUN_ID"] = self.plan.run_id
         e.update(extra)
         return e
 
