@@ -43,10 +43,12 @@ def bringup(prefix, nodes: int, base: Path) -> dict:
                     f"mesh.cp={4 * nodes}", "mesh.ep=4", "verl.actor_rollout_ref.rollout.tensor_model_parallel_size=4",
                     "cluster=slurm", "mode=preflight", "cluster.time_min=10", f"hydra.sweep.dir={d}/sweep"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode:
-        raise SystemExit(f"bench: {nodes}-node preflight failed: {proc.stderr[-800:]}")
-    (f,) = list((d / "sweep").glob("*/.vrun/*/bringup.json"))
-    return json.loads(f.read_text())
+    found = list((d / "sweep").glob("*/.vrun/*/bringup.json"))
+    # the bring-up is timed before preflight's verdict: on a machine without the training stack (no verl_mlite,
+    # vLLM or GPU on the nodes) the preflight refuses the run after Ray came up, and the timing still holds
+    if len(found) != 1:
+        raise SystemExit(f"bench: {nodes}-node bring-up not recorded (rc {proc.returncode}): {proc.stderr[-800:]}")
+    return json.loads(found[0].read_text())
 
 
 def main():
