@@ -196,8 +196,9 @@ class StepTime:
 
     @property
     def central(self) -> float:
-        """Every phase at the middle efficiencies, the step waiting for one response at max_response_length: the
-        figure held to published step times."""
+        """Every phase at the middle efficiencies, the step waiting for its longest response: the rollout's last
+        wave decodes max_response_length steps with its whole batch (every sequence of that wave taken to run that
+        long, a pessimistic tail). The figure held to published step times."""
         return sum(p.middle for p in self.phases.values()) * self.scale
 
     def phase(self, name: str) -> Phase:
