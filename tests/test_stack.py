@@ -93,8 +93,9 @@ def test_a_node_with_another_verl_refuses_before_anything_starts(tmp_path):
     proc = runner("model=glm5_1", "mode=plan", f"hydra.run.dir={tmp_path}/r", env=without_mlite())
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((tmp_path / "r" / "plan.json").read_text())
-    code = ("import json, sys; from vrun.launch.slurm.node import check_stack; "
-            f"check_stack(json.load(open({str(tmp_path / 'r' / 'plan.json')!r})), 'node 0 (n0)')")
+    # as the node reads it: plan.json typed (vrun.rundir.record), its recorded stack checked
+    code = ("from vrun.launch.slurm.node import check_stack; from vrun.rundir.record import PlanRecord; "
+            f"check_stack(PlanRecord.load({str(tmp_path / 'r')!r}).stack, 'node 0 (n0)')")
     out = subprocess.run([OTHER, "-c", code], cwd=ROOT, env=without_mlite(), capture_output=True, text=True,
                          timeout=120)
     assert out.returncode != 0

@@ -2,16 +2,17 @@
 (<state dir>/calibration.json; vrun.rundir.records.state_dir), kept per kind of run (model, GPU part, rollout engine,
 algorithm). Each entry is a run's measured step time (verl's timing_s/step, its median after the first step) beside
 the estimate's uncalibrated middle; the next plan of the same kind scales its estimate by their median ratio and
-says so ("calibrated from 3 runs"). Standard library only; a missing or corrupt record is no calibration.
+says so ("calibrated from 3 runs"). Written through the project's writer; a missing or corrupt record is no
+calibration.
 """
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Optional
 
+from vrun.core import writer
 from vrun.rundir import records as rundir
 
 FILE = "calibration.json"
@@ -62,9 +63,7 @@ def record(kind: dict, run_dir: str, measured_s: float, predicted_s: float, step
     p = path()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{FILE}.{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(tmp, p)
+        writer.write_text(p, json.dumps(data, indent=1) + "\n", root=str(p.parent))  # whole, masked, no link
     except OSError:
         return False
     return True
