@@ -34,6 +34,9 @@ CASES = [
     ("shell-experiment-name", ["run.experiment_name='x;rm -rf ~'"], REFUSED, "run.experiment_name", "letters"),
     ("sbatch-parameter-name", ["cluster=slurm", "+cluster.additional_parameters.X='a\nb'"], REFUSED,
      "cluster.additional_parameters.X", None),
+    # --- Hydra starting the run itself, past the sweeper's checks
+    ("hydra-mode-run", ["hydra.mode=RUN"], REFUSED, "hydra.mode", "sweeper"),
+    ("hydra-mode-run-multirun-flag", ["-m", "hydra.mode=RUN"], REFUSED, "hydra.mode", "sweeper"),
     # --- escaping the run dir
     ("model-name-dotdot", ["model.name=x/../../esc"], REFUSED, "model.name", "model=<option>"),
     ("algo-name-dotdot", ["algo.name=../../esc"], REFUSED, "algo.name", "algo=<option>"),
@@ -191,3 +194,31 @@ def test_checkpoint_without_weights_fails_preflight(tmp_path):
     (ckpt / "model.safetensors").write_bytes(b"")
     assert preflight.model_path_problems(plan(["model=qwen3_5_35b", f"model.path={ckpt}"],
                                               run_dir=str(tmp_path / "r"))) == []
+
+
+def test_hydra_mode_is_read_from_run_yaml_without_a_composition(monkeypatch):
+    """Hydra composes the whole config only to read hydra.mode; conf/run.yaml sets MULTIRUN, so the runner skips that
+    composition (vrun.config.cli_errors.mode_from_run_yaml); a typed RUN is refused there, any other typed value is
+    Hydra's to read."""
+    import yaml
+    from hydra._internal.hydra import Hydra
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from conftest import ROOT
+    from vrun.config import cli_errors
+
+    assert yaml.safe_load((ROOT / "conf" / "run.yaml").read_text())["hydra"]["mode"] == "MULTIRUN"
+    calls = []
+    monkeypatch.setattr(Hydra, "get_mode", Hydra.get_mode)  # restored after the test
+    monkeypatch.setattr(Hydra, "compose_config", lambda self, **kw: calls.append(kw["overrides"]) or
+                        OmegaConf.create({"hydra": {"mode": "FOO"}}))
+    cli_errors.mode_from_run_yaml()
+    hydra = object.__new__(Hydra)
+    for overrides in (["model=glm5_1"], ["hydra.mode=MULTIRUN"]):
+        assert hydra.get_mode(config_name="run", overrides=overrides) is RunMode.MULTIRUN
+    assert calls == []
+    assert hydra.get_mode(config_name="run", overrides=["++hydra.mode=FOO"]) == "FOO"
+    assert calls == [["++hydra.mode=FOO"]]
+    with pytest.raises(SystemExit):
+        hydra.get_mode(config_name="run", overrides=["hydra.mode=RUN"])

@@ -40,18 +40,24 @@ def one_line_hydra_errors() -> None:
 
 def mode_from_run_yaml() -> None:
     """Hydra's CLI composes the whole config once only to read hydra.mode, then composes it again to run. conf/
-    run.yaml sets hydra.mode=MULTIRUN (every run passes through the sweeper), so that first composition is skipped
-    unless hydra.mode is given on the command line (hydra.mode=RUN is then refused, as before, by SweeperOnly).
-    A config that does not compose fails in the run's own composition with the same one-line error."""
+    run.yaml sets hydra.mode=MULTIRUN (every run passes through the sweeper), so that first composition is skipped.
+    hydra.mode typed on the command line: RUN is refused here, before anything is written, with or without -m
+    (Hydra would otherwise run the task itself, or warn and sweep anyway); MULTIRUN is what run.yaml says; any other
+    value goes to Hydra's own reading. A config that does not compose fails in the run's own composition with the
+    same one-line error. The SweeperOnly callback still refuses a RUN that reaches Hydra another way."""
     from hydra._internal.hydra import Hydra
     from hydra.types import RunMode
 
     composed_mode = Hydra.get_mode
 
     def get_mode(self, config_name, overrides):
-        if any(o.lstrip("+~").split("=", 1)[0] == "hydra.mode" for o in overrides):
-            return composed_mode(self, config_name=config_name, overrides=overrides)
-        return RunMode.MULTIRUN
+        typed = [o.split("=", 1)[1] if "=" in o else "" for o in overrides
+                 if o.lstrip("+~").split("=", 1)[0] == "hydra.mode"]
+        if not typed or typed[-1].strip() == RunMode.MULTIRUN.name:
+            return RunMode.MULTIRUN
+        if typed[-1].strip() == RunMode.RUN.name:
+            emit([sweeper_only_problem(typed[-1].strip())])
+        return composed_mode(self, config_name=config_name, overrides=overrides)
 
     Hydra.get_mode = get_mode
 
