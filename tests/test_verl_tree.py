@@ -63,11 +63,10 @@ def test_render_round_trips(value):
         assert got == value, (value, got)
 
 
-def test_a_composed_tree_is_kept_after_a_written_plan_and_read_back(own_state_dir, monkeypatch, tmp_path):
-    """The next plan reads verl's composed tree from the state dir (keyed by the tree's fingerprint): equal to
-    Hydra's composition, never composed again while the key holds; a refused plan keeps nothing."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
+def test_a_composed_tree_is_kept_after_a_written_plan_and_read_back(own_state_dir, tmp_path):
+    """The next plan reads verl's composed tree from the state dir (keyed by the tree's fingerprint) instead of
+    composing it: a key planted in the kept tree is one the next plan may set; the same file under another key
+    (verl's files changed) is not read. What is kept equals Hydra's composition; a refused plan keeps nothing."""
     from conftest import runner
 
     groups = ("model=glm5_1", "mode=plan")
@@ -79,20 +78,18 @@ def test_a_composed_tree_is_kept_after_a_written_plan_and_read_back(own_state_di
     assert len(kept) == 1 and kept[0].name.startswith("verl-tree-")
     record = json.loads(kept[0].read_text())
     assert record["key"]["tree"] == verl_tree.fingerprint()
-
-    def no_compose(*a, **k):
-        raise AssertionError("composed again")
-
     assert record["tree"] == hydra_tree(record["key"]["config_name"], record["key"]["groups"])
-    verl_tree.forget()
-    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", no_compose)
-    assert verl_tree.base_view(record["key"]["config_name"], record["key"]["groups"]) == record["tree"]
-    # another fingerprint (verl's files changed) is another key: that file is not read
-    monkeypatch.setattr(verl_tree, "fingerprint", lambda: "0" * 16)
-    verl_tree.forget()
-    with pytest.raises(AssertionError, match="composed again"):
-        verl_tree.base_view(record["key"]["config_name"], record["key"]["groups"])
-    verl_tree.forget()
+
+    record["tree"]["trainer"]["kept_tree_probe"] = 1  # verl's composition has no such key: only the kept tree
+    kept[0].write_text(json.dumps(record))
+    probe = ("verl.trainer.kept_tree_probe=2", f"hydra.run.dir={tmp_path / 'read'}")
+    read = runner(*groups, *probe)
+    assert read.returncode == 0, read.stderr
+    assert "kept_tree_probe: 2" in (tmp_path / "read" / "verl_config.yaml").read_text()
+    record["key"]["tree"] = "0" * 16
+    kept[0].write_text(json.dumps(record))
+    stale = runner(*groups, probe[0], f"hydra.run.dir={tmp_path / 'stale'}")
+    assert stale.returncode == 2 and "verl.trainer.kept_tree_probe" in stale.stderr, stale.stderr
 
 
 def hydra_tree(config_name, groups):

@@ -119,19 +119,19 @@ class PlanningSweeper(Sweeper):
                 if errors:
                     failures.append((idx, overrides, "\n".join(p.line() for p in errors)))
                     continue
-                composed.append((idx, overrides, cfg, run_dir, (taken, parts[1])))
+                composed.append((idx, overrides, cfg, run_dir, taken, parts[1]))
             except Exception as e:  # noqa: BLE001 - reported per point below
                 failures.append((idx, overrides, cli_errors.describe(e)))
-        resume = any(OmegaConf.select(c, "run.resume", default=False) is True for _, _, c, _, _ in composed)
+        resume = any(r["run"].get("resume") is True for *_, r in composed)
         if not single:
-            for p in check_paths.sweep(str(sweep_dir), [d for _, _, _, d, _ in composed], resume):
+            for p in check_paths.sweep(str(sweep_dir), [d for _, _, _, d, _, _ in composed], resume):
                 failures.append((-1, ["(all points)"], p.line()))
-        models = {c.model.name for _, _, c, _, _ in composed}
+        models = {r["model"]["name"] for *_, r in composed}
         planned = []
-        for idx, overrides, cfg, run_dir, (taken, resolved) in composed:
+        for idx, overrides, cfg, run_dir, taken, resolved in composed:
             try:
                 plan = make_plan(typed(cfg, resolved), run_dir, single_model=len(models) == 1)
-                planned.append(Point(idx, tuple(overrides), plan, cfg, taken, resolved))
+                planned.append(Point(idx, tuple(overrides), plan, resolved, taken))
             except PlanError as e:
                 failures.append((idx, overrides, str(PlanError(self.launcher.as_given(e.problems, taken),
                                                                e.hints))))

@@ -95,12 +95,6 @@ def _base(config_name: str, groups: tuple[str, ...], config_dir: str) -> dict:
     return out
 
 
-def forget() -> None:
-    """Drop this process's composed trees (the next base_view reads the state dir, or composes)."""
-    _base.cache_clear()
-    _COMPOSED.clear()
-
-
 def keep_composed() -> None:
     """Keep the trees this process composed in the state dir for the next plans; never fails the caller."""
     while _COMPOSED:

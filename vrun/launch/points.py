@@ -7,7 +7,6 @@ A run is a sweep of one point: it prints the plan's table, where a sweep prints 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from vrun.config import cli_errors
 from vrun.planning.plan import Plan
@@ -18,9 +17,8 @@ class Point:
     idx: int                       # the point's number in the sweep (hydra.job.num)
     overrides: tuple               # the point's own overrides, as typed
     plan: Plan
-    config: Any                    # the composed run config (DictConfig, without the hydra node)
+    resolved: dict                 # the run config resolved into plain containers (the manifest's)
     launcher: dict = field(default_factory=dict)  # what the launcher took from hydra.launcher for this point
-    resolved: dict = field(default_factory=dict)  # the config resolved into plain containers (the manifest's)
 
 
 @dataclass(frozen=True)
