@@ -239,6 +239,46 @@ def test_no_run_dir_payload_is_unpickled():
     assert found == [], "\n".join(found)
 
 
+# the probes of a path that raise on a name too long, a NUL byte or an unreadable dir (pathlib's exists/is_file/...
+# and os.stat/os.access); every other module asks vrun.core.fs, which answers "not there, because ..." instead
+RAISING_PROBES = {"exists", "is_file", "is_dir", "is_symlink", "is_mount", "stat", "lstat", "access", "getsize",
+                  "getmtime", "getatime", "getctime"}
+FS_HOME = "vrun/core/fs.py"
+
+
+def probes(tree: ast.AST) -> list[tuple[int, str]]:
+    """Calls of a raising probe: `<anything>.exists()` and friends with no arguments (pathlib), and the os and
+    os.path functions by name."""
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in RAISING_PROBES:
+            base = n.func.value
+            on_os = isinstance(base, ast.Name) and base.id == "os" or \
+                isinstance(base, ast.Attribute) and base.attr == "path"
+            if on_os and n.func.attr not in ("exists", "is_file", "is_dir") or not n.args and not on_os:
+                out.append((n.lineno, n.func.attr))
+    return out
+
+
+def test_every_path_probe_goes_through_fs():
+    """A path a user typed can be anything a string can be: `Path(p).is_file()` raises on a 5,000-character name
+    (OSError: File name too long) and on a NUL byte, and a plan that meets one crashes instead of saying so."""
+    found = []
+    for f in project_files():
+        if f.parts[len(ROOT.parts)] not in ("vrun", "hydra_plugins") and f.name != "runner.py":
+            continue
+        if str(f.relative_to(ROOT)) == FS_HOME:
+            continue
+        found += [f"{f.relative_to(ROOT)}:{line}: .{attr}(...)" for line, attr in probes(ast.parse(f.read_text()))]
+    assert found == [], "\n".join(found)
+
+
+def test_the_probe_check_sees_every_spelling():
+    src = "from pathlib import Path\nimport os\nPath('a').exists()\nos.stat('a')\nos.path.getsize('a')\n" \
+          "(p / 'x').is_file()\nos.access('a', 4)\nos.path.exists('a')\nd.get('a')\nos.fstat(3)\n"
+    assert [a for _, a in probes(ast.parse(src))] == ["exists", "stat", "getsize", "is_file", "access"]
+
+
 def test_one_caller_of_make_plan():
     """Every run, a single one too, is planned by the sweeper: make_plan has one caller in the project's code."""
     callers = []

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from vrun.core.problems import CONTROL, Problem
 from vrun.core.writer import secret_values
+from vrun.core import fs
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 NAME_KEYS = ("model.name", "algo.name", "data.name", "run.project_name", "run.experiment_name")
@@ -209,7 +210,7 @@ def _same_yaml(a: str, b: str) -> bool:
 def same_plan(run_dir_: str, verl_text: str) -> list:
     """run.resume=true: the dir's verl config must be the one this plan writes (verl resumes its checkpoints)."""
     f = Path(run_dir_) / "verl_config.yaml"
-    if not f.is_file() or f.is_symlink():
+    if not fs.is_file(f) or fs.is_link(f):
         return []
     try:
         old = f.read_text(encoding="utf-8")

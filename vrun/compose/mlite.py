@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from vrun.core import fs
+
 RECORD_PKG = "vrun.compose.mlite_record"
 
 
@@ -45,7 +47,7 @@ def find_source() -> MliteSource:
     spec = importlib.util.find_spec("verl_mlite")
     if spec is not None and spec.submodule_search_locations:
         loc = list(spec.submodule_search_locations)[0]
-        if (Path(loc) / "config" / "engine" / "mlite.yaml").is_file():
+        if fs.is_file(Path(loc) / "config" / "engine" / "mlite.yaml"):
             return MliteSource("verl_mlite", "pkg://verl_mlite.config", loc)
     return MliteSource("record", f"pkg://{RECORD_PKG}.config", None)
 

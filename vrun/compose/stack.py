@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from vrun.compose import mlite, verl_tree
-from vrun.core import digest
+from vrun.core import digest, fs
 from vrun.core.problems import Problem
 
 # verl_mlite's config groups the plan composes with (the same relative paths in the record)
@@ -46,7 +46,7 @@ def verl_stack() -> dict:
 
 def _git_commit(checkout: Path) -> Optional[str]:
     """The commit of a Megatron-LM git checkout at exactly this folder (an unpacked archive has none)."""
-    if not (checkout / ".git").exists():
+    if not fs.exists(checkout / ".git"):
         return None
     try:
         out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -68,7 +68,7 @@ def mlite_stack() -> dict:
         commit = _git_commit(Path(source.location).parents[3])
         location = source.location
     return {"source": source.kind, "location": location, "commit": commit,
-            "config": digest.files(root, [root / g for g in MLITE_GROUPS if (root / g).is_file()], parsed=True)}
+            "config": digest.files(root, [root / g for g in MLITE_GROUPS if fs.is_file(root / g)], parsed=True)}
 
 
 def current() -> dict:

@@ -9,13 +9,17 @@ import functools
 import hashlib
 from pathlib import Path
 
+from vrun.core import fs
+
 
 def files(root: Path, paths: list[Path], parsed: bool = False) -> str:
     """16 hex digits over the files' paths relative to root and their contents (parsed: their YAML content, so
     comments and layout do not count)."""
     stats = []
     for f in paths:
-        st = f.stat()
+        st, why = fs.lstat(f)
+        if st is None:
+            raise FileNotFoundError(f"{f}: {why}")
         stats.append((str(f), st.st_size, st.st_mtime_ns))
     return _hash(str(root), tuple(stats), parsed)
 

@@ -10,6 +10,7 @@ from vrun.estimate.mesh import Mesh, Rules, divisors
 from vrun.estimate.steptime import MEAN_FRACTION
 from vrun.core.problems import Problem
 from vrun.config.schema import EntrypointName, RunConfig
+from vrun.core import fs
 
 
 class SFT(Entrypoint):
@@ -76,7 +77,7 @@ def torchrun_argv(python: str, module: list, run_dir: str, *, nnodes: int, nproc
     """torchrun over `module` (python -m ...) on verl's SFT config in the run dir; SLURM nodes call it with
     their own rank and the head's address."""
     torchrun = Path(python).parent / "torchrun"
-    return [str(torchrun) if torchrun.exists() else "torchrun", "--nnodes", str(nnodes),
+    return [str(torchrun) if fs.exists(torchrun) else "torchrun", "--nnodes", str(nnodes),
             "--nproc_per_node", str(nproc_per_node), "--node_rank", str(node_rank),
             "--master_addr", master_addr, "--master_port", str(master_port),
             "-m", *module, "--config-path", run_dir, "--config-name", "verl_config",

@@ -125,8 +125,8 @@ class CheckpointFacts:
 
 def read_safetensors_header(path: str) -> tuple[dict, int]:
     """The header's JSON and the byte length of the data section the file holds; reads nothing past the header."""
-    size = os.path.getsize(path)
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) < 8:
             raise CheckpointError(f"{path}: {size} bytes, too short for a safetensors header")

@@ -18,6 +18,7 @@ from vrun.planning.plan import Plan
 from vrun.core.units import GIB
 from vrun.core.problems import PlanError, Problem
 from vrun.config.schema import ClusterName
+from vrun.core import fs
 
 # MegatronLiteEngineConfig's own fields (verl_mlite/engine/config.py at the recorded commit)
 RECORD_ENGINE_FIELDS = ("strategy", "custom_backend_module", "model_name", "impl", "tp", "etp", "ep", "pp", "vpp",
@@ -60,8 +61,8 @@ def model_path_problems(plan: Plan) -> list[Problem]:
         return [Problem(env, None, f"no checkpoint path for {plan.config.model.name}",
                         f"export {env}=/path/to/checkpoint or model.path=...")]
     p = Path(os.path.expanduser(path))
-    if p.is_dir():
-        if not (p / "config.json").is_file():
+    if fs.is_dir(p):
+        if not fs.is_file(p / "config.json"):
             return [Problem(env, path, "the directory has no config.json (not a Hugging Face checkpoint)",
                             "point it at the checkpoint directory")]
         weights = [f for pattern in WEIGHTS for f in p.glob(pattern)]
@@ -71,7 +72,7 @@ def model_path_problems(plan: Plan) -> list[Problem]:
         return []
     # a path (absolute, home, relative under an existing folder) that is missing is an error; anything
     # else is taken as a Hugging Face id ("org/name") that the workers resolve
-    if path.startswith(("/", "~", ".")) or ("/" in path and p.parent.exists()):
+    if path.startswith(("/", "~", ".")) or ("/" in path and fs.exists(p.parent)):
         return [Problem(env, path, "no such directory", "point it at the checkpoint directory")]
     return [Problem(env, path, "not a local directory: the workers will resolve it as a Hugging Face id",
                     "download the checkpoint and point at it if the nodes are offline", warning=True)]
@@ -87,8 +88,8 @@ def data_files(verl: dict) -> list[tuple[str, str]]:
 
 
 def data_problems(plan: Plan) -> list[Problem]:
-    return [Problem(key, f, "no such file", f"prepare the data (verl's examples/data_preprocess) or set verl.{key}=...")
-            for key, f in data_files(plan.verl) if not Path(os.path.expanduser(f)).exists()]
+    return [Problem(key, f, why, f"prepare the data (verl's examples/data_preprocess) or set verl.{key}=...")
+            for key, f in data_files(plan.verl) for why in [fs.missing(os.path.expanduser(f))] if why]
 
 
 def runtime_problems(plan: Plan) -> list[Problem]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import ray
 
-from vrun.core import dotted, writer
+from vrun.core import dotted, fs, writer
 from vrun.entrypoints import PPO, ROLLOUT
 
 WATCH_PREFIXES = ("CUDA_", "VLLM_", "NCCL_", "RAY_AUTH_MODE", "PYTHONPATH", "ROCR_", "HIP_", "HF_HOME")
@@ -22,11 +22,11 @@ def node_report(config: dict) -> dict:
 
     paths = {}
     model = dotted.get(config, f"{PPO.model}.path")
-    paths["model"] = {"path": model, "readable": os.access(os.path.expanduser(model), os.R_OK)}
+    paths["model"] = {"path": model, "readable": fs.readable(os.path.expanduser(model))}
     for key in ("train_files", "val_files"):
         v = config["data"].get(key)
         for f in ([v] if isinstance(v, str) else list(v or [])):
-            paths[f"data.{key}:{f}"] = {"path": f, "readable": os.access(os.path.expanduser(f), os.R_OK)}
+            paths[f"data.{key}:{f}"] = {"path": f, "readable": fs.readable(os.path.expanduser(f))}
     cuda = None
     try:
         import torch

@@ -10,6 +10,7 @@ from typing import Optional
 from vrun.planning import calibration
 from vrun.rundir import joblog
 from vrun.rundir import state
+from vrun.core import fs
 
 
 def log_paths(run: state.Run) -> list:
@@ -18,7 +19,7 @@ def log_paths(run: state.Run) -> list:
         folder = str(run.slurm["folder"])
         for j in run.job_ids or ([run.job_id] if run.job_id else []):
             paths.append(Path(folder.replace("%j", str(j))) / f"{j}_0_log.out")
-    return [p for p in paths if p.is_file()]
+    return [p for p in paths if fs.is_file(p)]
 
 
 def of(run: state.Run) -> joblog.Measured:

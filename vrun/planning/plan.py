@@ -28,6 +28,7 @@ from vrun.estimate.mesh import Mesh, Rules
 from vrun.core.problems import PlanError, Problem
 from vrun.config.schema import RunConfig
 from vrun.core.writer import is_secret_name
+from vrun.core import fs
 
 if TYPE_CHECKING:
     from vrun.estimate.checkpoint import CheckpointSummary
@@ -262,7 +263,7 @@ def model_params(config: RunConfig, entrypoint: Entrypoint, path: Optional[str],
     m = config.model
     arch = m.arch.facts()
     facts_count, _ = counting.count(arch)
-    if path and Path(os.path.expanduser(path)).is_dir():
+    if path and fs.is_dir(os.path.expanduser(path)):
         from vrun.estimate import checkpoint
 
         try:

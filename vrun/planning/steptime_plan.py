@@ -13,6 +13,7 @@ from vrun.estimate import hardware, steptime
 from vrun.core.dotted import get
 from vrun.estimate.steptime import StepTime, Workload
 from vrun.entrypoints import ROLLOUT
+from vrun.core import fs
 
 
 def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> Optional[Workload]:
@@ -172,7 +173,7 @@ def steps(verl: dict) -> tuple[Optional[int], str]:
 def parquet_rows(path: str) -> Optional[int]:
     """The row count from a parquet file's footer (no data read), or None."""
     p = Path(path).expanduser()
-    if not p.is_file():
+    if not fs.is_file(p):
         return None
     try:
         import pyarrow.parquet as pq

@@ -1,11 +1,13 @@
 """A run dir's JSON files read back and validated before anything uses them: a file that is missing, not UTF-8,
 not JSON, not an object, of a newer format, or whose known fields have the wrong type is one line naming the file
-and what is wrong (RunDirError). Standard library only."""
+and what is wrong (RunDirError). Standard library and vrun.core only."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Optional
+
+from vrun.core import fs
 
 
 class RunDirError(Exception):
@@ -56,7 +58,7 @@ def _name(t) -> str:
 def slurm_job(d: Path) -> Optional[dict]:
     """slurm_job.json, validated; None when the run was never submitted."""
     f = d / "slurm_job.json"
-    if not f.exists() and not f.is_symlink():
+    if not fs.exists(f) and not fs.is_link(f):
         return None
     data = read_object(f, SLURM_FIELDS, SLURM_REQUIRED)
     from vrun.rundir import records as rundir

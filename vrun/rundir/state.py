@@ -19,6 +19,7 @@ from typing import Optional
 from vrun.rundir import records as rundir
 from vrun.rundir.files import RunDirError
 from vrun.rundir.record import PlanRecord
+from vrun.core import fs
 
 # the order of the phases within one attempt (a submitter and a node may write in either order)
 RANK = {"submitted": 0, "requeued": 0, "started": 1, "nodes_joined": 2, "ray_up": 3, "entrypoint_started": 4,
@@ -86,14 +87,14 @@ class Run:
 def points(path: str) -> list[Path]:
     """A run dir, or the run dirs of a sweep dir (its points, in order). Bad input raises RunDirError."""
     d = Path(path).expanduser()
-    if not d.exists():
+    if not fs.exists(d):
         raise RunDirError("run", path, "no such directory", "give a run dir or sweep dir the runner wrote "
                           "(python -m vrun runs lists them)")
-    if not d.is_dir():
+    if not fs.is_dir(d):
         raise RunDirError("run", path, "not a directory", "give the run dir (the one holding plan.json)")
-    if (d / "plan.json").is_file():
+    if fs.is_file(d / "plan.json"):
         return [d.absolute()]
-    found = [p for p in d.iterdir() if (p / "plan.json").is_file()]
+    found = [p for p in d.iterdir() if fs.is_file(p / "plan.json")]
     if not found:
         raise RunDirError("run", path, "not a run dir (no plan.json) and no run dirs inside",
                           "give a dir the runner wrote (python -m vrun runs lists them)")
@@ -109,7 +110,7 @@ def load(d: Path, indexed_at: Optional[float] = None) -> Run:
     """Read one run dir (files only: no SLURM query). A plan.json of another format raises RunDirError."""
     from vrun.rundir import files
 
-    if not (d / "plan.json").exists():
+    if not fs.exists(d / "plan.json"):
         raise RunDirError("run", d, "not a run dir (no plan.json)", "give a dir the runner wrote")
     plan = PlanRecord.load(d, written_by=lambda: _manifest_commit(d))
     slurm = files.slurm_job(d)
@@ -236,7 +237,7 @@ def lost_why(r: Run) -> str:
 
     out = Path(str((r.slurm or {}).get("stdout") or ""))
     head = f"job {r.job_id} left the queue without recording an exit"
-    if r.slurm and r.slurm.get("stdout") and not out.exists() and r.state == "pending":
+    if r.slurm and r.slurm.get("stdout") and not fs.exists(out) and r.state == "pending":
         return (f"{head} and without writing its log {out}: the nodes likely cannot see {out.parent} (node-local "
                 "storage such as /tmp?); put the run dir on storage every node shares")
     cause = from_files([out.with_name(out.name.replace("log.out", "log.err")), out]) if r.slurm else None
@@ -310,10 +311,7 @@ def alive(pid: int) -> bool:
 
 
 def _mtime(p: Path) -> float:
-    try:
-        return p.stat().st_mtime
-    except OSError:
-        return 0.0
+    return fs.mtime(p) or 0.0
 
 
 def _manifest_commit(d: Path) -> Optional[str]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from vrun.rundir import records as rundir
 from vrun.rundir import state
 from vrun.rundir.state import RunDirError
+from vrun.core import fs
 
 EXIT_USAGE = 2
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -41,7 +42,7 @@ def collect(dirs: list) -> tuple[list, list]:
                 found.setdefault(str(p), None)
     else:
         idx = rundir.index_path()
-        if not idx.is_file():
+        if not fs.is_file(idx):
             raise Usage(f"error: index={idx}: no runs recorded yet; fix: plan or submit a run "
                         "(python runner.py ...), or give run/sweep dirs: python -m vrun runs DIR...")
         gone = set()
@@ -54,7 +55,7 @@ def collect(dirs: list) -> tuple[list, list]:
                 continue  # not a line the runner writes
             if not isinstance(e.get("t"), (int, float)) or isinstance(e.get("t"), bool):
                 e["t"] = None
-            if (Path(e["run_dir"]) / "plan.json").is_file():
+            if fs.is_file(Path(e["run_dir"]) / "plan.json"):
                 found[e["run_dir"]] = e.get("t")
             else:
                 gone.add(e["run_dir"])
@@ -193,12 +194,12 @@ def log_files(r: state.Run, job_id: str | None = None) -> list:
         for t in range(nodes):
             for stream, suffix in (("out", "log.out"), ("err", "log.err")):
                 out.append((str(j), t, stream, d / f"{j}_{t}_{suffix}"))
-    return [x for x in out if x[3].exists()]
+    return [x for x in out if fs.exists(x[3])]
 
 
 def cmd_logs(a) -> int:
     r = one_run(a.run)
-    if not r.on_slurm and (r.dir / "job.log").is_file():  # a local run's output, teed by vrun.launch.local
+    if not r.on_slurm and fs.is_file(r.dir / "job.log"):  # a local run's output, teed by vrun.launch.local
         sys.stdout.write((r.dir / "job.log").read_text(errors="replace"))
         return 0
     if not r.on_slurm:
@@ -281,7 +282,7 @@ def cmd_cancel(a) -> int:
     sweep = False
     for path in a.runs:
         ps = state.points(path)
-        sweep = sweep or len(ps) > 1 or not (Path(path) / "plan.json").is_file()
+        sweep = sweep or len(ps) > 1 or not fs.is_file(Path(path) / "plan.json")
         targets += [state.load(p) for p in ps]
     state.refresh(targets)
     live = [r for r in targets if r.active]
@@ -395,7 +396,7 @@ def cmd_export(a) -> int:
     from vrun.runs import export
 
     r = one_run(a.run)
-    if not (r.dir / "verl_config.yaml").is_file():
+    if not fs.is_file(r.dir / "verl_config.yaml"):
         raise Usage(f"error: run={r.dir}: no verl_config.yaml; fix: plan the run again "
                     "(python runner.py ... mode=plan)")
     text = export.script(r)
@@ -444,7 +445,7 @@ def cmd_show(a) -> int:
             plans.append((p.name, json.loads((p / "plan.json").read_text())))
         except (OSError, json.JSONDecodeError) as e:
             raise Usage(f"error: run={p}: plan.json is unreadable ({e}); fix: plan the run again") from None
-    single = len(ps) == 1 and (Path(a.run) / "plan.json").is_file()
+    single = len(ps) == 1 and fs.is_file(Path(a.run) / "plan.json")
     out = a.output or str((ps[0] / picture.PICTURE) if single else (Path(a.run) / picture.OVERVIEW))
     try:
         path = picture.render(plans[0][1], out) if single else picture.render_overview(plans, out)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vrun.core.writer import is_secret_name
 from vrun.rundir.state import Run
+from vrun.core import fs
 
 ABSENT = "(absent)"
 
@@ -30,7 +31,7 @@ def changes(a: dict, b: dict) -> list[tuple]:
 
 def _read(d: Path, name: str):
     p = d / name
-    if not p.is_file():
+    if not fs.is_file(p):
         return None
     from vrun.rundir.state import RunDirError
 

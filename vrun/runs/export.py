@@ -13,6 +13,7 @@ from pathlib import Path
 
 from vrun.rundir.state import Run
 from vrun.core.writer import is_secret_name
+from vrun.core import fs
 
 MARK = "VERL_CONFIG_EOF"
 SFT_ENTRY = ["verl_mlite.launch", "verl.trainer.sft_trainer"]
@@ -144,7 +145,7 @@ def sft_entry(argv: list) -> list:
 def _is_project(path: str) -> bool:
     """This project's root on a PYTHONPATH (the script runs without it)."""
     here = Path(__file__).resolve().parent.parent.parent
-    return Path(path) == here or (Path(path) / "vrun" / "launch" / "entry.py").is_file()
+    return Path(path) == here or fs.is_file(Path(path) / "vrun" / "launch" / "entry.py")
 
 
 def _ray_address(d: Path):

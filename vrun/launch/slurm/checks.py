@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from vrun.core.problems import Problem
+from vrun.core import fs
 
 SKIP = "cluster.login_preflight=false"
 
@@ -60,13 +61,13 @@ def node_problems(checks: dict) -> list[str]:
     model = checks.get("model")
     if model and model.startswith(("/", "~", ".")):
         p = Path(os.path.expanduser(model))
-        if not (p / "config.json").is_file():
+        if not fs.is_file(p / "config.json"):
             out.append(f"{checks['model_env']}={model}: no config.json here (not a checkpoint dir, or not on "
                        "storage this node sees)")
         elif checks.get("weights") and not any(f for pat in checks["weight_patterns"] for f in p.glob(pat)):
             out.append(f"{checks['model_env']}={model}: config.json but no weights")
     for key, f in checks.get("files", []):
-        if not Path(os.path.expanduser(f)).exists():
+        if not fs.exists(os.path.expanduser(f)):
             out.append(f"{key}={f}: no such file on this node")
     for mod in checks.get("modules", []):
         if importlib.util.find_spec(mod) is None:

@@ -38,6 +38,7 @@ from vrun.core import writer
 from vrun.launch.environment import child_environ
 from vrun.config.schema import Cluster, EntrypointName, RayCfg
 from vrun.rundir.record import PlanRecord
+from vrun.core import fs
 
 POLL_S = 0.5
 
@@ -197,14 +198,14 @@ class Node:
 
     def wait_for(self, name: str) -> Optional[str]:
         """What another node published as `name`; None when the job is released first."""
-        while not (self.ctl / name).exists():
+        while not fs.exists(self.ctl / name):
             if self.released():
                 return None
             time.sleep(POLL_S)
         return (self.ctl / name).read_text().strip()
 
     def released(self) -> bool:
-        return (self.ctl / "released").exists()
+        return fs.exists(self.ctl / "released")
 
     def fail(self, error: str) -> None:
         """Tell the other nodes this one failed (`failed-<rank>` holds the line); node 0 also releases them."""

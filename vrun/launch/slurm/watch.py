@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from vrun.rundir import state
+from vrun.core import fs
 
 POLL_S = 1.0
 
@@ -58,6 +59,6 @@ def _show(stream, shown: dict, key: str, text: str) -> None:
 def _finished(job, ask: bool = False) -> bool:
     """submitit wrote the job's result (or its exception); `ask`: also submitit's own view (where squeue fails)."""
     try:
-        return job.paths.result_pickle.exists() or (ask and job.done())
+        return fs.exists(job.paths.result_pickle) or (ask and job.done())
     except Exception:  # noqa: BLE001 - a submitit without paths: rely on the progress lines
         return False
