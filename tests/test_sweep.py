@@ -114,3 +114,78 @@ def test_typed_from_the_resolved_containers_equals_omegaconf(tmp_path):
             schema.typed(cfg, OmegaConf.to_container(cfg, resolve=True))
     GlobalHydra.instance().clear()
     assert n == 60
+
+
+def _tree(d: Path) -> dict:
+    """Every file under a sweep dir, as text, with the sweep dir's own path written as <sweep>."""
+    return {str(p.relative_to(d)): p.read_text().replace(str(d), "<sweep>") for p in sorted(d.rglob("*"))
+            if p.is_file()}
+
+
+def test_forked_planning_writes_what_one_process_writes(tmp_path):
+    """A sweep planned on forked workers (vrun_sweeper.workers) writes the same files and prints the same lines
+    as one process: 3 workers over 4 group sets, points split across them, parent included."""
+    import os
+
+    args = ["-m", "model=glm5_1,kimi_k2_6", "optimizer=fsdp2,dist_opt", "verl.trainer.save_freq=5,10,20",
+            "mode=plan", "run.allow_memory_overrun=true"]
+    out = {}
+    for n in ("1", "3"):
+        env = {**os.environ, "VRUN_PLAN_WORKERS": n, "VRUN_STATE_DIR": str(tmp_path / f"state{n}")}
+        proc = runner(*args, f"hydra.sweep.dir={tmp_path}/w{n}", env=env)
+        assert proc.returncode == 0, proc.stderr
+        out[n] = (proc.stdout.replace(str(tmp_path / f"w{n}"), "<sweep>"), _tree(tmp_path / f"w{n}"))
+    assert len(out["1"][1]) == 12 * 3
+    one, many = out["1"][1], out["3"][1]
+    assert sorted(one) == sorted(many)
+    for name in one:  # the run id is the run dir's (another sweep dir here), the manifest's time its own
+        if name.endswith(".json"):
+            import json
+
+            a, b = json.loads(one[name]), json.loads(many[name])
+            for m in (a, b):
+                m.pop("created", None), m.pop("run_id", None)
+            assert a == b, name
+        else:
+            assert one[name] == many[name], name
+    assert out["1"][0] == out["3"][0]
+
+
+def test_forked_planning_refuses_as_one_process(tmp_path):
+    """A bad point in a worker's part: the same refusal lines, and nothing written."""
+    import os
+
+    args = ["-m", "model=glm5_1,kimi_k2_6", "mesh.cp=8,3", "verl.trainer.save_freq=5,10", "mode=plan"]
+    lines = {}
+    for n in ("1", "2"):
+        proc = runner(*args, f"hydra.sweep.dir={tmp_path}/w{n}", env={**os.environ, "VRUN_PLAN_WORKERS": n})
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "4 of 8 point(s) do not plan; nothing was run" in proc.stderr
+        assert not (tmp_path / f"w{n}").exists()
+        lines[n] = proc.stderr
+    assert lines["1"] == lines["2"]
+
+
+def test_plan_workers_must_be_a_count(tmp_path):
+    import os
+
+    for bad in ("0", "two", "-1", "1.5"):
+        proc = runner("-m", "model=glm5_1,kimi_k2_6", "mode=plan", f"hydra.sweep.dir={tmp_path}/s",
+                      env={**os.environ, "VRUN_PLAN_WORKERS": bad})
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith(f"error: VRUN_PLAN_WORKERS='{bad}'"), proc.stderr
+        assert "; fix: " in proc.stderr and not (tmp_path / "s").exists()
+
+
+def test_a_tree_composed_in_a_worker_is_kept(tmp_path):
+    """The worker planning the SFT points composes verl's sft_trainer tree; the parent keeps it in the state dir
+    with its own (ppo_trainer), as one process would."""
+    import os
+
+    for n in ("1", "2"):
+        env = {**os.environ, "VRUN_PLAN_WORKERS": n, "VRUN_STATE_DIR": str(tmp_path / f"state{n}")}
+        proc = runner("-m", "model=qwen3_5_35b", "algo=grpo,sft", "verl.trainer.save_freq=5,10", "mode=plan",
+                      f"hydra.sweep.dir={tmp_path}/s{n}", env=env)
+        assert proc.returncode == 0, proc.stderr
+    kept = [sorted(p.name for p in (tmp_path / f"state{n}" / "cache").glob("verl-tree-*.json")) for n in "12"]
+    assert len(kept[0]) == 2 and kept[0] == kept[1]

@@ -25,7 +25,10 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from vrun.checks import composed as check_composed, paths as check_paths
+from vrun.compose import verl_tree
 from vrun.core.problems import PlanError, Problem
+
+from hydra_plugins.vrun_sweeper import workers
 
 
 @dataclass
@@ -43,6 +46,7 @@ class PlanningSweeper(Sweeper):
         self.launcher = None
         self._overrides: dict = {}  # override text → Hydra's parsed Override (a sweep repeats the same few)
         self._parser: Optional[OverridesParser] = None
+        self._sweep_failures: list = []
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context = config, hydra_context
@@ -54,9 +58,7 @@ class PlanningSweeper(Sweeper):
 
         from hydra_plugins.vrun_launcher.vrun_launcher import PlannedLauncher
         from vrun.config import cli_errors
-        from vrun.config.schema import typed
         from vrun.launch.points import Point, Sweep, refuse
-        from vrun.planning.plan import make_plan
 
         choices = OmegaConf.to_container(self.config.hydra.runtime.choices, resolve=False)
         if not isinstance(self.launcher, PlannedLauncher):
@@ -82,64 +84,106 @@ class PlanningSweeper(Sweeper):
             self.config.hydra.sweep.dir = str(Path(str(self.config.hydra.sweep.dir)).absolute())
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         self.launcher.prepare(len(points))
-        composed, failures = [], []
-        bases: dict = {}
-        for idx, overrides in enumerate(points):
-            try:
-                cfg, dirs, launcher, point_choices = self._compose(list(overrides), bases, single)
-                if point_choices.get("hydra/launcher") != choices.get("hydra/launcher"):
-                    failures.append((idx, overrides, Problem(
-                        "hydra/launcher", point_choices.get("hydra/launcher"), "a sweep's points share one launcher "
-                        f"({choices.get('hydra/launcher')})", "sweep cluster=... in separate commands").line()))
-                    continue
-                if point_choices.get("cluster") != self.launcher.cluster:
-                    failures.append((idx, overrides, self._wrong_cluster(point_choices).line()))
-                    continue
-                with open_dict(cfg):
-                    cfg.hydra = {"job": {"num": idx, "id": str(idx), "name": str(self.config.hydra.job.name)},
-                                 "run": {"dir": dirs["run"]}, "sweep": {"subdir": dirs["subdir"],
-                                                                        "dir": str(sweep_dir)},
-                                 "launcher": launcher}
-                    if single:  # a run: hydra.run.dir (resolved with the point's values)
-                        run_dir, key = str(Path(str(cfg.hydra.run.dir)).absolute()), "hydra.run.dir"
-                        inside = None
-                    else:
-                        run_dir = os.path.normpath(str(sweep_dir / str(cfg.hydra.sweep.subdir)))
-                        key, inside = "hydra.sweep.subdir", str(sweep_dir)
-                    problems, taken = self.launcher.point_problems(cfg, launcher, hydra_overrides, str(sweep_dir),
-                                                                   run_dir, key if single else "hydra.sweep.dir")
-                    del cfg["hydra"]
-                parts = check_composed.containers(cfg)
-                problems += self.launcher.as_given(check_composed.config_problems(cfg, choices=point_choices,
-                                                                                  parts=parts), taken)
-                if not [p for p in problems if not p.warning]:
-                    problems += check_paths.run_dir(run_dir, key, inside=inside, resume=OmegaConf.select(
-                        cfg, "run.resume", default=False) is True)
-                errors = [p for p in problems if not p.warning]
-                if errors:
-                    failures.append((idx, overrides, "\n".join(p.line() for p in errors)))
-                    continue
-                composed.append((idx, overrides, cfg, run_dir, taken, parts[1]))
-            except Exception as e:  # noqa: BLE001 - reported per point below
-                failures.append((idx, overrides, cli_errors.describe(e)))
-        resume = any(r["run"].get("resume") is True for *_, r in composed)
-        if not single:
-            for p in check_paths.sweep(str(sweep_dir), [d for _, _, _, d, _, _ in composed], resume):
-                failures.append((-1, ["(all points)"], p.line()))
-        models = {r["model"]["name"] for *_, r in composed}
+        self._bases, self._single, self._choices = {}, single, choices
+        self._hydra_overrides, self._sweep_dir = hydra_overrides, sweep_dir
+        try:
+            n_workers = workers.count(len(points)) if not single else 1
+        except ValueError as e:
+            cli_errors.emit([f"error: {e}"])
+        items = list(enumerate(points))
+        parts = workers.chunks(items, n_workers, key=lambda item: self._group_key(item[1]))
+        summaries, _, results = workers.two_phase(parts, self._check_point, self._sweep_checks, self._plan_points)
+        failures = [s["failure"] for s in summaries if s.get("failure")] + self._sweep_failures
         planned = []
-        for idx, overrides, cfg, run_dir, taken, resolved in composed:
-            try:
-                plan = make_plan(typed(cfg, resolved), run_dir, single_model=len(models) == 1)
-                planned.append(Point(idx, tuple(overrides), plan, resolved, taken))
-            except PlanError as e:
-                failures.append((idx, overrides, str(PlanError(self.launcher.as_given(e.problems, taken),
-                                                               e.hints))))
-            except Exception as e:  # noqa: BLE001
-                failures.append((idx, overrides, cli_errors.describe(e)))
+        for part in results:
+            planned += part["points"]
+            failures += part["failures"]
+            verl_tree.adopt(part["trees"])
+        planned.sort(key=lambda p: p.idx)
         if failures:
             refuse(failures, len(points))
         return self.launcher.launch_planned(Sweep(str(sweep_dir), tuple(planned), single=len(planned) == 1))
+
+    def _group_key(self, overrides) -> tuple:
+        """The point's group overrides: the points that share them share one composition."""
+        return tuple(o.input_line for o in self._parsed(tuple(overrides)) if self._is_group(o))
+
+    def _check_point(self, item: tuple) -> tuple:
+        """Phase one of a point (vrun_sweeper.workers): composed and checked. Returns (summary, kept): the summary
+        the sweep's own checks read (run dir, resume, model, or the point's failure), and what phase two plans."""
+        from vrun.config import cli_errors
+
+        idx, overrides = item
+        choices, sweep_dir = self._choices, self._sweep_dir
+        try:
+            cfg, dirs, launcher, point_choices = self._compose(list(overrides), self._bases, self._single)
+            if point_choices.get("hydra/launcher") != choices.get("hydra/launcher"):
+                return {"failure": (idx, overrides, Problem(
+                    "hydra/launcher", point_choices.get("hydra/launcher"), "a sweep's points share one launcher "
+                    f"({choices.get('hydra/launcher')})", "sweep cluster=... in separate commands").line())}, None
+            if point_choices.get("cluster") != self.launcher.cluster:
+                return {"failure": (idx, overrides, self._wrong_cluster(point_choices).line())}, None
+            with open_dict(cfg):
+                cfg.hydra = {"job": {"num": idx, "id": str(idx), "name": str(self.config.hydra.job.name)},
+                             "run": {"dir": dirs["run"]}, "sweep": {"subdir": dirs["subdir"], "dir": str(sweep_dir)},
+                             "launcher": launcher}
+                if self._single:  # a run: hydra.run.dir (resolved with the point's values)
+                    run_dir, key = str(Path(str(cfg.hydra.run.dir)).absolute()), "hydra.run.dir"
+                    inside = None
+                else:
+                    run_dir = os.path.normpath(str(sweep_dir / str(cfg.hydra.sweep.subdir)))
+                    key, inside = "hydra.sweep.subdir", str(sweep_dir)
+                problems, taken = self.launcher.point_problems(cfg, launcher, self._hydra_overrides, str(sweep_dir),
+                                                               run_dir, key if self._single else "hydra.sweep.dir")
+                del cfg["hydra"]
+            parts = check_composed.containers(cfg)
+            problems += self.launcher.as_given(check_composed.config_problems(cfg, choices=point_choices,
+                                                                              parts=parts), taken)
+            if not [p for p in problems if not p.warning]:
+                problems += check_paths.run_dir(run_dir, key, inside=inside, resume=OmegaConf.select(
+                    cfg, "run.resume", default=False) is True)
+            errors = [p for p in problems if not p.warning]
+            if errors:
+                return {"failure": (idx, overrides, "\n".join(p.line() for p in errors))}, None
+            resolved = parts[1]
+            return {"run_dir": run_dir, "resume": resolved["run"].get("resume") is True,
+                    "model": resolved["model"]["name"]}, (idx, overrides, cfg, run_dir, taken, resolved)
+        except Exception as e:  # noqa: BLE001 - reported per point
+            return {"failure": (idx, overrides, cli_errors.describe(e))}, None
+
+    def _sweep_checks(self, summaries: list) -> dict:
+        """The sweep's own checks, over every point's summary (in the parent): the points' run dirs apart and in
+        the sweep dir; one model or several (a single model may take MODEL_PATH)."""
+        ok = [s for s in summaries if not s.get("failure")]
+        self._sweep_failures = []
+        if not self._single:
+            resume = any(s["resume"] for s in ok)
+            for p in check_paths.sweep(str(self._sweep_dir), [s["run_dir"] for s in ok], resume):
+                self._sweep_failures.append((-1, ["(all points)"], p.line()))
+        return {"single_model": len({s["model"] for s in ok}) == 1}
+
+    def _plan_points(self, kept: list, shared: dict) -> dict:
+        """Phase two: a part's checked points planned (vrun.planning.plan.make_plan: its one caller). Returns its
+        Points, its failures as (idx, overrides, lines), and the verl trees it composed (the parent keeps them in
+        the state dir once a plan is written)."""
+        from vrun.config import cli_errors
+        from vrun.config.schema import typed
+        from vrun.launch.points import Point
+        from vrun.planning.plan import make_plan
+
+        out: dict = {"points": [], "failures": []}
+        for idx, overrides, cfg, run_dir, taken, resolved in [k for k in kept if k is not None]:
+            try:
+                plan = make_plan(typed(cfg, resolved), run_dir, single_model=shared["single_model"])
+                assert plan.verl_text  # rendered where it is planned (a worker), not where it is written
+                out["points"].append(Point(idx, tuple(overrides), plan, resolved, taken))
+            except PlanError as e:
+                out["failures"].append((idx, overrides, str(PlanError(self.launcher.as_given(e.problems, taken),
+                                                                      e.hints))))
+            except Exception as e:  # noqa: BLE001
+                out["failures"].append((idx, overrides, cli_errors.describe(e)))
+        out["trees"] = verl_tree.composed_here()
+        return out
 
     def _sweep_problems(self, n_points: int, single: bool, run_dir_given: list) -> list:
         """The sweep's own problems, before any point is composed."""

@@ -95,6 +95,19 @@ def _base(config_name: str, groups: tuple[str, ...], config_dir: str) -> dict:
     return out
 
 
+def composed_here() -> list:
+    """The trees this process composed and has not kept yet, handed over (a sweep's worker hands them to the parent,
+    which keeps them once a plan is written)."""
+    out = list(_COMPOSED)
+    _COMPOSED.clear()
+    return out
+
+
+def adopt(trees: list) -> None:
+    """Trees another process composed for this one (composed_here there), kept with this process's own."""
+    _COMPOSED.extend(trees)
+
+
 def keep_composed() -> None:
     """Keep the trees this process composed in the state dir for the next plans; never fails the caller."""
     while _COMPOSED:

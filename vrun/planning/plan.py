@@ -9,6 +9,7 @@ verl imports here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -67,6 +68,13 @@ class Plan:
     time: Optional[object] = None            # vrun.estimate.steptime.StepTime (None: time_note says why)
     time_note: str = ""
     cost: Optional[dict] = None              # GPU-hours for the configured steps (vrun.planning.steptime_plan.cost)
+
+    @functools.cached_property
+    def verl_text(self) -> str:
+        """verl's tree as <run dir>/verl_config.yaml holds it (rendered once; a sweep renders it where it plans)."""
+        from vrun.core import yaml_text
+
+        return yaml_text.dump(self.verl)
 
     @property
     def pass_env(self) -> list:

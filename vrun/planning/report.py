@@ -59,11 +59,11 @@ def write(plan: Plan, **fields) -> None:
     """<run dir>/verl_config.yaml and plan.json (its record, with `fields` set: e.g. the SLURM submission), through
     the one writer (vrun.core.writer): masked, never through a link; verl_config.yaml verbatim or refused."""
     from vrun.checks import paths as check_paths
-    from vrun.core import writer, yaml_text
+    from vrun.core import writer
     from vrun.core.problems import PlanError, Problem
 
     d = Path(plan.run_dir)
-    text = yaml_text.dump(plan.verl)
+    text = plan.verl_text
     if getattr(plan.config.run, "resume", False):
         found = check_paths.same_plan(plan.run_dir, text)
         if found:

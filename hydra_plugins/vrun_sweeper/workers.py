@@ -1,0 +1,149 @@
+"""A sweep's points checked and planned on forked copies of this process, one chunk each, in two phases.
+
+Phase one checks each point of a chunk and sends back a small summary (its run dir, its model, its failure); the
+sweep's own checks need every summary (run dirs apart, one model or several), so they run in the parent, which
+sends its decision to every worker; phase two plans the chunk's points and sends them back. The parent works on
+the first chunk itself. Nothing is written by a worker; the launcher writes after every point planned.
+
+A worker is `os.fork()`: it starts with the composed configs, the caches and the imports of the parent, so it costs
+no start-up. Results travel over a pipe (`multiprocessing.connection`, pickle underneath) from a copy of this same
+process to the process that forked it: never a file, never a payload read from a run dir. A worker that dies or
+raises leaves its chunk to the parent, which then does that chunk itself, so a worker failure never changes what
+the sweep does, only how fast. Linux only (fork after import is the platform's normal way); elsewhere, serial.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from multiprocessing.connection import Connection, Pipe
+from typing import Any, Callable, Sequence
+
+ENV = "VRUN_PLAN_WORKERS"   # the number of processes a sweep plans on (1: no fork); default: the usable CPUs, ≤ 8
+MAX_WORKERS = 8
+MIN_POINTS = 8              # points per worker below which a fork costs more than it saves
+
+
+def count(n_points: int, environ: dict = os.environ) -> int:
+    """How many processes plan a sweep of n_points: VRUN_PLAN_WORKERS when set (a whole number ≥ 1), else the CPUs
+    this process may run on, at most 8, with at least 8 points each."""
+    given = environ.get(ENV)
+    if given is not None:
+        if not given.strip().isdigit() or int(given) < 1:
+            raise ValueError(f"{ENV}={given!r}: the number of processes a sweep plans on is a whole number >= 1; "
+                             f"fix: {ENV}=1 (no fork) or unset it")
+        n = int(given)
+    else:
+        try:
+            n = min(len(os.sched_getaffinity(0)), MAX_WORKERS)
+        except AttributeError:  # not Linux
+            n = 1
+        n = min(n, n_points // MIN_POINTS)
+    if not hasattr(os, "fork") or sys.platform != "linux":
+        return 1
+    return max(1, min(n, n_points))
+
+
+def chunks(items: Sequence, n: int, key: Callable[[Any], Any]) -> list[list]:
+    """items in n contiguous chunks of near-equal size, after a stable sort by key (points that share a group set
+    land together, so each worker composes few of them)."""
+    ordered = sorted(items, key=key)
+    size, extra = divmod(len(ordered), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        out.append(ordered[start:end])
+        start = end
+    return [c for c in out if c]
+
+
+def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide: Callable[[list], Any],
+              second: Callable[[list, Any], Any]) -> tuple[list, Any, list]:
+    """first(item) → (summary, kept); decide(every summary, in order) → shared; second(a part's kept, shared) →
+    that part's result. parts[0] runs here, every other part in a forked worker. Returns (summaries, shared, one
+    result per part, in order)."""
+    workers = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for part in parts[1:]:
+        here, there = Pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker: never returns
+            here.close()
+            _work(there, part, first, second)
+        there.close()
+        workers.append((pid, here, part))
+    kept = [first(item) for item in parts[0]]
+    summaries = [[s for s, _ in kept]]
+    done: list = [None] * len(workers)
+    for i, (pid, conn, part) in enumerate(workers):
+        got = _receive(conn)
+        if got is None:  # the worker died or raised: this part is the parent's
+            _end(pid, conn)
+            done[i] = [first(item) for item in part]
+            summaries.append([s for s, _ in done[i]])
+        else:
+            summaries.append(got)
+    flat = [s for part in summaries for s in part]
+    shared = decide(flat)
+    for i, (pid, conn, _) in enumerate(workers):
+        if done[i] is None:
+            _send(conn, ("go", shared))
+    results = [second([k for _, k in kept], shared)]
+    for i, (pid, conn, part) in enumerate(workers):
+        if done[i] is not None:
+            results.append(second([k for _, k in done[i]], shared))
+            continue
+        got = _receive(conn)
+        _end(pid, conn)
+        if got is None:  # it died planning: the parent does both phases of its part again
+            redo = [first(item) for item in part]
+            results.append(second([k for _, k in redo], shared))
+        else:
+            results.append(got)
+    return flat, shared, results
+
+
+def _work(conn: Connection, part: list, first, second) -> None:
+    code = 0
+    try:
+        kept = [first(item) for item in part]
+        conn.send(("ok", [s for s, _ in kept]))
+        msg = conn.recv()
+        if isinstance(msg, tuple) and msg[0] == "go":
+            conn.send(("ok", second([k for _, k in kept], msg[1])))
+    except BaseException:  # noqa: BLE001 - told to the parent, which does this part itself
+        code = 1
+        try:
+            conn.send(("failed", traceback.format_exc()[-2000:]))
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _receive(conn: Connection):
+    try:
+        kind, body = conn.recv()
+    except (EOFError, OSError, ValueError, TypeError):
+        return None
+    return body if kind == "ok" else None
+
+
+def _send(conn: Connection, msg) -> None:
+    try:
+        conn.send(msg)
+    except (OSError, ValueError):
+        pass  # it died: its receive comes back None and the parent does its part
+
+
+def _end(pid: int, conn: Connection) -> None:
+    conn.close()
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass

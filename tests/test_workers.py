@@ -1,0 +1,65 @@
+"""The sweep's forked workers (hydra_plugins/vrun_sweeper/workers.py): parts in order, the parent's decision seen
+by every worker, and a worker that dies or raises leaves its part to the parent."""
+import os
+
+import pytest
+
+from hydra_plugins.vrun_sweeper import workers
+
+PARENT = os.getpid()
+
+
+def first(x):
+    return {"x": x, "pid": os.getpid()}, x * 10
+
+
+def decide(summaries):
+    return sum(s["x"] for s in summaries)
+
+
+def second(kept, total):
+    return [(k, total, os.getpid()) for k in kept]
+
+
+def test_parts_run_in_workers_and_come_back_in_order():
+    parts = workers.chunks(list(range(10)), 3, key=lambda x: x)
+    assert parts == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    summaries, shared, results = workers.two_phase(parts, first, decide, second)
+    results = [r for part in results for r in part]
+    assert [s["x"] for s in summaries] == list(range(10)) and shared == 45
+    assert [r[0] for r in results] == [x * 10 for x in range(10)] and {r[1] for r in results} == {45}
+    pids = {r[2] for r in results}
+    assert PARENT in pids and len(pids) == 3  # the parent's part here, each other part in its own process
+
+
+def dies(x):
+    if os.getpid() != PARENT and x == 5:
+        os._exit(3)  # a worker killed mid-part: no message, the pipe closes
+    return first(x)
+
+
+def raises_planning(kept, total):
+    if os.getpid() != PARENT:
+        raise RuntimeError("boom")
+    return second(kept, total)
+
+
+@pytest.mark.parametrize("phase", ["first", "second"])
+def test_a_failed_worker_leaves_its_part_to_the_parent(phase):
+    parts = workers.chunks(list(range(8)), 2, key=lambda x: x)
+    one, two = (dies, second) if phase == "first" else (first, raises_planning)
+    summaries, shared, results = workers.two_phase(parts, one, decide, two)
+    results = [r for part in results for r in part]
+    assert [s["x"] for s in summaries] == list(range(8)) and shared == 28
+    assert [r[0] for r in results] == [x * 10 for x in range(8)]
+    assert {r[2] for r in results} == {PARENT}
+
+
+def test_worker_count():
+    assert workers.count(64, {"VRUN_PLAN_WORKERS": "3"}) == 3
+    assert workers.count(2, {"VRUN_PLAN_WORKERS": "3"}) == 2  # never more workers than points
+    assert workers.count(7, {}) == 1  # under 8 points each a fork costs more than it saves
+    assert 1 <= workers.count(64, {}) <= min(workers.MAX_WORKERS, len(os.sched_getaffinity(0)))
+    for bad in ("0", "x", "", "-2"):
+        with pytest.raises(ValueError, match="VRUN_PLAN_WORKERS"):
+            workers.count(64, {"VRUN_PLAN_WORKERS": bad})
