@@ -118,11 +118,11 @@ def test_auto_equals_a_plan_of_its_choice(model, tmp_path):
 def test_auto_prefers_what_fits():
     """With little GPU memory the choice moves to a mesh that fits."""
     roomy = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "optimizer=dist_opt", "mode=plan",
-                  "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.5"])
+                  "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.6"])
     assert roomy.memory.fits
     limit = int(roomy.memory.peak / 2 ** 30) - 1   # the roomy choice does not fit under it
     tight = plan(["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "optimizer=dist_opt", "mode=plan",
-                  f"cluster.gpu_mem_gib={limit}", "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.5"])
+                  f"cluster.gpu_mem_gib={limit}", "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.6"])
     assert tight.memory.fits and tight.memory.peak <= limit * 2 ** 30
     assert tight.mesh != roomy.mesh
 

@@ -32,26 +32,27 @@ No published end-to-end step time was found for this project's own five models (
 DeepSeek-V4 Flash/Pro) under verl or NeMo RL.
 
 Predicted (the estimate's middle) vs published, the factors unchanged. "roofline" is the roofline alone; "+coll"
-adds the rollout's TP all-reduces (NCCL's latency model) and the training mesh's TP/EP collective bytes; "now"
+adds the rollout's TP all-reduces (NCCL's latency model) and the training mesh's TP/EP collective bytes; "+refit"
 adds the refit as the frameworks do it (vrun/estimate/steptime.py REFIT_RATE, sync_s: every rank gathers and
 hands over the whole bf16 model, tensor by tensor, at 36–96 GB/s measured by NeMo RL) and the recipes' recompute;
-"+ref" turns NeMo RL's reference pass on (its grpo.py runs it every step):
-  case                        published   roofline      +coll         +refit        +ref
-  deepseek_v3_256xh100          154 s      50 s 0.32×    58 s 0.38×    81 s 0.53×    83 s 0.54×
-  qwen3_235b_a22b_128xh100      506 s     416 s 0.82×   505 s 1.00×   523 s 1.03×   534 s 1.06×
-  qwen3_30b_a3b_32xh100         225 s     120 s 0.53×   135 s 0.60×   136 s 0.60×   146 s 0.65×
-  llama3_1_8b_16xh100          97.7 s     179 s 1.83×   179 s 1.83×   190 s 1.94×   201 s 2.05×  OUT
-  qwen3_32b_32xh100             393 s     539 s 1.37×   582 s 1.48×   583 s 1.48×   661 s 1.68×
-  verl_deepseek_v3_96xh20      1700 s     764 s 0.45×   904 s 0.53×   926 s 0.54×   926 s 0.54×
-Llama-3.1-8B on 16 H100s stays over: its rollout alone is estimated at 133 s against the whole published 97.7 s
-step. The last wave of the rollout is taken to grow every one of its sequences to the maximum response length
-(3,968 tokens), each decode step reading the KV cache those sequences fill, which is pessimistic for a short-answer
-data set; counting the replica's concurrency at a sequence's mean KV occupancy instead (vLLM's paged cache grows
-and frees blocks per token, Kwon et al. 2023) was tried and moves Llama further out (2.25×) and verl's DeepSeek-V3
-below range (0.43×, its measured rollout being 1,050 s), and a last wave of one maximum-length response with the
-rest at the mean brings Llama in (1.29×) but both DeepSeek-V3 cases and Qwen3-30B out (0.31–0.53×). No tail
-choice puts all six in: the small dense model's decode is modelled too slow while the large MoE's decode at TP32
-is modelled too fast. Neither is fitted here.
+"+ref" turns NeMo RL's reference pass on (its grpo.py runs it every step); "now" takes the decode MBU at the
+rollout's TP as the source measured it (steptime.DECODE_MBU_AT_TP: 60% at TP2, 40% at TP4, 25% at TP8, one node,
+its all-reduces included, so the explicit all-reduces count only for a replica wider than a node) where the
+columns before used the middle of the band, 39%, at every TP:
+  case                      gen TP  published   roofline      +coll         +refit        +ref          now
+  deepseek_v3_256xh100        32      154 s      50 s 0.32×    58 s 0.38×    81 s 0.53×    83 s 0.54×   107 s 0.69×
+  qwen3_235b_a22b_128xh100    16      506 s     416 s 0.82×   505 s 1.00×   523 s 1.03×   534 s 1.06×   747 s 1.48×
+  qwen3_30b_a3b_32xh100        4      225 s     120 s 0.53×   135 s 0.60×   136 s 0.60×   146 s 0.65×   138 s 0.61×
+  llama3_1_8b_16xh100          1     97.7 s     179 s 1.83×   179 s 1.83×   190 s 1.94×   201 s 2.05×   154 s 1.57×
+  qwen3_32b_32xh100            4      393 s     539 s 1.37×   582 s 1.48×   583 s 1.48×   661 s 1.68×   632 s 1.61×
+  verl_deepseek_v3_96xh20     32     1700 s     764 s 0.45×   904 s 0.53×   926 s 0.54×   926 s 0.54×  1185 s 0.70×
+Before "now", Llama-3.1-8B on 16 H100s was out (2.05×): at TP1 its decode was taken at the band's middle, 39%, where
+the source measured 60% at TP2, and the TP32 rollouts of DeepSeek-V3 at 39% where it measured 25% at TP8 (taken for
+every TP past 8). One per-phase figure checks the change without being an input: verl's DeepSeek-V3 page measured
+its rollout at 1,050 s; the estimate's middle had 602 s and now has 861 s. The last wave is still taken to grow
+every one of its sequences to the maximum response length (pessimistic for a short-answer data set), and counting
+the replica's concurrency at a sequence's mean KV occupancy instead (vLLM's paged cache, Kwon et al. 2023) is not
+modelled.
 NeMo RL's DeepSeek-V3 on 256 H100s, what brought it in: its refit. Every rank of a refit receives each weight whole
 (Megatron-Bridge's stream_weights_megatron_to_hf at the commit NeMo RL pins, 8aa287df: a PP broadcast, then TP and
 EP all-gathers, every rank yielding the full tensor; verl's per_tensor_generator does the same), so each GPU handles
@@ -143,5 +144,3 @@ CASES = {
                                     source=VERL_DPSK, part="H20", mean_response=1960, max_prompt=2048,
                                     recompute=True, reference=True),
 }
-# the cases the estimate's middle leaves outside 0.5×–2×, with the ratio they stand at (the module docstring says why)
-KNOWN_OUT = {"llama3_1_8b_16xh100": 2.05}

@@ -7,10 +7,12 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               DP·max_num_seqs) decoding at once, in ceil(S/C) waves. One decode step reads, per GPU, the dense
               weights / TP, the routed experts / (TP·DP) that C tokens touch (1 − (1 − k/E)^C of them) and the KV
               of its C/DP sequences: time = max(bytes / (B·MBU), 2·N·C/DP/TP / (P·MFU)) (the roofline: memory
-              bound until the batch is large), plus, with TP > 1, the step's two all-reduces per decoder layer
-              (Shoeybi et al. 2019) of its bf16 activations over the TP group: NCCL's own latency model (Ring or
-              Tree, LL; vrun/estimate/hardware.py NCCL_LATENCY_US, from NCCL's tuning.cc) + 2(n−1)/n·bytes over
-              NVLink within a node or the node's network across nodes. Prefill: 2·N·prompt tokens / (G·P·MFU).
+              bound until the batch is large). The middle MBU is the one measured at the replica's TP
+              (DECODE_MBU_AT_TP: a whole decode step on one node, its all-reduces included). A replica wider than
+              a node adds the step's two all-reduces per decoder layer (Shoeybi et al. 2019) of its bf16
+              activations over the TP group: NCCL's own latency model (Ring or Tree, LL;
+              vrun/estimate/hardware.py NCCL_LATENCY_US, from NCCL's tuning.cc) + 2(n−1)/n·bytes over the
+              node's network. Prefill: 2·N·prompt tokens / (G·P·MFU).
               At the mean: waves · mean response · step(context prompt + response/2). The step waits for its
               longest response: at max_response_length, the last wave runs max_response_length decode steps.
   log-prob    2·N·T / (G·P·MFU) per pass: the old policy always, the reference when a KL term is on
@@ -59,11 +61,33 @@ FACTORS = {
     "decode_mbu": Factor(0.25, 0.60, "model-bandwidth utilisation of a decode step measured with TensorRT-LLM at "
                          "batch 1–16: 60% at TP2 (H100, A100), 40% at TP4, 25% at TP8 (Databricks, 'LLM Inference "
                          "Performance Engineering: Best Practices', 2023-10, figures 2–3)"),
+    # the band spans the source's figures over TP8 (0.25) to TP2 (0.60); the middle is the figure at the rollout's
+    # TP (DECODE_MBU_AT_TP, decode_mbu)
     "network": Factor(0.50, 0.90, "ASSUMED (no measurement read): the share of the NICs' line rate a bulk weight "
                       "transfer reaches"),
     "pcie": Factor(0.50, 0.80, "ASSUMED (no measurement read): the share of the PCIe x16 rate a pinned host-device "
                    "copy reaches"),
 }
+
+
+# The decode MBU the same source measured at each tensor-parallel size on one node (its figures 2–3: 60% at TP2,
+# 40% at TP4, 25% at TP8): a whole decode step's time, so its all-reduces within the node are in the figure.
+DECODE_MBU_AT_TP = {2: 0.60, 4: 0.40, 8: 0.25}
+
+
+def decode_mbu(tp: int, band: Factor) -> float:
+    """The middle decode MBU of a rollout replica of TP `tp`: the source's figure at that TP, log-linear between its
+    points; TP1 (not measured) at TP2's figure; past TP8 at TP8's, the all-reduces across nodes counted on top
+    (decode_step_s). Kept inside the factor's band."""
+    pts = sorted(DECODE_MBU_AT_TP.items())
+    if tp <= pts[0][0]:
+        v = pts[0][1]
+    elif tp >= pts[-1][0]:
+        v = pts[-1][1]
+    else:
+        (t0, m0), (t1, m1) = next((a, b) for a, b in zip(pts, pts[1:]) if a[0] <= tp <= b[0])
+        v = m0 * (m1 / m0) ** ((math.log2(tp) - math.log2(t0)) / (math.log2(t1) - math.log2(t0)))
+    return min(max(v, band.low), band.high)
 
 
 @dataclass(frozen=True)
@@ -284,8 +308,9 @@ def tp_collectives_s(w: Workload, part: Part, per_rank: float, net: float) -> fl
 
 def decode_step_s(w: Workload, part: Part, concurrent: int, context: float, mbu: float, mfu: float,
                   net: Optional[float] = None) -> float:
-    """One decode step of a replica with `concurrent` sequences at `context` tokens each: the roofline, then its
-    TP all-reduces (net: the network efficiency; None leaves them out)."""
+    """One decode step of a replica with `concurrent` sequences at `context` tokens each: the roofline, then, for a
+    replica wider than a node, its TP all-reduces (net: the network efficiency; None leaves them out). Within a
+    node they are in the measured MBU (DECODE_MBU_AT_TP)."""
     tp, dp = w.rollout_tp, w.rollout_dp
     per_rank = concurrent / dp
     touched = 1.0 if not w.experts else 1 - (1 - w.top_k / w.experts) ** concurrent
@@ -293,7 +318,8 @@ def decode_step_s(w: Workload, part: Part, concurrent: int, context: float, mbu:
     kv = per_rank * (context * w.kv_per_token + w.kv_per_sequence)
     memory = (weights + kv) / (part.hbm * mbu)
     flops = 2 * w.active_params * per_rank / tp / (part.bf16_flops * mfu)
-    return max(memory, flops) + (tp_collectives_s(w, part, per_rank, net) if net is not None else 0.0)
+    wide = tp > w.gpus_per_node
+    return max(memory, flops) + (tp_collectives_s(w, part, per_rank, net) if net is not None and wide else 0.0)
 
 
 def rollout_s(w: Workload, part: Part, response: float, mbu: float, mfu: float, longest: bool,
@@ -409,12 +435,13 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
         phases["log_prob"] = compute((2 * w.active_params * w.tokens + attn) * passes,
                                      "old policy" + (" + reference" if w.reference else ""), passes)
     elif w.rollout:
+        at_tp = decode_mbu(w.rollout_tp, mbu)
         at_mean = Phase(rollout_s(w, part, w.response_mean, mbu.high, mfu.high, False, net.high),
                         rollout_s(w, part, w.response_mean, mbu.low, mfu.low, False, net.low), "",
-                        rollout_s(w, part, w.response_mean, middle(mbu), middle(mfu), False, middle(net)))
+                        rollout_s(w, part, w.response_mean, at_tp, middle(mfu), False, middle(net)))
         at_max = Phase(rollout_s(w, part, w.response_max, mbu.high, mfu.high, True, net.high),
                        rollout_s(w, part, w.response_max, mbu.low, mfu.low, True, net.low), "",
-                       rollout_s(w, part, w.response_max, middle(mbu), middle(mfu), True, middle(net)))
+                       rollout_s(w, part, w.response_max, at_tp, middle(mfu), True, middle(net)))
         phases["rollout"] = Phase(at_mean.low, at_max.high, "low: every response at the mean length; high: the "
                                   "step waits for one at max_response_length", at_max.middle)
         passes = 2 if w.reference else 1
@@ -438,9 +465,11 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
                                   f"{moved / 2 ** 30:.0f} GiB per GPU over PCIe", moved / (part.pcie * middle(pcie)))
     assumptions = (
         "ESTIMATE: roofline per phase with the efficiencies listed (low time = the optimistic efficiency; the "
-        "middle = their geometric mean with one response at max_response_length)",
+        "middle = their geometric mean, the decode MBU measured at the rollout's TP, the last wave decoding to "
+        "max_response_length)",
         w.mean_source,
-        "decode: the rollout's TP all-reduces by NCCL's latency model + bytes; training and log-prob: TP all-reduce "
+        "decode: a replica's TP all-reduces within a node in its measured MBU, across nodes by NCCL's latency model "
+        "+ bytes; training and log-prob: TP all-reduce "
         "and EP all-to-all bytes; refit: the whole bf16 model through every rank at the measured refit rate; "
         "not modelled: reward, DP and MoE load imbalance, the DP gradient reduction, CP "
         "and PP traffic, kernel-launch overheads, start-up, checkpoint saves",
