@@ -23,7 +23,7 @@ def second(kept, total):
 
 def test_parts_run_in_workers_and_come_back_in_order():
     parts = workers.chunks(list(range(10)), 3, key=lambda x: x)
-    assert parts == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert [x for p in parts for x in p] == list(range(10)) and len(parts) == 3 and max(map(len, parts)) == 4
     summaries, shared, results = workers.two_phase(parts, first, decide, second)
     results = [r for part in results for r in part]
     assert [s["x"] for s in summaries] == list(range(10)) and shared == 45
@@ -63,3 +63,13 @@ def test_worker_count():
     for bad in ("0", "x", "", "-2"):
         with pytest.raises(ValueError, match="VRUN_PLAN_WORKERS"):
             workers.count(64, {"VRUN_PLAN_WORKERS": bad})
+
+
+def test_parts_weigh_the_compositions():
+    """Four group sets of 16 points, each composition worth 10 points, the primary's set free: two parts of two
+    sets each (splitting a set would compose it twice); one set of 64 over four workers: 16 points each."""
+    sets = workers.chunks(list(range(64)), 2, key=lambda x: x // 16, setup=lambda k: 0.0 if k == 1 else 10.0)
+    assert [sorted({x // 16 for x in p}) for p in sets] == [[0, 1], [2, 3]]
+    one = workers.chunks(list(range(64)), 4, key=lambda x: 0, setup=lambda k: 10.0)
+    assert [len(p) for p in one] == [16, 16, 16, 16]
+    assert workers.chunks([], 2, key=lambda x: x) == []

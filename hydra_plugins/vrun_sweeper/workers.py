@@ -44,17 +44,32 @@ def count(n_points: int, environ: dict = os.environ) -> int:
     return max(1, min(n, n_points))
 
 
-def chunks(items: Sequence, n: int, key: Callable[[Any], Any]) -> list[list]:
-    """items in n contiguous chunks of near-equal size, after a stable sort by key (points that share a group set
-    land together, so each worker composes few of them)."""
+def chunks(items: Sequence, n: int, key: Callable[[Any], Any],
+           setup: Callable[[Any], float] = lambda k: 0.0) -> list[list]:
+    """items in at most n contiguous parts, after a stable sort by key (items that share a key land together, so
+    each part sets up few keys), the costliest part as cheap as it can be: an item costs 1, and the first item of
+    each key in a part setup(key) more (a part composes each group set it meets once)."""
     ordered = sorted(items, key=key)
-    size, extra = divmod(len(ordered), n)
-    out, start = [], 0
-    for i in range(n):
-        end = start + size + (1 if i < extra else 0)
-        out.append(ordered[start:end])
-        start = end
-    return [c for c in out if c]
+    keys = [key(x) for x in ordered]
+    costs = {k: setup(k) for k in dict.fromkeys(keys)}
+
+    def split(limit: float) -> list[list]:
+        out: list = [[]]
+        cost, last = 0.0, None
+        for x, k in zip(ordered, keys):
+            add = 1.0 + (costs[k] if k != last else 0.0)
+            if out[-1] and cost + add > limit:
+                out.append([])
+                cost, add = 0.0, 1.0 + costs[k]
+            out[-1].append(x)
+            cost, last = cost + add, k
+        return out
+
+    lo, hi = 1.0 + max(costs.values(), default=0.0), len(ordered) + sum(costs.values()) + 1.0
+    while hi - lo > 0.5:  # the least limit that needs no more than n parts
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if len(split(mid)) <= n else (mid, hi)
+    return [c for c in split(hi) if c]
 
 
 def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide: Callable[[list], Any],
