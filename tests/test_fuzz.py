@@ -99,9 +99,10 @@ def test_junk_in_every_leaf(tmp_path, seed):
     assert n >= len(keys) // 2 and outcomes["refused"] and outcomes["planned"], (n, outcomes)
 
 
-# names no filesystem holds (a component over 255 bytes, a path over 4,096, a NUL byte): asking pathlib whether
-# such a file exists raises; the plan must answer instead
-UNHOLDABLE = ["x" * 5000, "/tmp/" + "d" * 300 + "/train.parquet", "a\x00b", "/" + "/".join(["p" * 200] * 30)]
+# names no filesystem holds (a component over 255 bytes, a path over 4,096, a NUL byte, a user who does not exist):
+# asking pathlib whether such a file exists, or expanding ~, raises; the plan must answer instead
+UNHOLDABLE = ["x" * 5000, "/tmp/" + "d" * 300 + "/train.parquet", "a\x00b", "/" + "/".join(["p" * 200] * 30),
+              "~nosuchuser9/train.parquet"]
 
 
 def test_names_no_filesystem_holds(tmp_path):

@@ -97,6 +97,7 @@ CASES = [
      "export VRUN_NOPE_UNSET"),
     ("glob-sweep", ["-m", "model=glob(qwen*)"], OK, None, None),
     ("unquoted-comma", ["hydra.run.dir=R,x"], REFUSED, "hydra.run.dir", "quote"),
+    ("run-dir-name-too-long", ["hydra.run.dir=R/" + "d" * 300], REFUSED, "hydra.run.dir", "at most 255"),
 ]
 
 

@@ -134,6 +134,7 @@ def test_forked_planning_writes_what_one_process_writes(tmp_path):
         env = {**os.environ, "VRUN_PLAN_WORKERS": n, "VRUN_STATE_DIR": str(tmp_path / f"state{n}")}
         proc = runner(*args, f"hydra.sweep.dir={tmp_path}/w{n}", env=env)
         assert proc.returncode == 0, proc.stderr
+        assert "planning worker" not in proc.stderr, proc.stderr  # the workers planned: none was taken back
         out[n] = (proc.stdout.replace(str(tmp_path / f"w{n}"), "<sweep>"), _tree(tmp_path / f"w{n}"))
     assert len(out["1"][1]) == 12 * 3
     one, many = out["1"][1], out["3"][1]
@@ -167,11 +168,13 @@ def test_forked_planning_refuses_as_one_process(tmp_path):
 
 
 def test_plan_workers_must_be_a_count(tmp_path):
+    """Refused for a sweep and for a run alike, before anything is written."""
     import os
 
-    for bad in ("0", "two", "-1", "1.5"):
-        proc = runner("-m", "model=glm5_1,kimi_k2_6", "mode=plan", f"hydra.sweep.dir={tmp_path}/s",
-                      env={**os.environ, "VRUN_PLAN_WORKERS": bad})
+    for bad, where in (("0", "-m"), ("two", "-m"), ("-1", "-m"), ("1.5", "-m"), ("²", "-m"), ("x", "")):
+        args = ["-m", "model=glm5_1,kimi_k2_6", f"hydra.sweep.dir={tmp_path}/s"] if where else \
+            ["model=glm5_1", f"hydra.run.dir={tmp_path}/s"]
+        proc = runner(*args, "mode=plan", env={**os.environ, "VRUN_PLAN_WORKERS": bad})
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.strip().splitlines()[-1].startswith(f"error: VRUN_PLAN_WORKERS='{bad}'"), proc.stderr
         assert "; fix: " in proc.stderr and not (tmp_path / "s").exists()
@@ -189,3 +192,25 @@ def test_a_tree_composed_in_a_worker_is_kept(tmp_path):
         assert proc.returncode == 0, proc.stderr
     kept = [sorted(p.name for p in (tmp_path / f"state{n}" / "cache").glob("verl-tree-*.json")) for n in "12"]
     assert len(kept[0]) == 2 and kept[0] == kept[1]
+
+
+def test_points_sharing_a_dir_are_named_by_their_numbers(tmp_path):
+    """The points that would share a run dir are named by their point numbers, whatever order they were planned in
+    (the workers take the points by group set)."""
+    import os
+
+    for n in ("1", "2"):
+        proc = runner("-m", "model=kimi_k2_6,glm5_1", "verl.trainer.save_freq=1,2", "mode=plan",
+                      "hydra.sweep.subdir=${model.name}", f"hydra.sweep.dir={tmp_path}/s{n}",
+                      env={**os.environ, "VRUN_PLAN_WORKERS": n})
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "error: hydra.sweep.subdir=kimi_k2_6: points 0 and 1 share one run dir" in proc.stderr, proc.stderr
+
+
+def test_a_typed_subdir_may_interpolate_the_job_number(tmp_path):
+    """hydra.sweep.subdir typed on the command line with ${hydra.job.num} (as conf/run.yaml's own default does):
+    resolved per point, not when the sweep reads its overrides."""
+    proc = runner("-m", "model=glm5_1,kimi_k2_6", "mode=plan", f"hydra.sweep.dir={tmp_path}/s",
+                  "hydra.sweep.subdir=x_${hydra.job.num}_${model.name}")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["x_0_glm5_1", "x_1_kimi_k2_6"]

@@ -79,6 +79,12 @@ def test_a_composed_tree_is_kept_after_a_written_plan_and_read_back(own_state_di
     record = json.loads(kept[0].read_text())
     assert record["key"]["tree"] == verl_tree.fingerprint()
     assert record["tree"] == hydra_tree(record["key"]["config_name"], record["key"]["groups"])
+    # read back, the same verl_config.yaml byte for byte (the kept tree keeps Hydra's key order)
+    again = runner(*groups, f"hydra.run.dir={tmp_path / 'again'}")
+    assert again.returncode == 0, again.stderr
+    texts = [(tmp_path / d / "verl_config.yaml").read_text().replace(str(tmp_path / d), "<run dir>")
+             for d in ("r", "again")]
+    assert texts[0] == texts[1]
 
     record["tree"]["trainer"]["kept_tree_probe"] = 1  # verl's composition has no such key: only the kept tree
     kept[0].write_text(json.dumps(record))

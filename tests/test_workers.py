@@ -1,6 +1,7 @@
 """The sweep's forked workers (hydra_plugins/vrun_sweeper/workers.py): parts in order, the parent's decision seen
 by every worker, and a worker that dies or raises leaves its part to the parent."""
 import os
+import signal
 
 import pytest
 
@@ -44,15 +45,49 @@ def raises_planning(kept, total):
     return second(kept, total)
 
 
-@pytest.mark.parametrize("phase", ["first", "second"])
-def test_a_failed_worker_leaves_its_part_to_the_parent(phase):
-    parts = workers.chunks(list(range(8)), 2, key=lambda x: x)
-    one, two = (dies, second) if phase == "first" else (first, raises_planning)
-    summaries, shared, results = workers.two_phase(parts, one, decide, two)
+class Unloadable:
+    """Pickles in the worker, fails to load in the parent (TypeError): a message the parent cannot read."""
+
+    def __reduce__(self):
+        return (Unloadable, (1, 2, 3))
+
+
+def unreadable(x):
+    if os.getpid() != PARENT and x == 4:
+        return {"x": x, "bad": Unloadable()}, x * 10
+    return first(x)
+
+
+@pytest.mark.parametrize("phase", ["first", "second", "unreadable"])
+def test_a_failed_worker_leaves_its_part_to_the_parent(phase, capfd):
+    """Two workers besides the parent: the failed one's part is done here, with one warning line; the parent never
+    waits on a worker it gave up on (a later worker holding a copy of its pipe kept it waiting before), and no
+    worker is left running."""
+    parts = workers.chunks(list(range(9)), 3, key=lambda x: x)
+    one, two = {"first": (dies, second), "second": (first, raises_planning), "unreadable": (unreadable, second)}[phase]
+    signal.alarm(60)  # a hang fails the test instead of the suite
+    try:
+        summaries, shared, results = workers.two_phase(parts, one, decide, two)
+    finally:
+        signal.alarm(0)
     results = [r for part in results for r in part]
-    assert [s["x"] for s in summaries] == list(range(8)) and shared == 28
-    assert [r[0] for r in results] == [x * 10 for x in range(8)]
-    assert {r[2] for r in results} == {PARENT}
+    assert [s["x"] for s in summaries] == list(range(9)) and shared == 36
+    assert [r[0] for r in results] == [x * 10 for x in range(9)]
+    assert PARENT in {r[2] for r in results}
+    warned = [line for line in capfd.readouterr().err.splitlines() if "planning worker" in line]
+    assert len(warned) == (1 if phase != "second" else 2) and all(w.startswith("warning: sweep: ") for w in warned)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # every worker reaped
+
+
+def test_the_parent_raising_leaves_no_worker():
+    def boom(summaries):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        workers.two_phase(workers.chunks(list(range(6)), 3, key=lambda x: x), first, boom, second)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
 
 
 def test_worker_count():
@@ -60,7 +95,7 @@ def test_worker_count():
     assert workers.count(2, {"VRUN_PLAN_WORKERS": "3"}) == 2  # never more workers than points
     assert workers.count(7, {}) == 1  # under 8 points each a fork costs more than it saves
     assert 1 <= workers.count(64, {}) <= min(workers.MAX_WORKERS, len(os.sched_getaffinity(0)))
-    for bad in ("0", "x", "", "-2"):
+    for bad in ("0", "x", "", "-2", "²", "1.5"):
         with pytest.raises(ValueError, match="VRUN_PLAN_WORKERS"):
             workers.count(64, {"VRUN_PLAN_WORKERS": bad})
 

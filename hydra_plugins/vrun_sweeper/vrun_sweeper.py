@@ -75,7 +75,8 @@ class PlanningSweeper(Sweeper):
         if too_many:
             cli_errors.emit([p.line() for p in too_many])
         points: Sequence[Sequence[str]] = BasicSweeper.split_arguments(parsed, None)[0]
-        hydra_overrides = list(self.config.hydra.overrides.hydra)
+        # the overrides as typed: iterating the node would resolve their ${...} (hydra.job.num is not set yet)
+        hydra_overrides = OmegaConf.to_container(self.config.hydra.overrides.hydra, resolve=False)
         given = {o.lstrip("+~").split("=", 1)[0] for o in hydra_overrides}
         run_dir_given = [o.split("=", 1)[1] for o in hydra_overrides if o.startswith("hydra.run.dir=")]
         single = len(points) == 1 and not any(o.is_sweep_override() for o in parsed) and \
@@ -91,9 +92,10 @@ class PlanningSweeper(Sweeper):
         self._bases, self._single, self._choices = {}, single, choices
         self._hydra_overrides, self._sweep_dir = hydra_overrides, sweep_dir
         try:
-            n_workers = workers.count(len(points)) if not single else 1
-        except ValueError as e:
+            n_workers = workers.count(len(points))
+        except ValueError as e:  # refused for a run too: the variable is wrong whatever the sweep
             cli_errors.emit([f"error: {e}"])
+        n_workers = 1 if single else n_workers
         items = list(enumerate(points))
         parts = workers.chunks(items, n_workers, key=lambda item: self._group_key(item[1]), setup=self._setup_cost)
         summaries, _, results = workers.two_phase(parts, self._check_point, self._sweep_checks, self._plan_points)
@@ -156,7 +158,7 @@ class PlanningSweeper(Sweeper):
             if errors:
                 return {"failure": (idx, overrides, "\n".join(p.line() for p in errors))}, None
             resolved = parts[1]
-            return {"run_dir": run_dir, "resume": resolved["run"].get("resume") is True,
+            return {"idx": idx, "run_dir": run_dir, "resume": resolved["run"].get("resume") is True,
                     "model": resolved["model"]["name"]}, (idx, overrides, cfg, run_dir, taken, resolved)
         except Exception as e:  # noqa: BLE001 - reported per point
             return {"failure": (idx, overrides, cli_errors.describe(e))}, None
@@ -164,11 +166,11 @@ class PlanningSweeper(Sweeper):
     def _sweep_checks(self, summaries: list) -> dict:
         """The sweep's own checks, over every point's summary (in the parent): the points' run dirs apart and in
         the sweep dir; one model or several (a single model may take MODEL_PATH)."""
-        ok = [s for s in summaries if not s.get("failure")]
+        ok = sorted((s for s in summaries if not s.get("failure")), key=lambda s: s["idx"])
         self._sweep_failures = []
         if not self._single:
             resume = any(s["resume"] for s in ok)
-            for p in check_paths.sweep(str(self._sweep_dir), [s["run_dir"] for s in ok], resume):
+            for p in check_paths.sweep(str(self._sweep_dir), [(s["idx"], s["run_dir"]) for s in ok], resume):
                 self._sweep_failures.append((-1, ["(all points)"], p.line()))
         return {"single_model": len({s["model"] for s in ok}) == 1}
 
@@ -185,7 +187,7 @@ class PlanningSweeper(Sweeper):
         for idx, overrides, cfg, run_dir, taken, resolved in [k for k in kept if k is not None]:
             try:
                 plan = make_plan(typed(cfg, resolved), run_dir, single_model=shared["single_model"])
-                assert plan.verl_text  # rendered where it is planned (a worker), not where it is written
+                plan.verl_text  # noqa: B018 - rendered here, where it is planned (a worker), not where written
                 out["points"].append(Point(idx, tuple(overrides), plan, resolved, taken))
             except PlanError as e:
                 out["failures"].append((idx, overrides, str(PlanError(self.launcher.as_given(e.problems, taken),
@@ -250,16 +252,20 @@ class PlanningSweeper(Sweeper):
 
     def _primary_is_base(self, groups: list) -> bool:
         """Whether the config Hydra composed first (the primary) can stand for this group set's composition: the
-        point's group overrides choose what the primary chose (plain group=option, no package), and every value
-        override the primary took is a plain or ++ assignment (the point applies it again, to the same effect; a
-        + or ~ would not apply twice). The primary skipped the sweep's own overrides, which the point applies."""
+        point's group overrides choose what the primary chose (plain group=option, no package), every group has
+        an option (the primary, composed as a multirun, skips a group left at ???, where the point's own
+        composition would refuse it), and no command-line value override is a + or ~ (the point applies its
+        overrides again onto the copy: a plain or ++ assignment to the same effect, a + or ~ not). The primary
+        skipped the sweep's own overrides, which the point applies."""
         chosen = OmegaConf.to_container(self.config.hydra.runtime.choices, resolve=False)
+        if "???" in chosen.values():
+            return False
         for o in groups:
             if o.is_add() or o.is_delete() or o.is_force_add() or o.package is not None or \
                     chosen.get(o.key_or_group) != o.value():
                 return False
-        taken = self._parsed(tuple(self.config.hydra.overrides.task))
-        return not any(o.is_add() or o.is_delete() for o in taken if not self._is_group(o))
+        typed = OmegaConf.to_container(self.config.hydra.overrides.task, resolve=False)  # the text, not resolved
+        return not any(o.is_add() or o.is_delete() for o in self._parsed(tuple(typed)) if not self._is_group(o))
 
     @staticmethod
     def _split(full: DictConfig) -> tuple:

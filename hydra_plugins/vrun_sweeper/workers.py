@@ -9,11 +9,14 @@ A worker is `os.fork()`: it starts with the composed configs, the caches and the
 no start-up. Results travel over a pipe (`multiprocessing.connection`, pickle underneath) from a copy of this same
 process to the process that forked it: never a file, never a payload read from a run dir. A worker that dies or
 raises leaves its chunk to the parent, which then does that chunk itself, so a worker failure never changes what
-the sweep does, only how fast. Linux only (fork after import is the platform's normal way); elsewhere, serial.
+the sweep does, only how fast; the parent says so in one warning line. Linux only (fork after import is the
+platform's normal way); elsewhere, serial.
 """
 from __future__ import annotations
 
 import os
+import re
+import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection, Pipe
@@ -29,7 +32,7 @@ def count(n_points: int, environ: dict = os.environ) -> int:
     this process may run on, at most 8, with at least 8 points each."""
     given = environ.get(ENV)
     if given is not None:
-        if not given.strip().isdigit() or int(given) < 1:
+        if not re.fullmatch(r"\s*[0-9]+\s*", given) or int(given) < 1:
             raise ValueError(f"{ENV}={given!r}: the number of processes a sweep plans on is a whole number >= 1; "
                              f"fix: {ENV}=1 (no fork) or unset it")
         n = int(given)
@@ -72,51 +75,100 @@ def chunks(items: Sequence, n: int, key: Callable[[Any], Any],
     return [c for c in split(hi) if c]
 
 
+class _Worker:
+    """A forked worker as the parent sees it: its pid, the parent's end of its pipe, its part, whether reaped."""
+
+    def __init__(self, pid: int, conn: Connection, part: list):
+        self.pid, self.conn, self.part, self.reaped = pid, conn, part, False
+
+    def receive(self):
+        """Its message body, or None (with one warning line) when it died or failed."""
+        try:
+            kind, body = self.conn.recv()
+        except Exception as e:  # noqa: BLE001 - EOF (it died), or a message that does not load back
+            kind, body = "failed", f"{type(e).__name__}: {e}"
+        if kind == "ok":
+            return body
+        last = str(body).strip().splitlines()[-1] if str(body).strip() else "no reason given"
+        print(f"warning: sweep: planning worker {self.pid} failed ({last[:300]}); its {len(self.part)} point(s) "
+              "are planned by the runner itself; fix: none needed (VRUN_PLAN_WORKERS=1 plans in one process)",
+              file=sys.stderr)
+        return None
+
+    def send(self, msg) -> None:
+        try:
+            self.conn.send(msg)
+        except (OSError, ValueError):
+            pass  # it died: its receive comes back None and the parent does its part
+
+    def end(self, kill: bool = False) -> None:
+        """Close the parent's end and reap it, killed first when the parent gave up on it; once."""
+        if self.reaped:
+            return
+        self.conn.close()
+        if kill:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        self.reaped = True
+
+
 def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide: Callable[[list], Any],
               second: Callable[[list, Any], Any]) -> tuple[list, Any, list]:
     """first(item) → (summary, kept); decide(every summary, in order) → shared; second(a part's kept, shared) →
     that part's result. parts[0] runs here, every other part in a forked worker. Returns (summaries, shared, one
     result per part, in order)."""
-    workers = []
+    workers: list[_Worker] = []
     sys.stdout.flush()
     sys.stderr.flush()
-    for part in parts[1:]:
-        here, there = Pipe()
-        pid = os.fork()
-        if pid == 0:  # the worker: never returns
-            here.close()
-            _work(there, part, first, second)
-        there.close()
-        workers.append((pid, here, part))
-    kept = [first(item) for item in parts[0]]
-    summaries = [[s for s, _ in kept]]
-    done: list = [None] * len(workers)
-    for i, (pid, conn, part) in enumerate(workers):
-        got = _receive(conn)
-        if got is None:  # the worker died or raised: this part is the parent's
-            _end(pid, conn)
-            done[i] = [first(item) for item in part]
-            summaries.append([s for s, _ in done[i]])
-        else:
-            summaries.append(got)
-    flat = [s for part in summaries for s in part]
-    shared = decide(flat)
-    for i, (pid, conn, _) in enumerate(workers):
-        if done[i] is None:
-            _send(conn, ("go", shared))
-    results = [second([k for _, k in kept], shared)]
-    for i, (pid, conn, part) in enumerate(workers):
-        if done[i] is not None:
-            results.append(second([k for _, k in done[i]], shared))
-            continue
-        got = _receive(conn)
-        _end(pid, conn)
-        if got is None:  # it died planning: the parent does both phases of its part again
-            redo = [first(item) for item in part]
-            results.append(second([k for _, k in redo], shared))
-        else:
-            results.append(got)
-    return flat, shared, results
+    try:
+        for part in parts[1:]:
+            here, there = Pipe()
+            pid = os.fork()
+            if pid == 0:  # the worker: never returns
+                here.close()
+                for earlier in workers:  # the parent's ends of earlier workers' pipes are not this worker's
+                    earlier.conn.close()
+                _work(there, part, first, second)
+            there.close()
+            workers.append(_Worker(pid, here, part))
+        kept = [first(item) for item in parts[0]]
+        summaries = [[s for s, _ in kept]]
+        taken_back: dict = {}  # a worker's part the parent took back: its phase-one results
+        for i, w in enumerate(workers):
+            got = w.receive()
+            if got is None:  # the worker died or failed: this part is the parent's
+                w.end(kill=True)
+                taken_back[i] = [first(item) for item in w.part]
+                summaries.append([s for s, _ in taken_back[i]])
+            else:
+                summaries.append(got)
+        flat = [s for part in summaries for s in part]
+        shared = decide(flat)
+        for i, w in enumerate(workers):
+            if i not in taken_back:
+                w.send(("go", shared))
+        results = [second([k for _, k in kept], shared)]
+        for i, w in enumerate(workers):
+            if i in taken_back:
+                results.append(second([k for _, k in taken_back[i]], shared))
+                continue
+            got = w.receive()
+            w.end(kill=got is None)
+            if got is None:  # it died planning: the parent does both phases of its part again
+                redo = [first(item) for item in w.part]
+                results.append(second([k for _, k in redo], shared))
+            else:
+                results.append(got)
+        return flat, shared, results
+    finally:  # the parent raised, or returns: no worker outlives the sweep
+        for w in workers:
+            w.end(kill=True)
 
 
 def _work(conn: Connection, part: list, first, second) -> None:
@@ -139,26 +191,3 @@ def _work(conn: Connection, part: list, first, second) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
-
-
-def _receive(conn: Connection):
-    try:
-        kind, body = conn.recv()
-    except (EOFError, OSError, ValueError, TypeError):
-        return None
-    return body if kind == "ok" else None
-
-
-def _send(conn: Connection, msg) -> None:
-    try:
-        conn.send(msg)
-    except (OSError, ValueError):
-        pass  # it died: its receive comes back None and the parent does its part
-
-
-def _end(pid: int, conn: Connection) -> None:
-    conn.close()
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass

@@ -24,6 +24,10 @@ GROUP_OF = {"model.name": "model", "algo.name": "algo", "data.name": "data"}
 # what a run leaves in its dir: a dir holding one of these holds a run
 RUN_FILES = ("plan.json", "verl_config.yaml", "manifest.json", "progress.jsonl", "slurm_job.json", "sbatch.sh",
              "checkpoints", "rollouts", "slurm_attempts.jsonl", ".vrun")
+# the longest file name and path Linux filesystems take (NAME_MAX, PATH_MAX), and the length a run dir may have so
+# that the files verl writes below it (checkpoints/global_step_N/actor/...) still fit
+NAME_MAX, PATH_MAX = 255, 4096
+PATH_ROOM = PATH_MAX - 512
 RESUME_FIX = "a new dir (hydra.run.dir=<new dir>), or run.resume=true with the same plan to continue that run"
 
 
@@ -94,6 +98,12 @@ def run_dir(path: Any, key: str, inside: Optional[str] = None, resume: bool = Fa
     if any(v in path for v in secret_values(environ)):
         return [Problem(key, "<hidden>", "the dir's name holds a secret variable's value: it would be written in "
                         "every file and line naming the run", f"{key}=<a path without it>")]
+    longest = max((len(c.encode()) for c in path.split("/")), default=0)
+    if longest > NAME_MAX or len(os.path.abspath(path).encode()) > PATH_ROOM:
+        why = (f"a name of {longest} bytes, the filesystem takes at most {NAME_MAX}" if longest > NAME_MAX else
+               f"{len(os.path.abspath(path).encode())} bytes long; the run's files below it need the rest of the "
+               f"{PATH_MAX} a path may have")
+        return [Problem(key, short(path), why, f"{key}=<a shorter path>")]
     absolute = os.path.normpath(os.path.abspath(os.path.expanduser(path) if path.startswith("~") else path))
     home = os.path.normpath(os.path.expanduser("~"))
     real = os.path.realpath(absolute)
@@ -170,10 +180,11 @@ def holds_run(path: str) -> Optional[str]:
 
 
 def sweep(sweep_dir: str, point_dirs: list, resume: bool = False) -> list:
-    """A sweep's points together: each its own dir, and no point of an earlier sweep left beside them."""
+    """A sweep's points together, point_dirs as (point number, run dir): each its own dir, and no point of an earlier
+    sweep left beside them."""
     out = []
     seen: dict = {}
-    for i, d in enumerate(point_dirs):
+    for i, d in point_dirs:
         key = os.path.normpath(os.path.abspath(d))
         if key in seen:
             out.append(Problem("hydra.sweep.subdir", short(os.path.relpath(key, sweep_dir)), f"points {seen[key]} and "

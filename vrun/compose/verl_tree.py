@@ -26,7 +26,9 @@ from vrun.core.dotted import MISSING
 from vrun.core.problems import Problem
 from vrun.rundir import records
 
-CACHE_FORMAT = 1
+# 2: the tree kept in Hydra's key order (1 sorted it, so a kept tree wrote verl_config.yaml in another order than
+# a composed one)
+CACHE_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def keep_composed() -> None:
         path = _cache_file(kept["key"])
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            writer.write_text(path, json.dumps(kept, sort_keys=True) + "\n", root=str(path.parent),
+            writer.write_text(path, json.dumps(kept) + "\n", root=str(path.parent),
                               verbatim=True)
         except (OSError, ValueError):
             pass

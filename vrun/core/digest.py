@@ -17,9 +17,9 @@ def files(root: Path, paths: list[Path], parsed: bool = False) -> str:
     comments and layout do not count)."""
     stats = []
     for f in paths:
-        st, why = fs.lstat(f)
+        st, why = fs.stat(f)
         if st is None:
-            raise FileNotFoundError(f"{f}: {why}")
+            raise OSError(f"{f}: {why}")
         stats.append((str(f), st.st_size, st.st_mtime_ns))
     return _hash(str(root), tuple(stats), parsed)
 

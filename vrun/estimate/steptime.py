@@ -77,8 +77,9 @@ DECODE_MBU_AT_TP = {2: 0.60, 4: 0.40, 8: 0.25}
 
 def decode_mbu(tp: int, band: Factor) -> float:
     """The middle decode MBU of a rollout replica of TP `tp`: the source's figure at that TP, log-linear between its
-    points; TP1 (not measured) at TP2's figure; past TP8 at TP8's, the all-reduces across nodes counted on top
-    (decode_step_s). Kept inside the factor's band."""
+    points; TP1 (not measured) at TP2's figure; past TP8 at TP8's, with the whole TP group's all-reduces counted
+    on top (decode_step_s: their within-node share is then counted twice, a pessimistic bias). Kept inside the
+    factor's band."""
     pts = sorted(DECODE_MBU_AT_TP.items())
     if tp <= pts[0][0]:
         v = pts[0][1]
@@ -468,8 +469,8 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
         "middle = their geometric mean, the decode MBU measured at the rollout's TP, the last wave decoding to "
         "max_response_length)",
         w.mean_source,
-        "decode: a replica's TP all-reduces within a node in its measured MBU, across nodes by NCCL's latency model "
-        "+ bytes; training and log-prob: TP all-reduce "
+        "decode: a replica's TP all-reduces within a node in its measured MBU; a replica wider than a node adds "
+        "its whole TP group's by NCCL's latency model + bytes; training and log-prob: TP all-reduce "
         "and EP all-to-all bytes; refit: the whole bf16 model through every rank at the measured refit rate; "
         "not modelled: reward, DP and MoE load imbalance, the DP gradient reduction, CP "
         "and PP traffic, kernel-launch overheads, start-up, checkpoint saves",

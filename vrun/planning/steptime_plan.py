@@ -6,6 +6,7 @@ predicted_step_s(plan) is the one figure a ranking of meshes by time can use (th
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -172,7 +173,7 @@ def steps(verl: dict) -> tuple[Optional[int], str]:
 
 def parquet_rows(path: str) -> Optional[int]:
     """The row count from a parquet file's footer (no data read), or None."""
-    p = Path(path).expanduser()
+    p = Path(os.path.expanduser(path))  # pathlib's expanduser raises on ~nosuchuser
     if not fs.is_file(p):
         return None
     try:

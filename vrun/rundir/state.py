@@ -86,7 +86,7 @@ class Run:
 
 def points(path: str) -> list[Path]:
     """A run dir, or the run dirs of a sweep dir (its points, in order). Bad input raises RunDirError."""
-    d = Path(path).expanduser()
+    d = Path(os.path.expanduser(path))  # pathlib's expanduser raises on ~nosuchuser
     if not fs.exists(d):
         raise RunDirError("run", path, "no such directory", "give a run dir or sweep dir the runner wrote "
                           "(python -m vrun runs lists them)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -137,8 +138,6 @@ def point_problems(cfg, launcher: dict, hydra_overrides: list, sweep_dir: str, r
 
 def folder_problems(folder: str, sweep_dir: str) -> list[Problem]:
     """hydra.launcher.submitit_folder given by hand (absolute): the job's logs and pickles, inside the sweep dir."""
-    import os
-
     from vrun.core.problems import CONTROL
 
     key = "hydra.launcher.submitit_folder"
@@ -227,7 +226,7 @@ def sbatch_script(sub: Submission, folder: str) -> str:
 
     from submitit.slurm.slurm import _make_sbatch_string
 
-    path = Path(folder).expanduser().absolute()
+    path = Path(os.path.expanduser(folder)).absolute()  # pathlib's expanduser raises on ~nosuchuser
     command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(path))])
     return _make_sbatch_string(command=command, folder=path, **sub.parameters)
 
