@@ -190,6 +190,7 @@ def test_a_tree_composed_in_a_worker_is_kept(tmp_path):
         proc = runner("-m", "model=qwen3_5_35b", "algo=grpo,sft", "verl.trainer.save_freq=5,10", "mode=plan",
                       f"hydra.sweep.dir={tmp_path}/s{n}", env=env)
         assert proc.returncode == 0, proc.stderr
+        assert "planning worker" not in proc.stderr, proc.stderr  # the worker composed it, not the runner
     kept = [sorted(p.name for p in (tmp_path / f"state{n}" / "cache").glob("verl-tree-*.json")) for n in "12"]
     assert len(kept[0]) == 2 and kept[0] == kept[1]
 

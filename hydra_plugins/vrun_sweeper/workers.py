@@ -19,8 +19,10 @@ import re
 import signal
 import sys
 import traceback
-from multiprocessing.connection import Connection, Pipe
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:  # imported where a sweep forks: a run never needs it
+    from multiprocessing.connection import Connection
 
 ENV = "VRUN_PLAN_WORKERS"   # the number of processes a sweep plans on (1: no fork); default: the usable CPUs, ≤ 8
 MAX_WORKERS = 8
@@ -78,7 +80,7 @@ def chunks(items: Sequence, n: int, key: Callable[[Any], Any],
 class _Worker:
     """A forked worker as the parent sees it: its pid, the parent's end of its pipe, its part, whether reaped."""
 
-    def __init__(self, pid: int, conn: Connection, part: list):
+    def __init__(self, pid: int, conn: "Connection", part: list):
         self.pid, self.conn, self.part, self.reaped = pid, conn, part, False
 
     def receive(self):
@@ -123,6 +125,8 @@ def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide
     """first(item) → (summary, kept); decide(every summary, in order) → shared; second(a part's kept, shared) →
     that part's result. parts[0] runs here, every other part in a forked worker. Returns (summaries, shared, one
     result per part, in order)."""
+    from multiprocessing.connection import Pipe
+
     workers: list[_Worker] = []
     sys.stdout.flush()
     sys.stderr.flush()
@@ -171,7 +175,7 @@ def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide
             w.end(kill=True)
 
 
-def _work(conn: Connection, part: list, first, second) -> None:
+def _work(conn: "Connection", part: list, first, second) -> None:
     code = 0
     try:
         kept = [first(item) for item in part]
