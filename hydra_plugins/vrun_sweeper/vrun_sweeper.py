@@ -50,7 +50,6 @@ class PlanningSweeper(Sweeper):
         self.launcher = None
         self._overrides: dict = {}  # override text → Hydra's parsed Override (a sweep repeats the same few)
         self._parser: Optional[OverridesParser] = None
-        self._sweep_failures: list = []
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context = config, hydra_context
@@ -98,8 +97,9 @@ class PlanningSweeper(Sweeper):
         n_workers = 1 if single else n_workers
         items = list(enumerate(points))
         parts = workers.chunks(items, n_workers, key=lambda item: self._group_key(item[1]), setup=self._setup_cost)
-        summaries, _, results = workers.two_phase(parts, self._check_point, self._sweep_checks, self._plan_points)
-        failures = [s["failure"] for s in summaries if s.get("failure")] + self._sweep_failures
+        summaries, shared, results = workers.two_phase(parts, self._check_point, self._sweep_checks,
+                                                       self._plan_points)
+        failures = [s["failure"] for s in summaries if s.get("failure")] + shared["failures"]
         planned = []
         for part in results:
             planned += part["points"]
@@ -165,14 +165,12 @@ class PlanningSweeper(Sweeper):
 
     def _sweep_checks(self, summaries: list) -> dict:
         """The sweep's own checks, over every point's summary (in the parent): the points' run dirs apart and in
-        the sweep dir; one model or several (a single model may take MODEL_PATH)."""
+        the sweep dir (its failures, as (-1, ...)); one model or several (a single model may take MODEL_PATH)."""
         ok = sorted((s for s in summaries if not s.get("failure")), key=lambda s: s["idx"])
-        self._sweep_failures = []
-        if not self._single:
-            resume = any(s["resume"] for s in ok)
-            for p in check_paths.sweep(str(self._sweep_dir), [(s["idx"], s["run_dir"]) for s in ok], resume):
-                self._sweep_failures.append((-1, ["(all points)"], p.line()))
-        return {"single_model": len({s["model"] for s in ok}) == 1}
+        found = [] if self._single else check_paths.sweep(
+            str(self._sweep_dir), [(s["idx"], s["run_dir"]) for s in ok], any(s["resume"] for s in ok))
+        return {"single_model": len({s["model"] for s in ok}) == 1,
+                "failures": [(-1, ["(all points)"], p.line()) for p in found]}
 
     def _plan_points(self, kept: list, shared: dict) -> dict:
         """Phase two: a part's checked points planned (vrun.planning.plan.make_plan: its one caller). Returns its

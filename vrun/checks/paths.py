@@ -98,13 +98,13 @@ def run_dir(path: Any, key: str, inside: Optional[str] = None, resume: bool = Fa
     if any(v in path for v in secret_values(environ)):
         return [Problem(key, "<hidden>", "the dir's name holds a secret variable's value: it would be written in "
                         "every file and line naming the run", f"{key}=<a path without it>")]
-    longest = max((len(c.encode()) for c in path.split("/")), default=0)
-    if longest > NAME_MAX or len(os.path.abspath(path).encode()) > PATH_ROOM:
-        why = (f"a name of {longest} bytes, the filesystem takes at most {NAME_MAX}" if longest > NAME_MAX else
-               f"{len(os.path.abspath(path).encode())} bytes long; the run's files below it need the rest of the "
-               f"{PATH_MAX} a path may have")
-        return [Problem(key, short(path), why, f"{key}=<a shorter path>")]
     absolute = os.path.normpath(os.path.abspath(os.path.expanduser(path) if path.startswith("~") else path))
+    longest = max((len(c.encode()) for c in absolute.split("/")), default=0)
+    if longest > NAME_MAX or len(absolute.encode()) > PATH_ROOM:
+        why = (f"a name of {longest} bytes, the filesystem takes at most {NAME_MAX}" if longest > NAME_MAX else
+               f"{len(absolute.encode())} bytes long; the run's files below it need the rest of the {PATH_MAX} "
+               "a path may have")
+        return [Problem(key, short(path), why, f"{key}=<a shorter path>")]
     home = os.path.normpath(os.path.expanduser("~"))
     real = os.path.realpath(absolute)
     if absolute == "/" or real == "/" or absolute in (home, os.path.realpath(home)) or real == os.path.realpath(home) \

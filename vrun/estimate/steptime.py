@@ -58,11 +58,11 @@ FACTORS = {
     "train_mfu": Factor(0.08, 0.47, "low: Megatron Lite's bench, Qwen3.5-35B-A3B proxy on 8×H100, 80.4 TFLOPs/GPU "
                         "= 8% of 989 (Megatron-LM dev d48bd6be experimental/lite/examples/bench/README.md); high: "
                         "up to 47% MFU on H100 (Megatron-LM README, GPT weak scaling)"),
+    # the band spans the source's figures over TP8 (0.25) to TP2 (0.60); the middle is the figure at the rollout's
+    # TP (DECODE_MBU_AT_TP, decode_mbu)
     "decode_mbu": Factor(0.25, 0.60, "model-bandwidth utilisation of a decode step measured with TensorRT-LLM at "
                          "batch 1–16: 60% at TP2 (H100, A100), 40% at TP4, 25% at TP8 (Databricks, 'LLM Inference "
                          "Performance Engineering: Best Practices', 2023-10, figures 2–3)"),
-    # the band spans the source's figures over TP8 (0.25) to TP2 (0.60); the middle is the figure at the rollout's
-    # TP (DECODE_MBU_AT_TP, decode_mbu)
     "network": Factor(0.50, 0.90, "ASSUMED (no measurement read): the share of the NICs' line rate a bulk weight "
                       "transfer reaches"),
     "pcie": Factor(0.50, 0.80, "ASSUMED (no measurement read): the share of the PCIe x16 rate a pinned host-device "
