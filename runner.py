@@ -7,10 +7,11 @@ function below: conf/run.yaml sets hydra.mode=MULTIRUN, and hydra.mode=RUN is re
 import hydra
 from omegaconf import DictConfig
 
-from vrun.config import cli_errors, schema
+from hydra_plugins.vrun_launcher.vrun_launcher import register
+from vrun.config import cli_errors
 from vrun.core import writer
 
-schema.register()
+register()
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="run")

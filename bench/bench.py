@@ -137,7 +137,9 @@ def mesh_search():
     from vrun.config import schema
     from vrun.estimate.mesh import Mesh
 
-    schema.register()
+    from hydra_plugins.vrun_launcher.vrun_launcher import register
+
+    register()
     models = ["deepseek_v4_flash", "deepseek_v4_pro", "kimi_k2_6", "glm5_1", "qwen3_5_35b"]
     gpus = [8, 64, 256, 512, 1024]
     print("mesh search with the rollout replica (ms; valid meshes; rollout TP·DP chosen), goal < 100 ms")

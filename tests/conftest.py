@@ -17,7 +17,9 @@ sys.path.insert(0, str(ROOT))
 
 from vrun.config import schema  # noqa: E402
 
-schema.register()
+from hydra_plugins.vrun_launcher.vrun_launcher import register  # noqa: E402
+
+register()
 
 PY = sys.executable
 

@@ -105,7 +105,9 @@ def launcher_tree(verl_config_dir: Path, launcher: tuple[str, list[str]], search
 
 
 def project_tree(command: list[str], path_env: str, model_path: str, run_dir: Path) -> tuple[dict, str]:
-    schema.register()
+    from hydra_plugins.vrun_launcher.vrun_launcher import register
+
+    register()
     cfg = compose_plain(CONF_DIR, "run", command)
     p = plan.make_plan(schema.typed(cfg), str(run_dir), environ={"HOME": HOME, path_env: model_path})
     # the plan uses the real package exactly when the environment provides one

@@ -192,7 +192,8 @@ def test_node_control_files(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from conftest import record_json
-    from vrun.launch.slurm.node import Node, RunJob
+    from vrun.launch.slurm.job import RunJob
+    from vrun.launch.slurm.node import Node
     from vrun.rundir import record
 
     data = record_json(tmp_path, mode="train", cluster="slurm")
@@ -223,7 +224,8 @@ def test_the_node_and_the_local_launch_start_children_alike(tmp_path, monkeypatc
 
     from conftest import record_json
     from vrun.launch import local
-    from vrun.launch.slurm.node import Node, RunJob
+    from vrun.launch.slurm.job import RunJob
+    from vrun.launch.slurm.node import Node
 
     data = record_json(tmp_path, mode="train", cluster="slurm")
     data["env"], data["env_unset"] = {"VRUN_TEST_SET": "1", "PYTHONPATH": "/mlite:/vrun"}, ["VRUN_TEST_DROP"]

@@ -99,11 +99,15 @@ class VrunSlurmLauncher(PlannedLauncher, SlurmLauncher):
 
 
 def register() -> None:
-    """Store the launchers' configs. Hydra's plugin scan executes every plugin module again, submitit's config
-    module (which stores its own submitit_slurm) included, in an order set by sys.path: so the scan runs first
-    here, and the project's entry is stored after it, replacing submitit's (tests/test_launcher.py)."""
+    """Everything conf/ composes against: the run schema (vrun.config.schema) and the launchers' configs. Hydra's
+    plugin scan executes every plugin module again, submitit's config module (which stores its own submitit_slurm)
+    included, in an order set by sys.path: so the scan runs first here, and the project's entry is stored after it,
+    replacing submitit's (tests/test_launcher.py)."""
     from hydra.core.plugins import Plugins
 
+    from vrun.config import schema
+
+    schema.register()
     Plugins.instance()
     ConfigStore.instance().store(group="hydra/launcher", name="vrun_local", node=VrunLocalConf, provider="vrun")
     ConfigStore.instance().store(group="hydra/launcher", name="submitit_slurm", node=VrunSlurmConf, provider="vrun")

@@ -39,6 +39,12 @@ class OptimizerName(Choice):
     dist_opt = "dist_opt"
 
 
+class OnStall(Choice):
+    report = "report"    # diagnose and report; the job keeps its allocation
+    cancel = "cancel"    # report, then cancel the job once run.stall_grace_s more pass without a step
+    requeue = "requeue"  # report, then (after the grace) submit it again excluding the odd rank's node, and cancel
+
+
 class EntrypointName(Choice):
     ppo = "ppo"  # verl.trainer.main_ppo on Ray (GRPO, DAPO)
     sft = "sft"  # verl.trainer.sft_trainer under torchrun
@@ -250,6 +256,15 @@ class RunSettings:
     sft_entry: List[str] = field(default_factory=lambda: ["verl_mlite.launch", "verl.trainer.sft_trainer"])
     # plan into a dir that already holds this run (the same plan): continue it (verl resumes its checkpoints)
     resume: bool = False
+    # a checkpoint saved under another mesh may be resumed (Megatron Lite reshards it; the plan says what changed)
+    resume_mesh_change: bool = False
+    # seconds without a verl step before the job counts as stalled; null: 3 × the plan's step high end, at least
+    # 10 min (the first step of an attempt also gets the model load: vrun/planning/watch.py)
+    stall_after_s: Optional[float] = None
+    # what a stall does (after a diagnosis under <run dir>/stalls/<n>/): report | cancel | requeue
+    on_stall: OnStall = OnStall.cancel
+    # seconds after the report before cancel/requeue acts (a step in between calls it off); null: stall_after_s
+    stall_grace_s: Optional[float] = None
 
 
 @dataclass
@@ -288,14 +303,11 @@ def schema_node():
 
 
 def register() -> None:
-    """Everything conf/ composes against: this schema, and the project's launchers (hydra/launcher=vrun_local and
-    submitit_slurm, hydra_plugins/vrun_launcher)."""
+    """The schema conf/ composes against (run_schema). The launchers register themselves where Hydra discovers
+    plugins (hydra_plugins/vrun_launcher: `register` stores this schema too)."""
     from hydra.core.config_store import ConfigStore
 
-    from hydra_plugins.vrun_launcher import vrun_launcher
-
     ConfigStore.instance().store(name="run_schema", node=schema_node())
-    vrun_launcher.register()
 
 
 def typed(cfg: Any, resolved: Optional[dict] = None) -> RunConfig:

@@ -65,3 +65,24 @@ def readable(path: PathLike) -> bool:
         return os.access(os.fspath(path), os.R_OK)
     except (OSError, ValueError, TypeError):
         return False
+
+
+def read_small(path: PathLike, limit: int = 1 << 20) -> Optional[str]:
+    """The text of a regular file of at most `limit` bytes; None for anything else (missing, a FIFO or device,
+    too large, unreadable). Never blocks, never raises."""
+    import stat as st
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, ValueError, TypeError):
+        return None
+    try:
+        info = os.fstat(fd)
+        if not st.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        data = os.read(fd, limit + 1)
+        return None if len(data) > limit else data.decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -85,7 +85,7 @@ def child_env(plan: Plan, environ: dict | None = None) -> dict:
     from vrun.launch.environment import child_environ
 
     return child_environ(os.environ if environ is None else environ, plan.env, plan.env_unset,
-                         rundir.run_id(plan.run_dir))
+                         rundir.run_id(plan.run_dir), plan.run_dir)
 
 
 def train(plan: Plan) -> int:
@@ -93,15 +93,48 @@ def train(plan: Plan) -> int:
     proc = subprocess.Popen(plan.argv, env=child_env(plan), cwd=plan.run_dir, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     rundir.record(plan.run_dir, "entrypoint_started", attempt=0, node=0, pid=proc.pid)
+    dog = watch(plan, proc)
     try:
         tee([(proc.stdout, sys.stdout), (proc.stderr, sys.stderr)], Path(plan.run_dir) / JOB_LOG)
         proc.wait()
     finally:
+        if dog is not None:
+            dog.stop()
         rundir.record(plan.run_dir, "exited", attempt=0, node=0, rc=proc.poll())
         learn(plan.run_dir)
     if proc.returncode:
         print(f"error: the run exited {proc.returncode}; see the output above and {plan.run_dir}", file=sys.stderr)
     return proc.returncode
+
+
+def watch(plan: Plan, proc: subprocess.Popen):
+    """The watchdog on a local run (vrun.launch.watchdog): the step lines reaching job.log; a stall's stacks are this
+    process's descendants (the driver, its Ray instance and workers, or torchrun's ranks); cancel (or requeue, which
+    needs a cluster to submit to) stops the run's process."""
+    from vrun.launch.watchdog import Watchdog, collect_nccl, poke_nccl
+    from vrun.planning.report import watch as watch_record
+
+    if plan.config.mode != "train":
+        return None
+    w = watch_record(plan)
+
+    def collect(n: int, out: Path) -> None:
+        from vrun.launch import stacks
+
+        poke_nccl(plan.run_dir)
+        stacks.dump_node(out, os.getpid())
+        collect_nccl(plan.run_dir, out)
+
+    def act(action: str, summary: str, hosts: list) -> None:
+        rundir.record(plan.run_dir, "stall_action", attempt=0, action="cancelled", summary=summary,
+                      **({"note": "a requeue needs cluster=slurm"} if action == "requeue" else {}))
+        proc.terminate()
+
+    dog = Watchdog(plan.run_dir, Path(plan.run_dir) / JOB_LOG, w,
+                   record=lambda event, **f: rundir.record(plan.run_dir, event, attempt=0, **f),
+                   collect=collect, act=act)
+    dog.start()
+    return dog
 
 
 def tee(streams: list, path: Path) -> None:

@@ -36,8 +36,18 @@ def record(plan: Plan, **fields) -> PlanRecord:
         mesh_search=plan.search.summary() if plan.search is not None else None,
         checkpoint=plan.checkpoint.summary() if plan.checkpoint is not None else None,
         params=plan.params.summary() if plan.params is not None else None,
+        watch=watch(plan), resume_mesh_change=bool(c.run.resume_mesh_change),
     )
     return dataclasses.replace(r, **fields)
+
+
+def watch(plan: Plan):
+    """How the job will be watched (vrun.planning.watch)."""
+    from vrun.planning import watch as watching
+
+    high = plan.time.high if plan.time is not None else None
+    total = plan.params.total if plan.params is not None else None
+    return watching.policy(plan.config.run, high, total, plan.mesh.nnodes, watching.stacks_line())
 
 
 def plan_json(plan: Plan, **fields) -> dict:
@@ -113,11 +123,12 @@ def one_line(idx: int, overrides, plan: Plan) -> str:
 
 
 def time_rows(plan: Plan) -> list[str]:
-    from vrun.planning import steptime_plan
+    from vrun.planning import steptime_plan, watch as watching
 
-    if plan.time is None:
-        return [f"step    no estimate: {plan.time_note}"]
-    return [steptime_plan.time_line(plan.time, plan.cost)]
+    rows = [f"step    no estimate: {plan.time_note}"] if plan.time is None else \
+        [steptime_plan.time_line(plan.time, plan.cost)]
+    rows.append(watching.line(watch(plan)))
+    return rows
 
 
 def memory_rows(plan: Plan) -> list[str]:

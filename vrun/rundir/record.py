@@ -69,6 +69,18 @@ class SlurmRecord:
 
 
 @dataclass(frozen=True)
+class WatchRecord:
+    """How the job is watched (vrun.planning.watch): seconds without a step before it counts as stalled (the first
+    step of an attempt gets first_step_s), what a stall does and after how long."""
+    stall_after_s: float
+    first_step_s: float
+    on_stall: str
+    grace_s: float
+    basis: str          # how stall_after_s was reached, in words
+    stacks: str = ""    # how stacks are taken on this machine
+
+
+@dataclass(frozen=True)
 class PlanRecord:
     format: int
     run_id: str
@@ -104,6 +116,8 @@ class PlanRecord:
     checkpoint: Optional[dict] = None
     params: Optional[dict] = None
     slurm: Optional[SlurmRecord] = None
+    watch: Optional[WatchRecord] = None
+    resume_mesh_change: bool = False     # run.resume_mesh_change: a checkpoint of another mesh may be resumed
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2) + "\n"

@@ -6,11 +6,9 @@ library only, and one `squeue` call for any number of runs: `python -m vrun runs
 """
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import socket
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +20,43 @@ from vrun.rundir.record import PlanRecord
 from vrun.core import fs
 
 # the order of the phases within one attempt (a submitter and a node may write in either order)
-RANK = {"submitted": 0, "requeued": 0, "started": 1, "nodes_joined": 2, "ray_up": 3, "entrypoint_started": 4,
-        "exited": 5, "failed": 5, "cancelled": 6}
+RANK = {"submitted": 0, "requeued": 0, "started": 1, "resumed": 1, "nodes_joined": 2, "ray_up": 3,
+        "entrypoint_started": 4, "stalled": 5, "unstalled": 5, "stall_action": 5, "signalled": 6, "time_limit": 6,
+        "exited": 7, "failed": 7, "cancelled": 8}
+# a run's states; the first three are still holding or waiting for an allocation
+ACTIVE = ("pending", "running", "requeued")
+STATES = ("planned", "pending", "running", "requeued", "completed", "failed", "cancelled", "timeout", "node_fail",
+          "preempted", "lost")
+# SLURM's end states → this project's (a job may end COMPLETED after its task failed: the run's own lines decide)
+SLURM_ENDS = {"COMPLETED": "completed", "CANCELLED": "cancelled", "TIMEOUT": "timeout", "NODE_FAIL": "node_fail",
+              "PREEMPTED": "preempted", "FAILED": "failed", "OUT_OF_MEMORY": "failed", "BOOT_FAIL": "failed",
+              "DEADLINE": "timeout", "SPECIAL_EXIT": "failed", "REVOKED": "cancelled"}
+
+
+@dataclass
+class Attempt:
+    """One start of the run: a SLURM job id and its restart count (SLURM requeues keep the id), or one local
+    launch. Its state comes from its own progress lines, then SLURM's record of its job."""
+    n: int
+    job_id: Optional[str]
+    restart: int
+    events: list
+    state: str = "pending"
+    phase: str = "submitted"
+    end: str = ""                      # how it ended, in words ("" while it runs)
+    hosts: list = field(default_factory=list)
+    failure: Optional[dict] = None
+    started: Optional[float] = None
+    ended: Optional[float] = None
+    pid: Optional[int] = None
+    host: Optional[str] = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.job_id}.{self.restart}"
+
+    def last(self, event: str) -> Optional[dict]:
+        return next((e for e in reversed(self.events) if e["event"] == event), None)
 
 
 @dataclass
@@ -32,6 +65,7 @@ class Run:
     plan: PlanRecord
     slurm: Optional[dict]
     events: list
+    attempts: list = field(default_factory=list)
     state: str = "planned"
     phase: str = ""
     attempt: int = 0
@@ -44,6 +78,8 @@ class Run:
     when: float = 0.0
     pid: Optional[int] = None
     host: Optional[str] = None
+    stall: Optional[dict] = None       # the last `stalled` event of the current attempt, unless progress resumed
+    resumed: Optional[dict] = None     # the current attempt's `resumed` event (the checkpoint it started from)
 
     @property
     def gpus(self) -> int:
@@ -59,18 +95,23 @@ class Run:
 
     @property
     def active(self) -> bool:
-        return self.state in ("pending", "running", "requeued")
+        return self.state in ACTIVE
+
+    @property
+    def restarts(self) -> int:
+        """Starts after the first: SLURM's requeues, the job's own requeues and resubmissions alike."""
+        return max(len([a for a in self.attempts if a.started is not None or a.n > 0]) - 1, 0)
 
     def checkpoint_step(self) -> Optional[int]:
         """The last checkpoint step verl left under <run dir>/checkpoints (trainer.default_local_dir)."""
         d = self.dir / "checkpoints"
+        text = fs.read_small(d / "latest_checkpointed_iteration.txt", 64)
+        if text is not None and text.strip().isdigit():
+            return int(text.strip())
         try:
-            return int((d / "latest_checkpointed_iteration.txt").read_text().strip())
-        except (OSError, ValueError):
-            pass
-        try:
-            steps = [int(p.name.rpartition("_")[2]) for p in d.iterdir() if p.name.startswith("global_step_")]
-        except (OSError, ValueError):
+            steps = [int(p.name.rpartition("_")[2]) for p in d.iterdir() if p.name.startswith("global_step_")
+                     and p.name.rpartition("_")[2].isdigit()]
+        except OSError:
             return None
         return max(steps) if steps else None
 
@@ -79,9 +120,12 @@ class Run:
         return {"run_dir": str(self.dir), "model": p.model.name, "algo": p.algo,
                 "gpus": self.gpus, "mode": p.mode, "cluster": p.cluster, "state": self.state,
                 "phase": self.phase, "reason": self.reason, "job_id": self.job_id, "job_ids": self.job_ids,
-                "attempt": self.attempt, "elapsed_s": round(self.elapsed_s, 1),
+                "attempt": self.attempt, "restarts": self.restarts, "elapsed_s": round(self.elapsed_s, 1),
                 "gpu_hours": round(self.gpu_hours, 3), "checkpoint_step": self.checkpoint_step(),
-                "failure": self.failure, "hosts": self.hosts, "when": self.when}
+                "failure": self.failure, "hosts": self.hosts, "when": self.when, "stall": self.stall,
+                "resumed": self.resumed,
+                "attempts": [{"n": a.n, "job_id": a.job_id, "restart": a.restart, "state": a.state, "end": a.end,
+                              "hosts": a.hosts} for a in self.attempts]}
 
 
 def points(path: str) -> list[Path]:
@@ -121,180 +165,304 @@ def load(d: Path, indexed_at: Optional[float] = None) -> Run:
     return run
 
 
-def derive(run: Run) -> None:
-    """State, phase, attempt, failure and elapsed time from the progress lines alone."""
-    evs = run.events
-    if not evs:
-        if run.on_slurm:  # submitted before runs recorded their progress
-            run.job_id = str(run.slurm.get("job_id"))
-            run.job_ids, run.state = [run.job_id], "pending"
-        return
-    for e in evs:
-        j = e.get("job_id")
-        if j and str(j) not in run.job_ids:
-            run.job_ids.append(str(j))
-    run.when = max(e["t"] for e in evs if e["event"] in ("submitted", "started")) if any(
-        e["event"] in ("submitted", "started") for e in evs) else 0.0
-    # elapsed over every attempt: from its start to its last word (or now while it runs)
-    by_attempt: dict = {}
-    for e in evs:
-        by_attempt.setdefault(int(e.get("attempt") or 0), []).append(e)
-    run.attempt = max(by_attempt)
-    cur = sorted(by_attempt[run.attempt], key=lambda e: (RANK.get(e["event"], 9), e["t"]))
-    run.job_id = next((str(e["job_id"]) for e in reversed(cur) if e.get("job_id")), None) or (
-        str(run.slurm["job_id"]) if run.slurm else None)
+def _attempt_key(e: dict) -> tuple:
+    """Which start an event belongs to: (SLURM job id, restart count), or a local launch's attempt number."""
+    j = e.get("job_id")
+    if j:
+        r = e.get("restart")
+        return (str(j), r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else 0)
+    return ("", int(e.get("attempt") or 0))
+
+
+def attempts_of(events: list, slurm: Optional[dict]) -> list:
+    """The run's starts in the order they first appear (a run dir of an older vrun: one per job id)."""
+    groups: dict = {}
+    for e in events:
+        groups.setdefault(_attempt_key(e), []).append(e)
+    if not groups and slurm:  # submitted before runs recorded their progress
+        groups[(str(slurm.get("job_id")), 0)] = []
+    out = []
+    for n, ((job, restart), evs) in enumerate(groups.items()):
+        out.append(Attempt(n=n, job_id=job or None, restart=restart if job else 0, events=evs))
+    return out
+
+
+def _phases(a: Attempt, mode: str, hosts_of) -> None:
+    """An attempt's state from its own lines alone."""
     state, phase = "pending", "submitted"
-    mode = run.plan.mode
-    for e in cur:
+    for e in sorted(a.events, key=lambda e: (RANK.get(e["event"], 9), e["t"])):
         ev = e["event"]
-        if ev == "requeued":
-            state, phase = "requeued", f"requeued (attempt {e.get('attempt')})"
-        elif ev == "submitted":
+        if ev == "submitted":
             state, phase = "pending", "submitted"
         elif ev == "started":
-            run.hosts = [h for h in (e.get("hosts") or [e.get("host")]) if isinstance(h, str)]
-            run.pid, run.host = e.get("pid"), e.get("host")
-            state, phase = "running", f"started on {','.join(run.hosts)}"
+            a.hosts = [h for h in (e.get("hosts") or [e.get("host")]) if isinstance(h, str)]
+            a.pid, a.host = e.get("pid"), e.get("host")
+            a.started = e["t"] if a.started is None else a.started
+            state, phase = "running", f"started on {','.join(a.hosts)}"
         elif ev == "nodes_joined":
             state, phase = "running", f"nodes joined {e.get('joined')}/{e.get('of')}"
         elif ev == "ray_up":
             state, phase = "running", f"Ray up ({e.get('nodes')} nodes, {e.get('seconds')} s)"
         elif ev == "entrypoint_started":
-            if run.pid is None and e.get("pid"):
-                run.pid, run.host = e.get("pid"), e.get("host")
+            if a.pid is None and e.get("pid"):
+                a.pid, a.host = e.get("pid"), e.get("host")
             state, phase = "running", ("training started" if mode == "train" else f"{mode} started")
-        elif ev == "exited" and state not in ("failed", "cancelled"):
+        elif ev == "exited" and state not in ("failed", "cancelled", "timeout"):
             if e.get("rc") == 0:
                 if e.get("node", 0) == 0:
                     state, phase = "completed", "exited 0"
             else:
-                state, phase = "failed", f"exited {e.get('rc')} on {node_name(run, e)}"
-                run.failure = {"node": node_name(run, e), "error": f"exit code {e.get('rc')}", "t": e["t"]}
-        elif ev == "failed" and state != "cancelled":
-            if state != "failed" or (run.failure or {}).get("error", "").startswith("exit code"):
-                run.failure = {"node": node_name(run, e), "error": e.get("error"), "t": e["t"]}
-            state, phase = "failed", f"failed on {run.failure['node']}: {run.failure['error']}"
+                node = hosts_of(a, e)
+                state, phase = "failed", f"exited {e.get('rc')} on {node}"
+                a.failure = {"node": node, "error": f"exit code {e.get('rc')}", "t": e["t"]}
+        elif ev == "failed" and state not in ("cancelled", "timeout"):
+            if state != "failed" or (a.failure or {}).get("error", "").startswith("exit code"):
+                a.failure = {"node": hosts_of(a, e), "error": e.get("error"), "t": e["t"]}
+            state, phase = "failed", f"failed on {a.failure['node']}: {a.failure['error']}"
+        elif ev == "time_limit":
+            state, phase = "timeout", time_limit_words(e)
         elif ev == "cancelled":
             state, phase = "cancelled", f"cancelled from {e.get('host')}"
-    run.state, run.phase = state, phase
+        if ev in ("exited", "failed", "cancelled", "time_limit"):
+            a.ended = max(a.ended or 0.0, e["t"])
+    a.state, a.phase = state, phase
+    if state not in ACTIVE:
+        a.end = phase
+
+
+def time_limit_words(e: dict) -> str:
+    step = e.get("step")
+    saved = f"step {step} saved" if isinstance(step, int) else "no checkpoint saved"
+    if e.get("requeued"):
+        return f"time limit: {saved}, requeued"
+    return f"time limit: {saved}" + (f"; {e['why']}" if isinstance(e.get("why"), str) else "")
+
+
+def derive(run: Run) -> None:
+    """State, phase, attempts, failure and elapsed time from the progress lines alone (refresh adds SLURM's)."""
+    evs = run.events
+    run.attempts = attempts_of(evs, run.slurm)
+    for e in evs:
+        j = e.get("job_id")
+        if j and str(j) not in run.job_ids:
+            run.job_ids.append(str(j))
+    if run.slurm and run.slurm.get("job_id") and str(run.slurm["job_id"]) not in run.job_ids:
+        run.job_ids.append(str(run.slurm["job_id"]))
+    if not run.attempts:
+        return
+    starts = [e["t"] for e in evs if e["event"] in ("submitted", "started")]
+    run.when = max(starts) if starts else 0.0
+    for a in run.attempts:
+        _phases(a, run.plan.mode, lambda a, e: node_name(a.hosts, e))
+    _settle(run)
+
+
+def _settle(run: Run) -> None:
+    """The run's state is its last attempt's; elapsed time sums every attempt's."""
+    cur = run.attempts[-1]
+    run.attempt, run.job_id = cur.n, cur.job_id or (str(run.slurm["job_id"]) if run.slurm else None)
+    run.state, run.phase, run.failure, run.hosts = cur.state, cur.phase, cur.failure, cur.hosts
+    run.pid, run.host = cur.pid, cur.host
+    run.resumed = cur.last("resumed")
+    stalled, back = cur.last("stalled"), cur.last("unstalled")
+    run.stall = stalled if stalled and (not back or back["t"] < stalled["t"]) else None
+    if run.stall and run.state == "running":
+        run.phase = str(run.stall.get("summary") or "stalled")
     now = time.time()
     total = 0.0
-    for a, es in by_attempt.items():
-        starts = [e["t"] for e in es if e["event"] == "started"]
-        if not starts:
+    for a in run.attempts:
+        if a.started is None:
             continue
-        ends = [e["t"] for e in es if e["event"] in ("exited", "failed", "cancelled")]
-        if ends:
-            total += max(ends) - min(starts)
-        elif a == run.attempt and state == "running":
-            total += now - min(starts)
+        if a.ended is not None:
+            total += a.ended - a.started
+        elif a is cur and a.state == "running":
+            total += now - a.started
     run.elapsed_s = max(total, 0.0)
 
 
 def refresh(runs: list) -> None:
-    """Ask SLURM (one squeue for all runs) about runs whose progress says they are still pending or running;
-    sacct where squeue no longer knows a job. Local runs: whether their process is still alive."""
-    live = [r for r in runs if r.active]
-    slurm_runs = [r for r in live if r.on_slurm and r.job_id]
+    """SLURM's record of every run's jobs (one squeue for all of them; sacct for those squeue has forgotten and
+    whose end the run's lines do not say), then the log of an attempt that ended without a word. Local runs:
+    whether their process is still alive."""
+    from vrun.rundir import jobs
+
+    slurm_runs = [r for r in runs if r.on_slurm and r.attempts]
     if slurm_runs:
-        queue = squeue()
-        gone = []
-        for r in slurm_runs:
-            q = queue.get(r.job_id) if queue is not None else None
-            if queue is None:
-                r.reason = "squeue unavailable"
-            elif q is None:
-                gone.append(r)
-            elif q["state"] == "PENDING":
-                r.reason = q["reason"] if q["reason"] not in ("None", "(null)") else ""
-                if r.state == "running":  # requeued by SLURM before the job could say so
-                    r.state, r.phase = "requeued", "requeued"
-                else:
-                    r.phase = f"pending ({q['reason']})"
-            elif r.state == "pending":
-                r.state, r.phase = "running", f"starting on {q['nodes']}"
-        if gone:
-            acct = sacct([r.job_id for r in gone])
-            for r in gone:
-                a = acct.get(r.job_id)
-                if a and a["state"].startswith("COMPLETED"):
-                    r.state, r.phase = "completed", "exited 0 (sacct)"
-                elif a and a["state"].startswith("CANCELLED"):
-                    r.state, r.phase = "cancelled", f"cancelled outside vrun (sacct: {a['state'].lower()})"
-                elif a:
-                    r.state, r.phase = "failed", f"{a['state'].lower()} (sacct: exit {a['exit']} on {a['nodes']})"
-                else:
-                    r.state, r.phase = "lost", lost_why(r)
-    for r in live:
-        if not r.on_slurm and r.pid and r.host == socket.gethostname() and not alive(r.pid):
+        queue = jobs.squeue()
+        if queue is None:
+            for r in slurm_runs:
+                if r.active:
+                    r.reason = "squeue unavailable"
+        else:
+            unknown = [r.attempts[-1].job_id for r in slurm_runs if r.attempts[-1].job_id not in queue
+                       and r.attempts[-1].state in ACTIVE]
+            known = {**jobs.sacct([j for j in unknown if j]), **queue} if unknown else queue
+            for r in slurm_runs:
+                follow(r, known)
+    for r in runs:
+        if r.active and not r.on_slurm and r.pid and r.host == socket.gethostname() and not alive(r.pid):
             r.state, r.phase = "lost", f"process {r.pid} ended without recording an exit"
 
 
-def lost_why(r: Run) -> str:
-    """A job gone from the queue with no recorded end and no accounting: what its log says, or that it wrote none
-    (SLURM could not open its output: a path the nodes do not see)."""
-    from vrun.rundir.cause import from_files
+def follow(run: Run, known: dict) -> None:
+    """Put SLURM's record (known: job id → vrun.rundir.jobs.Job) over what the run's lines say, attempt by attempt:
+    a job SLURM started again is a new attempt (the earlier one ended `requeued`), an ended job's state word says how
+    it ended (a run's own failure line stays its cause), a job neither knows is read from its log."""
+    added = []
+    for a in list(run.attempts):
+        job = known.get(a.job_id or "")
+        last_of_job = a is [x for x in run.attempts if x.job_id == a.job_id][-1]
+        if job is None or not last_of_job:
+            continue
+        if job.restarts > a.restart:  # SLURM (or the job itself) requeued it: a newer start of the same job
+            why = a.end if a.state not in ACTIVE and a.state != "pending" else ""
+            cause = requeue_cause(run, a) or why
+            a.state, a.end = "requeued", "requeued" + (f" after {cause}" if cause else "")
+            a.phase = a.end
+            a.ended = a.ended or (a.started and time.time())
+            nxt = Attempt(n=len(run.attempts) + len(added), job_id=a.job_id, restart=job.restarts, events=[])
+            _from_job(nxt, job, run, after=a)
+            added.append(nxt)
+        else:
+            _from_job(a, job, run)
+    run.attempts += added
+    cur = run.attempts[-1]
+    if cur.state in ACTIVE and cur.job_id and cur.job_id not in known and cur.started is not None:
+        _from_log(run, cur)
+    elif cur.state == "pending" and cur.job_id and cur.job_id not in known and known is not None:
+        cur.state = "lost"
+        cur.phase = cur.end = lost_pending(run)
+    _settle(run)
+    if run.state in ("pending", "requeued"):
+        job = known.get(cur.job_id or "")
+        run.reason = job.reason if job else ""
 
-    out = Path(str((r.slurm or {}).get("stdout") or ""))
-    head = f"job {r.job_id} left the queue without recording an exit"
-    if r.slurm and r.slurm.get("stdout") and not fs.exists(out) and r.state == "pending":
-        return (f"{head} and without writing its log {out}: the nodes likely cannot see {out.parent} (node-local "
-                "storage such as /tmp?); put the run dir on storage every node shares")
-    cause = from_files([out.with_name(out.name.replace("log.out", "log.err")), out]) if r.slurm else None
-    return f"{head}: {cause}" if cause else f"{head} (killed, node lost, or cancelled outside vrun)"
+
+def _from_job(a: Attempt, job, run: Run, after: Optional[Attempt] = None) -> None:
+    """One attempt against its job's record."""
+    if job.active:
+        if job.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"):
+            if after is not None:
+                a.state, a.phase = "requeued", f"{after.end}; pending"
+            elif a.started is None:
+                a.state, a.phase = "pending", f"pending ({job.reason})" if job.reason else "pending"
+        elif a.state == "pending":
+            a.state, a.phase = "running", f"starting on {job.nodes}"
+        return
+    word = SLURM_ENDS.get(job.state)
+    a.ended = a.ended or job.end
+    if a.state not in ACTIVE and not (a.state == "failed" and word in ("timeout", "cancelled", "node_fail",
+                                                                         "preempted")):
+        return  # the run's own lines said how it ended (SLURM may say COMPLETED for a task that failed)
+    if word == "completed":
+        a.state, a.phase = "completed", "exited 0 (SLURM: COMPLETED)"
+    elif word == "cancelled":
+        a.state = "cancelled"
+        if _cancelled_by_vrun(run, a):
+            a.phase = "cancelled with python -m vrun cancel"
+        else:
+            a.phase = ("cancelled outside vrun while pending (never started)" if a.started is None
+                       else "cancelled outside vrun (scancel) while running")
+    elif word == "timeout":
+        tl = a.last("time_limit")
+        a.state, a.phase = "timeout", time_limit_words(tl if tl else {"step": run.checkpoint_step()})
+    elif word == "node_fail":
+        a.state, a.phase = "node_fail", f"node failure on {job.nodes or '?'}; SLURM did not requeue it"
+    elif word == "preempted":
+        a.state, a.phase = "preempted", "preempted; not requeued"
+    else:
+        _from_log(run, a)
+        if a.state in ACTIVE or a.state == "lost":
+            a.state, a.phase = "failed", f"SLURM: {job.state}" + (f" ({job.reason})" if job.reason else "")
+    a.end = a.phase
 
 
-def squeue() -> Optional[dict]:
-    """This user's jobs: id → state, reason, nodes. None when squeue cannot be run."""
-    try:
-        p = subprocess.run(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%T|%r|%N"], capture_output=True,
-                           text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if p.returncode:
-        return None
-    out = {}
-    for line in p.stdout.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 4:
-            out[parts[0]] = {"state": parts[1], "reason": parts[2], "nodes": parts[3]}
-    return out
+def _cancelled_by_vrun(run: Run, a: Attempt) -> bool:
+    """A `cancelled` line written for this attempt's job (cancel names the job ids it scancelled)."""
+    return any(e["event"] == "cancelled" and a.job_id in [str(j) for j in (e.get("job_ids") or [])]
+               and (a.started is None or e["t"] >= a.started) for e in run.events)
 
 
-def sacct(job_ids: list) -> dict:
-    """What accounting knows about finished jobs; {} where it does not work (many clusters, the CI harness)."""
-    try:
-        p = subprocess.run(["sacct", "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", "JobID,State,ExitCode,NodeList"],
-                           capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    if p.returncode:
-        return {}
-    out = {}
-    for line in p.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) == 4:
-            out[parts[0]] = {"state": parts[1], "exit": parts[2], "nodes": parts[3]}
-    return out
+def requeue_cause(run: Run, a: Attempt) -> str:
+    """Why an attempt that SLURM started again ended: the job's own signal line, else its log."""
+    sig = a.last("signalled")
+    if sig and isinstance(sig.get("why"), str):
+        return sig["why"]
+    from vrun.rundir.cause import ending, tail_lines
+
+    lines = tail_lines(log_paths(run, a.job_id), a.key)
+    end = ending(lines)
+    if end and end[0] == "node_fail":
+        return "node failure" + (f" ({end[1]})" if "Node failure on" in end[1] else "")
+    if end:
+        return {"timeout": "the time limit", "preempted": "preemption", "cancelled": "a cancellation"}[end[0]]
+    if a.failure:
+        return f"a failure on {a.failure['node']}: {a.failure['error']}"
+    return ""
+
+
+def _from_log(run: Run, a: Attempt) -> None:
+    """An attempt whose job SLURM no longer knows and whose lines say no end: what its log says."""
+    from vrun.rundir.cause import decisive_line, ending, tail_lines
+
+    lines = tail_lines(log_paths(run, a.job_id), a.key)
+    end = ending(lines)
+    if end:
+        kind, line = end
+        a.state = kind
+        a.phase = {"timeout": lambda: time_limit_words({"step": run.checkpoint_step()}),
+                   "preempted": lambda: "preempted; not requeued",
+                   "node_fail": lambda: f"node failure ({line}); not requeued",
+                   "cancelled": lambda: ("cancelled" if _cancelled_by_vrun(run, a) else
+                                         "cancelled outside vrun (scancel) while running")}[kind]()
+    else:
+        cause = decisive_line(lines)
+        head = f"job {a.job_id} left the queue without recording an exit"
+        a.state = "lost"
+        a.phase = f"{head}: {cause}" if cause else f"{head} (killed, node lost, or cancelled outside vrun)"
+    a.end = a.phase
+
+
+def lost_pending(run: Run) -> str:
+    """A job gone from SLURM's record before it started, with no accounting to say why."""
+    out = Path(str((run.slurm or {}).get("stdout") or ""))
+    head = f"job {run.job_id} left the queue before it started"
+    if run.slurm and run.slurm.get("stdout") and not fs.exists(out):
+        return (f"{head}, without writing its log {out}: cancelled outside vrun, or the nodes could not open "
+                f"{out.parent}")
+    return f"{head} (cancelled outside vrun?)"
+
+
+def log_paths(run: Run, job_id: Optional[str], node: int = 0) -> list:
+    """submitit's stderr and stdout files of one node (task) of one job."""
+    if not run.slurm or not job_id:
+        return []
+    folder = Path(str(run.slurm.get("folder") or "").replace("%j", str(job_id)))
+    return [folder / f"{job_id}_{node}_log.err", folder / f"{job_id}_{node}_log.out"]
 
 
 def describe(run: Run) -> str:
-    """The state in a few words: `running: Ray up (2 nodes, 6.3 s)`, `pending (Resources)`."""
+    """The state in a few words: `running: Ray up (2 nodes, 6.3 s)`, `pending (Resources)`, `requeued after node
+    failure (…); pending (BeginTime: …)`, `timeout: time limit: step 40 saved`."""
+    from vrun.rundir.cause import pending_words
+
     if run.state == "pending":
-        from vrun.rundir.cause import pending_words
-
         return f"pending ({pending_words(run.reason)})" if run.reason else "pending"
-    if run.state in ("planned", "completed", "cancelled"):
-        return run.state
-    if run.phase.startswith(run.state):  # "failed on n1: ...", not "failed: failed on n1: ..."
-        return run.phase
-    return f"{run.state}: {run.phase}" if run.phase else run.state
+    if run.state in ("planned", "completed"):
+        return run.state + (f" (attempt {run.attempt})" if run.attempt and run.state == "completed" else "")
+    text = run.phase if run.phase.startswith(run.state) else (f"{run.state}: {run.phase}" if run.phase else run.state)
+    if run.state == "requeued" and run.reason:
+        text += f" ({pending_words(run.reason)})"
+    if run.state == "running" and run.attempt:
+        prev = run.attempts[-2] if len(run.attempts) > 1 else None
+        text += f" (attempt {run.attempt}" + (f", after {prev.end}" if prev and prev.end else "") + ")"
+    return text
 
 
-def node_name(run: Run, e: dict) -> str:
+def node_name(hosts: list, e: dict) -> str:
     n = e.get("node")
-    if isinstance(n, int) and n < len(run.hosts):
-        return run.hosts[n]
+    if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < len(hosts):
+        return hosts[n]
     return e.get("host") or str(n)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from vrun.rundir import records as rundir
 from vrun.core import writer
 from vrun.core.problems import PlanError, Problem
-from vrun.launch.slurm.node import RunJob
+from vrun.launch.slurm.job import RunJob
 from vrun.rundir.record import SlurmRecord
 
 # hydra.launcher.<key> given by hand → the knob it sets: one home per sbatch value. The value is put there as
@@ -350,7 +350,7 @@ def submit(items: list, detach: bool) -> list:
             {"job_id": job.job_id, "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
              "folder": folder, "spec": sub.saved(), "mode": str(mode), "attempt": 0}, indent=2,
             default=str) + "\n", root=plan.run_dir)
-        rundir.record(plan.run_dir, "submitted", job_id=job.job_id, attempt=0, nodes=sub.nodes,
+        rundir.record(plan.run_dir, "submitted", job_id=job.job_id, restart=0, attempt=0, nodes=sub.nodes,
                       gpus_per_node=sub.gpus_per_node)
         print(f"submitted job {job.job_id}: {plan.run_dir}  logs {job.paths.stdout}", flush=True)
         jobs.append(job)
@@ -362,27 +362,46 @@ def submit(items: list, detach: bool) -> list:
     return jobs
 
 
-def resubmit(run_dir: str, detach: bool = False) -> list:
-    """Submit again from a run dir: same plan (plan.json), same run dir, verl resumes from its checkpoints."""
-    from vrun.rundir import files
+def resubmit(run_dir: str, detach: bool = False, exclude: tuple = (), replacing: str | None = None) -> list:
+    """Submit again from a run dir: the plan's own checked job (plan.json's `slurm` section, never a copy read back
+    from elsewhere), the same run dir; the job resumes from the last whole checkpoint (vrun.rundir.checkpoints).
+    Refused while any of the run's jobs is queued or running (but `replacing`: the job a stall's requeue is about to
+    cancel). exclude: nodes the new job must not get (sbatch --exclude, added to any the plan has)."""
+    from vrun.rundir import state
     from vrun.rundir.record import PlanRecord
 
-    info = files.slurm_job(Path(run_dir))  # validated JSON: no pickle is loaded from a run dir
     record = PlanRecord.load(run_dir)
-    if info is None or record.slurm is None or not isinstance(info.get("spec"), dict):
-        raise PlanError([Problem(f"{run_dir}/slurm_job.json", "job", "holds no job to submit again (never "
-                                 "submitted, submitted by an older vrun, or edited)",
-                                 "submit it again with python runner.py ... cluster=slurm")])
-    sub = Submission.load(info["spec"])
-    # the next attempt follows every one the run dir recorded (SLURM's requeues included)
-    attempt = max([int(info.get("attempt") or 0)] + [e["attempt"] for e in rundir.events(run_dir)
-                                                      if isinstance(e.get("attempt"), int)]) + 1
-    job = executor(sub, info["folder"]).submit(RunJob(record.run_dir, record.run_id, attempt))
-    rundir.record(run_dir, "submitted", job_id=job.job_id, attempt=attempt, nodes=sub.nodes,
-                  gpus_per_node=sub.gpus_per_node)
-    info.update(job_id=job.job_id, stdout=str(job.paths.stdout), stderr=str(job.paths.stderr), attempt=attempt)
-    writer.write_text(Path(run_dir) / "slurm_job.json", json.dumps(info, indent=2, default=str) + "\n", root=run_dir)
-    print(f"resubmitted job {job.job_id}: {run_dir}  logs {job.paths.stdout}", flush=True)
+    if record.slurm is None:
+        raise PlanError([Problem(f"{run_dir}/plan.json", "slurm", "holds no SLURM job to submit again (planned for "
+                                 "another cluster, or never submitted)",
+                                 "submit it with python runner.py ... cluster=slurm")])
+    run = state.load(Path(run_dir))
+    state.refresh([run])
+    from vrun.rundir import jobs
+
+    queue = jobs.squeue() or {}
+    busy = [j for j in run.job_ids if j != replacing and j in queue and queue[j].active]
+    if busy:
+        raise PlanError([Problem("run", run_dir, f"job {','.join(busy)} is still {queue[busy[0]].state.lower()}",
+                                 f"python -m vrun cancel {run_dir} first, or wait for it to end")])
+    params = dict(record.slurm.parameters)
+    if exclude:
+        extra = dict(params.get("additional_parameters") or {})
+        have = [h for h in str(extra.get("exclude") or "").split(",") if h]
+        extra["exclude"] = ",".join(dict.fromkeys(have + list(exclude)))
+        params["additional_parameters"] = extra
+    sub = Submission(params, record.slurm.max_num_timeout)
+    attempt = len(run.attempts)
+    folder = record.slurm.submitit_folder
+    job = executor(sub, folder).submit(RunJob(record.run_dir, record.run_id, attempt))
+    rundir.record(run_dir, "submitted", job_id=job.job_id, restart=0, attempt=attempt, nodes=sub.nodes,
+                  gpus_per_node=sub.gpus_per_node, **({"exclude": list(exclude)} if exclude else {}),
+                  **({"replacing": replacing} if replacing else {}))
+    writer.write_text(Path(run_dir) / "slurm_job.json", json.dumps(
+        {"job_id": job.job_id, "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr), "folder": folder,
+         "spec": sub.saved(), "mode": record.mode, "attempt": attempt}, indent=2, default=str) + "\n", root=run_dir)
+    without = f" (without {','.join(exclude)})" if exclude else ""
+    print(f"resubmitted job {job.job_id}{without}: {run_dir}  logs {job.paths.stdout}", flush=True)
     if not detach:
         from vrun.launch.slurm import wait as slurm_wait
 
@@ -398,10 +417,15 @@ if __name__ == "__main__":
     r = sub.add_parser("resubmit", help="submit a run dir again (same config, resumes)")
     r.add_argument("run_dir")
     r.add_argument("--detach", action="store_true")
+    r.add_argument("--exclude", default="", help="nodes the new job must not get (comma-separated)")
+    r.add_argument("--replacing", default=None, help="the job this one replaces (a stall's requeue cancels it)")
     a = ap.parse_args()
     writer.install()
     try:
-        resubmit(a.run_dir, a.detach)
+        resubmit(a.run_dir, a.detach, tuple(h for h in a.exclude.split(",") if h), a.replacing)
+    except PlanError as e:
+        print(str(e), file=sys.stderr)
+        sys.exit(2)
     except Exception as e:  # noqa: BLE001
         print(f"error: {a.run_dir}: {e}", file=sys.stderr)
         sys.exit(2)

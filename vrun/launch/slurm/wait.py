@@ -55,10 +55,12 @@ def until_ended(jobs: list, stream=None, poll_s: float | None = None) -> None:
         state.refresh([r])
         for line in preflight_lines(r):
             print(line, file=stream, flush=True)
+        jid = r.job_id or job.job_id
         if r.state == "completed":
-            print(f"job {job.job_id}: completed", file=stream, flush=True)
+            print(f"job {jid}: completed" + (f" after {r.restarts} restart(s)" if r.restarts else ""), file=stream,
+                  flush=True)
             continue
-        problems.append(Problem("slurm", r.state, f"job {job.job_id} {outcome(r)}", next_command(r)))
+        problems.append(Problem("slurm", r.state, f"job {jid} {outcome(r)}", next_command(r)))
     if problems:
         cli_errors.emit([p.line() for p in PlanError(problems).problems])
 
@@ -70,31 +72,39 @@ def settle(job_ids: list, dirs: list, grace_s: float = SETTLE_S) -> None:
 
     from vrun.rundir import state
 
+    from vrun.rundir import jobs
+
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        queue = state.squeue()
+        queue = jobs.squeue()
         runs = [state.load(Path(d)) for d in dirs]
         pending_cause = any(r.state == "failed" and str((r.failure or {}).get("error", "")).startswith("exit code")
                             for r in runs)
-        if not pending_cause and (queue is None or not set(job_ids) & set(queue)):
+        if not pending_cause and (queue is None or not any(j in queue and queue[j].active for j in job_ids)):
             return
         time.sleep(0.5)
 
 
 def outcome(r) -> str:
-    if r.state == "failed" and r.failure:
-        return f"failed on {r.failure['node']}: {r.failure['error']}"
-    if r.state == "cancelled":
-        return "was cancelled"
+    """How the run ended, with what came before: `failed on n1: …`, `timeout: time limit: step 40 saved; no
+    requeue left (…) after 2 restart(s)`, `cancelled outside vrun (scancel) while running`."""
     from vrun.rundir import state
 
-    return state.describe(r)
+    if r.state == "failed" and r.failure:
+        text = f"failed on {r.failure['node']}: {r.failure['error']}"
+    else:
+        text = state.describe(r)
+    if r.stall and r.state != "running":
+        text += f" ({r.stall.get('summary')})"
+    if r.restarts:
+        text += f" after {r.restarts} restart(s)"
+    return text
 
 
 def next_command(r) -> str:
     d = r.dir
-    if r.state == "cancelled":
-        return f"python -m vrun resubmit {d} (same config and run dir; verl resumes)"
+    if r.state in ("cancelled", "timeout", "preempted", "node_fail"):
+        return f"python -m vrun resubmit {d} (same plan and run dir; resumes from the last whole checkpoint)"
     return f"python -m vrun status {d}; python -m vrun logs {d}; then python -m vrun resubmit {d}"
 
 

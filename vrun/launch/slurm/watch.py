@@ -14,7 +14,8 @@ POLL_S = 1.0
 
 
 def line(job_id: str, run: state.Run) -> str:
-    return f"job {job_id} {Path(run.dir).name}: {state.describe(run)}"
+    """The run's current job (a resubmission after a stall is a new one) and its state."""
+    return f"job {run.job_id or job_id} {Path(run.dir).name}: {state.describe(run)}"
 
 
 def until_done(jobs: list, stream=None, poll_s: float = POLL_S) -> None:
@@ -45,7 +46,8 @@ def until_done(jobs: list, stream=None, poll_s: float = POLL_S) -> None:
             for (job, _), text in zip(jobs, lines):
                 _show(stream, shown, job.job_id, text)
         stream.flush()
-        if all(not r.active or _finished(job, ask=r.reason == "squeue unavailable") for (job, _), r in zip(jobs, runs)):
+        if all(not r.active or (r.reason == "squeue unavailable" and _finished(job, ask=True))
+               for (job, _), r in zip(jobs, runs)):
             return
         time.sleep(poll_s)
 

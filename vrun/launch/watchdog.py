@@ -1,0 +1,281 @@
+"""The running job watched (started with the job by the project's own process: node 0 of a SLURM job, or the local
+launch), not a separate service.
+
+Progress is what verl prints: its step lines (vrun.rundir.joblog) in the job's output, read as they come. No step
+within the plan's bound (plan.json `watch`, vrun.planning.watch: the first step of an attempt gets the model load
+on top) is a stall. A stall is diagnosed at once — every node dumps the Python stack of every training process
+(vrun.launch.stacks), what nvidia-smi reports, NCCL's flight recorder where the run's environment turned it on
+(its dump pipes poked), and Ray's view of its nodes and actors — under <run dir>/stalls/<n>/, then summed up in one
+line (`stalled at step 312 for 41 min: 255 ranks in all_reduce, rank 133 on n17 in data loading → stalls/1/`)
+recorded as a `stalled` event, which `status`, `runs` and the submitter show. Then run.on_stall: report only;
+or, once run.stall_grace_s more pass without a step, cancel (or submit again without the odd rank's node, then
+cancel). A step after the report records `unstalled` and calls the action off.
+
+While it watches it also stamps each checkpoint the job finishes with the plan it belongs to
+(vrun.rundir.checkpoints.stamp), so a restart can tell whose checkpoint it resumes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from vrun.core import fs
+from vrun.rundir import joblog
+
+POLL_S = 2.0
+# how long a stall's diagnosis waits for every node's dump
+DUMP_WAIT_S = 60.0
+STALLS = "stalls"
+
+
+@dataclass
+class Progress:
+    """The last step seen and when; pure: fed (time, step) pairs, asked whether the bound has passed."""
+    stall_after_s: float
+    first_step_s: float
+    since: float                # when watching started (the attempt's start)
+    last_step: Optional[int] = None
+    last_t: Optional[float] = None
+
+    def feed(self, t: float, step: int) -> bool:
+        """True when this is progress: a step not seen before (a resumed run starts past its checkpoint)."""
+        if self.last_step is None or step > self.last_step:
+            self.last_step, self.last_t = step, t
+            return True
+        return False
+
+    def stalled_for(self, t: float) -> Optional[float]:
+        """Seconds without progress when past the bound (the first step's before one was seen), else None."""
+        start, bound = (self.since, self.first_step_s) if self.last_t is None else (self.last_t, self.stall_after_s)
+        quiet = t - start
+        return quiet if quiet > bound else None
+
+
+class LogTail:
+    """New whole lines of a growing file, from where it stood when the tail began (an earlier attempt's lines in a
+    log appended across attempts are not this attempt's progress). Regular files only; never blocks or raises."""
+
+    def __init__(self, path: Path, from_start: bool = False):
+        self.path = Path(path)
+        st, _ = fs.stat(self.path)
+        self.offset = 0 if from_start or st is None else st.st_size
+        self.partial = b""
+
+    def lines(self, limit: int = 8 << 20) -> list:
+        import stat as st_mod
+
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except (OSError, ValueError):
+            return []
+        try:
+            info = os.fstat(fd)
+            if not st_mod.S_ISREG(info.st_mode):
+                return []
+            if info.st_size < self.offset:  # truncated: start over
+                self.offset, self.partial = 0, b""
+            os.lseek(fd, self.offset, os.SEEK_SET)
+            data = os.read(fd, limit)
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+        self.offset += len(data)
+        data = self.partial + data
+        *whole, self.partial = data.split(b"\n")
+        if len(self.partial) > 1 << 20:  # a line without end: drop it
+            self.partial = b""
+        return [w.decode(errors="replace") for w in whole]
+
+
+def next_stall_dir(run_dir: str) -> tuple[int, Path]:
+    """<run dir>/stalls/<n>, n one past the highest there."""
+    base = Path(run_dir) / STALLS
+    try:
+        taken = [int(p.name) for p in base.iterdir() if p.name.isdigit()]
+    except OSError:
+        taken = []
+    n = max(taken, default=0) + 1
+    return n, base / str(n)
+
+
+class Watchdog(threading.Thread):
+    """Node 0's (or the local launch's) watcher. The launcher gives it:
+    log: the file the job's step lines reach; watch: plan.json's `watch`; record(event, **fields): a progress line;
+    collect(n, out_dir): every node's dump into out_dir (returns when they are in, or DUMP_WAIT_S passed);
+    act(action, summary, hosts): cancel or requeue the job; plan: the PlanRecord (for checkpoint stamps)."""
+
+    def __init__(self, run_dir: str, log: Path, watch, record: Callable, collect: Callable, act: Callable,
+                 plan=None, poll_s: float = POLL_S, clock=time.time):
+        super().__init__(name="vrun-watchdog", daemon=True)
+        self.run_dir, self.watch, self.plan = run_dir, watch, plan
+        self.record, self.collect, self.act = record, collect, act
+        self.tail = LogTail(log)
+        self.poll_s, self.clock = poll_s, clock
+        self.progress = Progress(watch.stall_after_s, watch.first_step_s, clock())
+        self.stop_event = threading.Event()
+        self.reported: Optional[dict] = None
+        self.acted = False
+        self.stamped: set = set()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.poll_s):
+            try:
+                self.tick()
+            except Exception as e:  # noqa: BLE001 - the watcher never fails the job it watches
+                print(f"vrun: watchdog: {type(e).__name__}: {e}", flush=True)
+
+    def tick(self) -> None:
+        now = self.clock()
+        moved = False
+        for line in self.tail.lines():
+            got = joblog.parse_line(line)
+            if got is not None and got[1]:
+                moved = self.progress.feed(now, got[0]) or moved
+        self.stamp()
+        if moved and self.reported is not None:
+            self.record("unstalled", n=self.reported["n"], step=self.progress.last_step)
+            print(f"vrun: watchdog: step {self.progress.last_step} came; stall {self.reported['n']} is over",
+                  flush=True)
+            self.reported = None
+            return
+        if self.acted:
+            return
+        quiet = self.progress.stalled_for(now)
+        if quiet is None:
+            return
+        if self.reported is None:
+            self.reported = self.diagnose(quiet)
+            return
+        if self.watch.on_stall != "report" and now - self.reported["t"] >= self.watch.grace_s:
+            self.acted = True
+            self.act(self.watch.on_stall, self.reported["summary"], self.reported.get("hosts") or [])
+
+    def diagnose(self, quiet: float) -> dict:
+        from vrun.launch import stacks
+
+        n, out = next_stall_dir(self.run_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        t0 = self.clock()
+        self.collect(n, out)
+        step = self.progress.last_step
+        summary = stacks.summarize(out, step, quiet)
+        hosts = stacks.odd_hosts(out)
+        took = round(self.clock() - t0, 1)
+        print(f"vrun: {summary}", flush=True)
+        self.record("stalled", n=n, step=step, quiet_s=round(quiet, 1), summary=summary, dir=str(out),
+                    odd_hosts=hosts, diagnosis_s=took)
+        return {"n": n, "t": self.clock(), "summary": summary, "hosts": hosts}
+
+    def stamp(self) -> None:
+        """Each checkpoint the job finished (the tracker moved to it) stamped with this plan."""
+        if self.plan is None:
+            return
+        root = Path(self.run_dir) / "checkpoints"
+        text = fs.read_small(root / "latest_checkpointed_iteration.txt", 64)
+        if not text or not text.strip().isdigit() or int(text.strip()) in self.stamped:
+            return
+        step = int(text.strip())
+        self.stamped.add(step)
+        try:
+            from vrun.rundir import checkpoints
+
+            checkpoints.stamp(root, step, self.plan)
+        except Exception as e:  # noqa: BLE001
+            print(f"vrun: watchdog: checkpoint {step} not stamped: {e}", flush=True)
+
+
+def nccl_env(run_dir: str) -> dict:
+    """torch's NCCL flight recorder on, dumping under <run dir>/stalls/nccl/ on its own timeout and when a stall's
+    diagnosis writes to a rank's pipe (torch's ProcessGroupNCCL: TORCH_NCCL_TRACE_BUFFER_SIZE,
+    TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_NCCL_DEBUG_INFO_TEMP_FILE, TORCH_NCCL_DEBUG_INFO_PIPE_FILE)."""
+    prefix = str(Path(run_dir) / STALLS / "nccl" / "rank_")
+    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": prefix}
+
+
+def poke_nccl(run_dir: str) -> int:
+    """Ask every rank on this node for its flight-recorder dump (a byte into each `<prefix><rank>.pipe` a process
+    here holds open). Returns how many were poked."""
+    import stat as st_mod
+
+    base = Path(run_dir) / STALLS / "nccl"
+    n = 0
+    try:
+        pipes = [p for p in base.iterdir() if p.name.endswith(".pipe")]
+    except OSError:
+        return 0
+    for p in pipes:
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # no reader on this node (ENXIO), or gone
+            continue
+        try:
+            if st_mod.S_ISFIFO(os.fstat(fd).st_mode):
+                os.write(fd, b"1")
+                n += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return n
+
+
+def ray_view(out: Path, address: Optional[str], env: dict, timeout_s: float = 30.0) -> None:
+    """Ray's nodes and actors as its GCS knows them, into out/ray.json (a child process: never this one's Ray)."""
+    import subprocess
+    import sys
+
+    from vrun.core import writer
+
+    if not address:
+        return
+    code = ("import json, ray\n"
+            "ray.init(address=%r, logging_level='ERROR', log_to_driver=False)\n"
+            "out = {'nodes': [{'host': n.get('NodeManagerHostname'), 'ip': n.get('NodeManagerAddress'),\n"
+            "        'alive': n.get('Alive'), 'resources': n.get('Resources')} for n in ray.nodes()]}\n"
+            "try:\n"
+            "    from ray._private.state import state as s\n"
+            "    out['actors'] = [{'class': a.get('ActorClassName'), 'state': a.get('State'),\n"
+            "        'node': (a.get('Address') or {}).get('IPAddress'), 'pid': a.get('Pid')}\n"
+            "        for a in s.actor_table(None).values()]\n"
+            "except Exception as e:\n"
+            "    out['actors_unavailable'] = repr(e)\n"
+            "print(json.dumps(out))\n") % address
+    try:
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout_s)
+        text = p.stdout.strip().splitlines()[-1] if p.returncode == 0 and p.stdout.strip() else json.dumps(
+            {"unavailable": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1][:300]})
+    except (OSError, subprocess.SubprocessError) as e:
+        text = json.dumps({"unavailable": f"{type(e).__name__}: {e}"[:300]})
+    writer.write_text(out / "ray.json", text + "\n", root=str(out.parent.parent))
+
+
+def collect_nccl(run_dir: str, out: Path, wait_s: float = 5.0) -> int:
+    """The flight-recorder dumps the ranks wrote (rank_<n>, beside their .pipe files) moved into out/nccl/."""
+    base = Path(run_dir) / STALLS / "nccl"
+    if not fs.is_dir(base):
+        return 0
+    time.sleep(wait_s)  # a poked rank writes its dump from its own watchdog thread
+    moved = 0
+    try:
+        dumps = [p for p in base.iterdir() if not p.name.endswith(".pipe") and fs.is_file(p)]
+    except OSError:
+        return 0
+    if dumps:
+        (out / "nccl").mkdir(exist_ok=True)
+    for p in dumps:
+        try:
+            os.replace(p, out / "nccl" / p.name)
+            moved += 1
+        except OSError:
+            pass
+    return moved

@@ -1,0 +1,75 @@
+"""How a running job is watched (vrun.launch.watchdog runs it on node 0, or beside a local run): the seconds
+without a verl step line after which it counts as stalled, the first step's longer allowance (the model loads and
+the rollout engine starts first), and what a stall does. Pure arithmetic on the plan; plan.json's `watch`.
+
+stall_after_s = run.stall_after_s, else max(STALL_FLOOR_S, STALL_FACTOR × the step estimate's high end) — a step
+that takes three times the estimate's pessimistic end is not a slow step but a stuck one; with no estimate,
+STALL_FALLBACK_S. The first step of an attempt adds the load: the node's share of the bf16 weights read at
+LOAD_RATE plus ENGINE_START_S (Ray workers, the Megatron Lite model built, vLLM started and its CUDA graphs
+captured, the first refit).
+"""
+from __future__ import annotations
+
+from vrun.rundir.record import WatchRecord
+
+STALL_FACTOR = 3.0
+STALL_FLOOR_S = 600.0
+STALL_FALLBACK_S = 1800.0
+# a conservative read rate per node from shared storage (NFS/Lustre clients commonly sustain 1-2 GB/s)
+LOAD_RATE = 1.0e9
+ENGINE_START_S = 600.0
+
+
+def policy(run, step_high_s, params_total, nnodes: int, stacks: str = "") -> WatchRecord:
+    """run: the run config's `run` group (vrun.config.schema.RunSettings); step_high_s: the plan's step high end
+    (None without an estimate); params_total: the model's parameters (None when unknown)."""
+    if run.stall_after_s is not None:
+        stall, basis = float(run.stall_after_s), "run.stall_after_s"
+    elif step_high_s:
+        stall = max(STALL_FLOOR_S, STALL_FACTOR * float(step_high_s))
+        basis = (f"{STALL_FACTOR:g} × the step's high end {step_high_s:,.0f} s" if stall > STALL_FLOOR_S else
+                 f"at least {STALL_FLOOR_S:,.0f} s ({STALL_FACTOR:g} × the step's high end is {STALL_FACTOR * step_high_s:,.0f} s)")
+    else:
+        stall, basis = STALL_FALLBACK_S, "no step-time estimate"
+    load = ENGINE_START_S + (2.0 * params_total / max(nnodes, 1) / LOAD_RATE if params_total else 0.0)
+    grace = float(run.stall_grace_s) if run.stall_grace_s is not None else stall
+    return WatchRecord(stall_after_s=round(stall, 1), first_step_s=round(stall + load, 1),
+                       on_stall=str(run.on_stall), grace_s=round(grace, 1), basis=basis, stacks=stacks)
+
+
+def line(w: WatchRecord) -> str:
+    """The plan table's row."""
+    act = {"report": "reported (the job keeps running)",
+           "cancel": f"reported, then cancelled after {_t(w.grace_s)} more without a step",
+           "requeue": f"reported, then after {_t(w.grace_s)} submitted again without the odd rank's node"}[w.on_stall]
+    return (f"watch   stalled after {_t(w.stall_after_s)} without a verl step ({w.basis}; the first step of an "
+            f"attempt: {_t(w.first_step_s)}); on a stall: stacks of every node under <run dir>/stalls/, "
+            f"{act}" + (f"; {w.stacks}" if w.stacks else ""))
+
+
+def _t(s: float) -> str:
+    s = float(s)
+    if s < 120:
+        return f"{s:g} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def ptrace_scope(path: str = "/proc/sys/kernel/yama/ptrace_scope"):
+    """Yama's ptrace scope on this machine (0-3), or None without Yama."""
+    from vrun.core import fs
+
+    text = fs.read_small(path, 16)
+    return int(text.strip()) if text and text.strip().isdigit() else None
+
+
+def stacks_line(scope=...) -> str:
+    """How a stall's stacks will be taken, judged on this machine (the nodes usually run the same kernel)."""
+    scope = ptrace_scope() if scope is ... else scope
+    if scope is None or scope == 0:
+        return "stacks by py-spy (no ptrace restriction here)"
+    if scope == 1:
+        return "stacks by py-spy (ptrace_scope 1: the node process is every rank's ancestor)"
+    return (f"ptrace_scope {scope} forbids attaching: stacks from the processes themselves (a faulthandler signal "
+            "the run's environment registers)")

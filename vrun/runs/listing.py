@@ -1,0 +1,185 @@
+"""`python -m vrun runs` and `status`: every run the project wrote, and one in detail — its state as SLURM and its
+own lines tell it, attempt by attempt (restarts, how each ended), a stall's summary and where its stacks are, the
+checkpoint an attempt resumed from, and the step time measured beside the estimate."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from vrun.core import fs
+from vrun.rundir import records as rundir
+from vrun.rundir import state
+from vrun.rundir.state import RunDirError
+from vrun.runs.common import Usage, dur as _dur, one_run
+from vrun.runs.logs import log_files
+
+def collect(dirs: list) -> tuple[list, list]:
+    """Runs to list: the dirs given (run or sweep dirs), else every run dir in the index. Returns (runs, notes)."""
+    notes = []
+    found: dict = {}
+    if dirs:
+        for d in dirs:
+            for p in state.points(d):
+                found.setdefault(str(p), None)
+    else:
+        idx = rundir.index_path()
+        if not fs.is_file(idx):
+            raise Usage(f"error: index={idx}: no runs recorded yet; fix: plan or submit a run "
+                        "(python runner.py ...), or give run/sweep dirs: python -m vrun runs DIR...")
+        gone = set()
+        for line in idx.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                e = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                continue
+            if not (isinstance(e, dict) and isinstance(e.get("run_dir"), str) and "\0" not in e["run_dir"]):
+                continue  # not a line the runner writes
+            if not isinstance(e.get("t"), (int, float)) or isinstance(e.get("t"), bool):
+                e["t"] = None
+            if fs.is_file(Path(e["run_dir"]) / "plan.json"):
+                found[e["run_dir"]] = e.get("t")
+            else:
+                gone.add(e["run_dir"])
+        gone -= set(found)
+        if gone:
+            notes.append(f"note: {len(gone)} run dir(s) in {idx} no longer exist (deleted or moved); "
+                         "give moved ones as DIR arguments")
+    runs = []
+    for d, t in found.items():
+        try:
+            runs.append(state.load(Path(d), indexed_at=t))
+        except RunDirError as e:
+            notes.append(str(e))
+    return runs, notes
+
+
+def cmd_runs(a) -> int:
+    runs, notes = collect(a.dirs)
+    state.refresh(runs)
+    if a.state:
+        want = set(a.state.split(","))
+        runs = [r for r in runs if r.state in want]
+    if a.model:
+        want = set(a.model.split(","))
+        runs = [r for r in runs if r.plan.model.name in want]
+    runs.sort(key=lambda r: r.when, reverse=True)
+    for n in notes:
+        print(n, file=sys.stderr)
+    if a.json:
+        print(json.dumps([r.summary() for r in runs], indent=1))
+        return 0
+    from vrun.planning import measured
+
+    head = ("WHEN", "MODEL", "ALGO", "GPUS", "MODE", "STATE", "JOB", "ATT", "ELAPSED", "GPU-H", "STEP S (MEAS/EST)",
+            "CKPT", "RUN DIR")
+    rows = []
+    for r in runs:
+        s = r.summary()
+        rows.append((time.strftime("%m-%d %H:%M", time.localtime(r.when)) if r.when else "-", s["model"] or "?",
+                     s["algo"] or "?", str(s["gpus"]), s["mode"] or "?", _short(state.describe(r)),
+                     r.job_id or "-", str(r.attempt) if r.on_slurm else "-", _dur(r.elapsed_s) if r.elapsed_s else "-",
+                     f"{r.gpu_hours:.2f}" if r.elapsed_s else "-", measured.column(r),
+                     str(s["checkpoint_step"]) if s["checkpoint_step"] is not None else "-", str(r.dir)))
+    if not rows:
+        print("no runs" + (" match" if a.state or a.model else ""))
+        return 0
+    widths = [max(len(x[i]) for x in rows + [head]) for i in range(len(head) - 1)]
+    print("  ".join(c.ljust(w) for c, w in zip(head, widths)) + "  " + head[-1])
+    for row, r in zip(rows, runs):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+        full = state.describe(r)
+        if len(full) > STATE_WIDTH or r.stall or r.restarts:
+            print(f"    ↳ {full}" + (f"; {r.restarts} restart(s)" if r.restarts else ""))
+    return 0
+
+
+STATE_WIDTH = 40
+
+
+def _short(text: str) -> str:
+    """The STATE column: the state and the start of its phase; the whole line follows the row when longer."""
+    return text if len(text) <= STATE_WIDTH else text[:STATE_WIDTH - 1] + "…"
+
+
+# ---------------------------------------------------------------- status
+
+def cmd_status(a) -> int:
+    from vrun.planning import measured
+
+    r = one_run(a.run)
+    m = measured.of(r)
+    if m.steps:
+        measured.learn(r.dir, m)  # the calibration record learns what this run measured (idempotent)
+    if a.json:
+        print(json.dumps({**r.summary(), "events": r.events, "predicted": measured.predicted(r),
+                          "measured": m.summary()}, indent=1))
+        return 0
+    p, m = r.plan, r.plan.mesh
+    print(f"run      {r.dir}")
+    print(f"plan     {p.model.name} · {p.algo} · optimizer {p.optimizer} · mode {p.mode} · cluster {p.cluster}: "
+          f"{m.world} GPUs = {m.nnodes}×{m.gpus_per_node}, TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} EP{m.ep} "
+          f"ETP{m.etp} EDP{m.edp}")
+    print(f"state    {state.describe(r)}")
+    if r.failure and r.state == "failed":
+        print(f"failed   on {r.failure['node']}: {r.failure['error']}")
+    if r.stall:
+        print(f"stall    {r.stall.get('summary')}  (stacks: {r.stall.get('dir')})")
+    if r.on_slurm:
+        print(f"job      {r.job_id} (attempt {r.attempt}; restarts {r.restarts}; job ids {','.join(r.job_ids)})"
+              + (f"; nodes {','.join(r.hosts)}" if r.hosts else ""))
+        for a in r.attempts[:-1]:
+            print(f"  attempt {a.n}: job {a.job_id}" + (f" (restart {a.restart})" if a.restart else "")
+                  + (f" on {','.join(a.hosts)}" if a.hosts else "") + f": {a.end or a.state}")
+    if r.resumed:
+        print(f"resumed  {r.resumed.get('line') or _resumed(r.resumed)}")
+    if r.elapsed_s:
+        print(f"elapsed  {_dur(r.elapsed_s)}, {r.gpu_hours:.2f} GPU-hours")
+    for line in [*measured.lines(r), *_preflight_lines(r)]:
+        print(line)
+    step = r.checkpoint_step()
+    print(f"ckpt     {'step ' + str(step) if step is not None else 'none yet'} ({r.dir / 'checkpoints'})")
+    t0 = None
+    for e in r.events:
+        t0 = t0 or e["t"]
+        print(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} +{e['t'] - t0:6.1f}s  {_event(r, e)}")
+    if r.on_slurm:
+        files = sorted({str(f[3].parent) for f in log_files(r)})
+        print(f"logs     python -m vrun logs {r.dir}  ({', '.join(files) or 'none yet'})")
+    return 0
+
+
+def _preflight_lines(r: state.Run) -> list:
+    """The problems the nodes' preflight found (preflight.json)."""
+    try:
+        found = json.loads((r.dir / "preflight.json").read_text()).get("problems") or []
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return []
+    return [f"preflight {len(found)} problem(s)" + (":" if found else "")] + [f"  {p}" for p in found]
+
+
+def _resumed(e: dict) -> str:
+    step = e.get("step")
+    return f"from global_step_{step}" if isinstance(step, int) else "from step 0 (no whole checkpoint)"
+
+
+def _event(r: state.Run, e: dict) -> str:
+    ev = e["event"]
+    rest = {k: v for k, v in e.items() if k not in ("event", "t", "host")}
+    if ev == "nodes_joined":
+        return f"nodes joined {e.get('joined')}/{e.get('of')} {','.join(e.get('hosts') or [])}"
+    if ev == "failed":
+        return f"failed on {state.node_name(r.hosts, e)}: {e.get('error')}"
+    if ev == "stalled":
+        return f"stalled: {e.get('summary')}"
+    if ev == "resumed":
+        return f"resumed {e.get('line') or _resumed(e)}"
+    if ev in ("signalled", "time_limit", "stall_action"):
+        return f"{ev} ({e.get('host')}): " + " ".join(f"{k}={v}" for k, v in rest.items()
+                                                      if k in ("why", "step", "requeued", "action", "exclude", "error"))
+    detail = " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in rest.items()
+                      if k in ("job_id", "restart", "attempt", "rc", "hosts", "seconds", "pid", "job_ids"))
+    return f"{ev} ({e.get('host')}) {detail}".rstrip()
+
+

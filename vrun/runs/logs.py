@@ -1,0 +1,109 @@
+"""`python -m vrun logs`: submitit's per-task files of a run's jobs (one task per node), each line prefixed with the
+node and stream; -f follows the run's current job until the run ends (a requeue or resubmission included)."""
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from vrun.core import fs
+from vrun.rundir import state
+from vrun.runs.common import Usage, one_run
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+def log_files(r: state.Run, job_id: str | None = None) -> list:
+    """submitit's per-task files of the run's jobs: (job id, task, stream, path), task = node index."""
+    if not r.on_slurm:
+        return []
+    folder = str(r.slurm.get("folder"))
+    out = []
+    for j in ([job_id] if job_id else r.job_ids or [r.job_id]):
+        d = Path(folder.replace("%j", str(j)))
+        nodes = int((r.slurm.get("spec") or {}).get("nodes") or 1)
+        for t in range(nodes):
+            for stream, suffix in (("out", "log.out"), ("err", "log.err")):
+                out.append((str(j), t, stream, d / f"{j}_{t}_{suffix}"))
+    return [x for x in out if fs.exists(x[3])]
+
+
+def cmd_logs(a) -> int:
+    r = one_run(a.run)
+    if not r.on_slurm and fs.is_file(r.dir / "job.log"):  # a local run's output, teed by vrun.launch.local
+        sys.stdout.write((r.dir / "job.log").read_text(errors="replace"))
+        return 0
+    if not r.on_slurm:
+        raise Usage(f"error: run={r.dir}: a run on this machine (cluster={r.plan.cluster}) writes no log "
+                    "files: its output went to the terminal that started it; fix: for a kept log, run it with "
+                    "`... 2>&1 | tee run.log`, or on cluster=slurm")
+    node = _node_index(r, a.node) if a.node is not None else None
+    job = r.job_id if a.follow else None
+
+    def selected():
+        return [f for f in log_files(r, job) if (node is None or f[1] == node) and (a.stream in ("both", f[2]))]
+
+    # nodes named as every verb names them: the hostname once known, else the node index as hostnames go
+    label = lambda t, s: f"{r.hosts[t] if t < len(r.hosts) else 'node ' + str(t)} {s}| "  # noqa: E731
+    plain = (lambda text: text) if sys.stdout.isatty() else (lambda text: ANSI.sub("", text))  # Ray's colours
+    if a.follow and shutil.which("squeue") is None:
+        raise Usage(f"error: logs -f {r.dir}: squeue is not on this machine, so the job's end cannot be seen; fix: "
+                    "follow from a SLURM login node, or drop -f to print the logs so far")
+    if not a.follow:
+        files = selected()
+        if not files:
+            never = not r.active and r.state != "completed"
+            print(f"no log files {'for' if never else 'yet for'} job {r.job_id} ({state.describe(r)})"
+                  + (f": SLURM never wrote {r.slurm.get('stdout')}; the nodes likely cannot see that path"
+                     if never and r.slurm and r.slurm.get("stdout") else ""), file=sys.stderr)
+        for j, t, s, path in files:
+            prefix = label(t, s)
+            for line in path.read_text(errors="replace").splitlines():
+                print(prefix + plain(line))
+        return 0
+    offsets: dict = {}
+    partial: dict = {}
+    last_check = 0.0
+    try:
+        while True:
+            for j, t, s, path in selected():
+                with path.open("rb") as f:
+                    f.seek(offsets.get(path, 0))
+                    data = f.read()
+                    offsets[path] = f.tell()
+                if data:
+                    text = partial.pop(path, "") + data.decode(errors="replace")
+                    *whole, rest = text.split("\n")
+                    if rest:
+                        partial[path] = rest
+                    for line in whole:
+                        print(label(t, s) + plain(line), flush=True)
+            if not r.active:
+                break
+            if time.monotonic() - last_check > 2:
+                last_check = time.monotonic()
+                r = state.load(r.dir)
+                state.refresh([r])
+                if r.reason == "squeue unavailable":
+                    print(f"-- job {r.job_id}: squeue stopped answering; stopped following", file=sys.stderr)
+                    return 1
+                if not r.active:  # one more pass for what was written last
+                    time.sleep(0.5)
+                    continue
+            time.sleep(0.3)
+    except KeyboardInterrupt:
+        return 0
+    print(f"-- job {r.job_id}: {state.describe(r)}", flush=True)
+    return 0
+
+
+def _node_index(r: state.Run, node: str) -> int:
+    if node.isdigit():
+        return int(node)
+    if node in r.hosts:
+        return r.hosts.index(node)
+    raise Usage(f"error: --node={node}: not a node of job {r.job_id} (nodes: {','.join(r.hosts) or 'not started'}); "
+                "fix: a node index 0… or one of those hostnames")
+
+
