@@ -146,6 +146,7 @@ def run_problems(config) -> list[Problem]:
         out.append(Problem("cluster.signal_delay_s", c.signal_delay_s, f"the requeue signal would come at the start "
                            f"of a {c.time_min}-minute job (every attempt requeues at once)",
                            f"cluster.signal_delay_s=<under {c.time_min * 60}>"))
+    out += watch_problems(config.run, slurm)
     if not 0 < c.master_port < 65536:
         out.append(Problem("cluster.master_port", c.master_port, "not a TCP port", "cluster.master_port=29500"))
     if c.confirm_gpu_hours is not None and not c.confirm_gpu_hours > 0:
@@ -168,6 +169,24 @@ def run_problems(config) -> list[Problem]:
                                    "drop it, or " + ("algo=sft" if block == "sft" else "algo=grpo or algo=dapo"),
                                    warning=True))
     out += entrypoints.of(config).run_problems(config)
+    return out
+
+
+def watch_problems(run, slurm: bool) -> list[Problem]:
+    """run.stall_after_s and run.stall_grace_s: finite seconds (a stall bound of 0 would cancel every job at once);
+    a requeue on a stall needs a cluster to submit to."""
+    import math
+
+    out = []
+    for key, v, low in (("run.stall_after_s", run.stall_after_s, 1.0), ("run.stall_grace_s", run.stall_grace_s, 0.0)):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < low or v > 1e7:
+            out.append(Problem(key, v, f"must be seconds between {low:g} and 10,000,000",
+                               f"{key}=<seconds>, or leave it unset (derived from the plan's step time)"))
+    if str(run.on_stall) == "requeue" and not slurm:
+        out.append(Problem("run.on_stall", "requeue", "a run on this machine has no cluster to submit it to again: "
+                           "a stall cancels it instead", "run.on_stall=cancel, or cluster=slurm", warning=True))
     return out
 
 

@@ -28,7 +28,7 @@ def policy(run, step_high_s, params_total, nnodes: int, stacks: str = "") -> Wat
     elif step_high_s:
         stall = max(STALL_FLOOR_S, STALL_FACTOR * float(step_high_s))
         basis = (f"{STALL_FACTOR:g} × the step's high end {step_high_s:,.0f} s" if stall > STALL_FLOOR_S else
-                 f"at least {STALL_FLOOR_S:,.0f} s ({STALL_FACTOR:g} × the step's high end is {STALL_FACTOR * step_high_s:,.0f} s)")
+                 f"the floor: {STALL_FACTOR:g} × the step's high end is only {STALL_FACTOR * step_high_s:,.0f} s")
     else:
         stall, basis = STALL_FALLBACK_S, "no step-time estimate"
     load = ENGINE_START_S + (2.0 * params_total / max(nnodes, 1) / LOAD_RATE if params_total else 0.0)

@@ -225,6 +225,16 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
             state, phase = "cancelled", f"cancelled from {e.get('host')}"
         if ev in ("exited", "failed", "cancelled", "time_limit"):
             a.ended = max(a.ended or 0.0, e["t"])
+    stop = next((e for e in reversed(a.events) if e["event"] == "signalled" and "node" in e), None)
+    if stop is not None and state in ("running", "failed"):  # a node SLURM stopped said why, not a failure
+        why = str(stop.get("why") or "")
+        if why.startswith("a cancellation"):
+            state, phase = "cancelled", "cancelled outside vrun (scancel) while running"
+            a.failure = None
+        elif why.startswith("the time limit"):
+            state, phase = "timeout", time_limit_words({"step": stop.get("step")})
+            a.failure = None
+        a.ended = a.ended or stop["t"]
     a.state, a.phase = state, phase
     if state not in ACTIVE:
         a.end = phase
@@ -254,7 +264,19 @@ def derive(run: Run) -> None:
     run.when = max(starts) if starts else 0.0
     for a in run.attempts:
         _phases(a, run.plan.mode, lambda a, e: node_name(a.hosts, e))
+    for a, b in zip(run.attempts, run.attempts[1:]):
+        if a.job_id and b.job_id == a.job_id and b.restart > a.restart:  # SLURM started the same job again
+            _requeued(run, a)
     _settle(run)
+
+
+def _requeued(run: Run, a: Attempt) -> None:
+    """An attempt SLURM (or the job itself) requeued: how it ended is why it was requeued."""
+    cause = requeue_cause(run, a) or (a.end if a.state not in ACTIVE else "")
+    a.state = "requeued"
+    a.phase = a.end = "requeued" + (f" after {cause}" if cause else "")
+    a.failure = None
+    a.ended = a.ended or a.started
 
 
 def _settle(run: Run) -> None:
@@ -315,11 +337,8 @@ def follow(run: Run, known: dict) -> None:
         if job is None or not last_of_job:
             continue
         if job.restarts > a.restart:  # SLURM (or the job itself) requeued it: a newer start of the same job
-            why = a.end if a.state not in ACTIVE and a.state != "pending" else ""
-            cause = requeue_cause(run, a) or why
-            a.state, a.end = "requeued", "requeued" + (f" after {cause}" if cause else "")
-            a.phase = a.end
-            a.ended = a.ended or (a.started and time.time())
+            if a.state != "requeued":
+                _requeued(run, a)
             nxt = Attempt(n=len(run.attempts) + len(added), job_id=a.job_id, restart=job.restarts, events=[])
             _from_job(nxt, job, run, after=a)
             added.append(nxt)
