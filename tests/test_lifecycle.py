@@ -169,3 +169,40 @@ def test_stall_shows_in_the_state_until_a_step_comes(run_dir):
     ev(run_dir, "unstalled", job_id="7", restart=0, n=1, step=13)
     r = state_of(run_dir, squeue_line())
     assert r.stall is None and "stalled" not in state.describe(r)
+
+
+def test_terminal_gets_text():
+    """OSC 52 (a clipboard write), a screen clear, a cursor move and C1 controls print as their characters; colours
+    stay on a terminal only; tabs stay."""
+    from vrun.core.text import visible
+
+    evil = "a\x1b]52;c;ZXZpbA==\x07b\x1b[2J\x1b[1;1H\x9b31m\tc\x1b[31mred\x1b[0m\r"
+    shown = visible(evil)
+    assert "\x1b" not in shown and "\x07" not in shown and "\x9b" not in shown and "\r" not in shown
+    assert shown.startswith("a\\x1b]52;c;ZXZpbA==\\x07b") and "\tc" in shown and "red" in shown
+    kept = visible(evil, colours=True)
+    assert "\x1b[31m" in kept and "\x1b[0m" in kept and "\x1b]" not in kept and "\x1b[2J" not in kept
+
+
+def test_status_shows_a_stall_and_earlier_attempts_without_controls(run_dir, monkeypatch, capsys):
+    """status: the stall's summary and stacks dir, each earlier attempt and how it ended, the checkpoint resumed
+    from; a job's output carrying escape sequences prints as text."""
+    from vrun.runs import cli
+
+    monkeypatch.setattr(jobs, "squeue", lambda run=None: jobs.parse_squeue(squeue_line(restarts=1)))
+    started(run_dir)
+    log(run_dir, "7", f"{marker('7', 0, 'n0')}\nsrun: error: Node failure on n1\x1b]52;c;ZXZpbA==\x07\n")
+    started(run_dir, restart=1)
+    ev(run_dir, "resumed", job_id="7", restart=1, step=30, line="resume: global_step_30 — global_step_40 skipped: "
+       "no .metadata (the save was cut short)")
+    ev(run_dir, "stalled", job_id="7", restart=1, n=1, step=31, summary="stalled at step 31 for 20 s: 7 ranks in "
+       "all_reduce, rank 5 on n1 in data loading → stalls/1/", dir=str(run_dir / "stalls/1"))
+    assert cli.main(["status", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "stall    stalled at step 31 for 20 s: 7 ranks in all_reduce, rank 5 on n1 in data loading" in out
+    assert "  attempt 0: job 7 on n0,n1: requeued after node failure (srun: error: Node failure on n1" in out
+    assert "restarts 1" in out and "resumed  resume: global_step_30 — global_step_40 skipped" in out
+    assert "\x1b" not in out and "\\x1b]52" in out
+    assert cli.main(["runs", str(run_dir)]) == 0
+    table = capsys.readouterr().out
+    assert "↳ running: stalled at step 31" in table and "1 restart(s)" in table

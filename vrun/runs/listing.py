@@ -15,6 +15,14 @@ from vrun.rundir.state import RunDirError
 from vrun.runs.common import Usage, dur as _dur, one_run
 from vrun.runs.logs import log_files
 
+
+def print(*parts, **kw) -> None:  # noqa: A001 - every line this module prints passes through visible()
+    import builtins
+
+    from vrun.core.text import visible
+
+    builtins.print(*("\n".join(visible(x) for x in p.split("\n")) if isinstance(p, str) else p for p in parts), **kw)
+
 def collect(dirs: list) -> tuple[list, list]:
     """Runs to list: the dirs given (run or sweep dirs), else every run dir in the index. Returns (runs, notes)."""
     notes = []

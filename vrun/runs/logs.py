@@ -2,7 +2,6 @@
 node and stream; -f follows the run's current job until the run ends (a requeue or resubmission included)."""
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 import time
@@ -11,8 +10,6 @@ from pathlib import Path
 from vrun.core import fs
 from vrun.rundir import state
 from vrun.runs.common import Usage, one_run
-
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def log_files(r: state.Run, job_id: str | None = None) -> list:
     """submitit's per-task files of the run's jobs: (job id, task, stream, path), task = node index."""
@@ -32,7 +29,11 @@ def log_files(r: state.Run, job_id: str | None = None) -> list:
 def cmd_logs(a) -> int:
     r = one_run(a.run)
     if not r.on_slurm and fs.is_file(r.dir / "job.log"):  # a local run's output, teed by vrun.launch.local
-        sys.stdout.write((r.dir / "job.log").read_text(errors="replace"))
+        from vrun.core.text import visible
+
+        with open(r.dir / "job.log", errors="replace") as f:
+            for line in f:
+                print(visible(line.rstrip("\n"), colours=sys.stdout.isatty()))
         return 0
     if not r.on_slurm:
         raise Usage(f"error: run={r.dir}: a run on this machine (cluster={r.plan.cluster}) writes no log "
@@ -46,7 +47,10 @@ def cmd_logs(a) -> int:
 
     # nodes named as every verb names them: the hostname once known, else the node index as hostnames go
     label = lambda t, s: f"{r.hosts[t] if t < len(r.hosts) else 'node ' + str(t)} {s}| "  # noqa: E731
-    plain = (lambda text: text) if sys.stdout.isatty() else (lambda text: ANSI.sub("", text))  # Ray's colours
+    from vrun.core.text import visible
+
+    tty = sys.stdout.isatty()
+    plain = lambda text: visible(text, colours=tty)  # noqa: E731 - Ray's colours on a terminal, no other control
     if a.follow and shutil.which("squeue") is None:
         raise Usage(f"error: logs -f {r.dir}: squeue is not on this machine, so the job's end cannot be seen; fix: "
                     "follow from a SLURM login node, or drop -f to print the logs so far")

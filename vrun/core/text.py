@@ -1,0 +1,29 @@
+"""Text from a job's output or a run dir's files, made safe for a terminal: every control character and escape
+sequence shown as visible text (`\\x1b]52;…` — a clipboard write, a cursor move, a screen clear — prints as the
+characters it is made of, never acts), except colours (SGR `ESC[…m`), which may stay on a terminal and are dropped
+elsewhere. Tabs stay. Standard library only."""
+from __future__ import annotations
+
+import re
+
+SGR = re.compile(r"\x1b\[[0-9;]*m")
+# C0 controls but tab, DEL, and C1 controls (U+0080–U+009F: CSI, OSC, ... in their 8-bit forms)
+CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x80-\x9f]")
+
+
+def _shown(m: re.Match) -> str:
+    return m.group(0).encode("unicode_escape").decode("ascii")
+
+
+def visible(text: str, colours: bool = False) -> str:
+    """`text` with controls made visible; colours kept when `colours` (a terminal), else removed."""
+    if not isinstance(text, str):
+        text = str(text)
+    if colours:
+        parts = SGR.split(text)
+        codes = SGR.findall(text)
+        out = [CONTROL.sub(_shown, parts[0])]
+        for code, part in zip(codes, parts[1:]):
+            out.append(code + CONTROL.sub(_shown, part))
+        return "".join(out)
+    return CONTROL.sub(_shown, SGR.sub("", text))
