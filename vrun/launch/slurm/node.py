@@ -358,7 +358,9 @@ class Node:
         """Node 0, a stall past its grace: cancel this job, or first submit the run again without the odd nodes."""
         job_id = str(self.env.job_id)
         if action == "requeue":
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+            # a job submitted from inside a job must not inherit this one's allocation (SLURM_JOB_*, SLURM_NNODES, ...)
+            env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or
+                   not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
             argv = [sys.executable, "-m", "vrun.launch.slurm.submit", "resubmit", self.job.run_dir, "--detach",
                     "--replacing", job_id] + (["--exclude", ",".join(hosts)] if hosts else [])
             p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
