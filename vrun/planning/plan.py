@@ -247,11 +247,28 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     st, st_note = steptime_plan.estimate(config, ep, resolved, mesh, counts, est)
     cost = steptime_plan.cost(st, mesh.world, resolved, config.cluster.gpu_hour_price) \
         if st is not None else None
+    warnings += deadline_problems(config, st, counts, mesh)
     return Plan(config=config, entrypoint=ep, mesh=mesh, run_dir=run_dir, verl=resolved, request=req, argv=argv,
                 env=env, env_unset=unset, model_path=path, model_path_source=path_from, mlite=source,
                 warnings=warnings, memory=est, memory_note=params_note, search=search, checkpoint=ckpt, params=counts,
                 pipeline=pipeline_stages(config, ep, resolved, mesh, params), stack=stack.current(), time=st,
                 time_note=st_note, cost=cost)
+
+
+def deadline_problems(config: RunConfig, st, counts, mesh) -> list[Problem]:
+    """cluster=slurm: the time limit must hold the first step (model load included) and one save before submitit's
+    signal, or every attempt ends without a checkpoint (vrun.launch.deadline)."""
+    if str(config.cluster.name) != "slurm" or st is None:
+        return []
+    from vrun.planning import watch
+
+    w = watch.policy(config.run, st.high, counts.total if counts is not None else None, mesh.nnodes)
+    why = watch.holds_a_step(config.cluster.time_min, config.cluster.signal_delay_s, st.high, w.first_step_s)
+    if why is None:
+        return []
+    need = int((w.first_step_s + 60 + config.cluster.signal_delay_s) // 60) + 1
+    return [Problem("cluster.time_min", config.cluster.time_min, why, f"cluster.time_min={need} or more",
+                    warning=True)]
 
 
 def price_problems(config: RunConfig) -> list[Problem]:
