@@ -117,3 +117,49 @@ def test_a_stall_is_reported_acted_on_and_called_off(tmp_path):
         sleeper.wait()
     assert sorted(p.name for p in (tmp_path / "stalls").iterdir()) == ["1", "2"]
     assert json.dumps(events)  # plain values only: they become progress lines
+
+
+def test_a_local_run_that_hangs_is_diagnosed_and_cancelled(tmp_path):
+    """mode=train on this machine with the stand-in trainer (tests/support/vrun_standin.py: rank actors in a real
+    local Ray instance, a gloo all_reduce per step, verl's own Tracking printing the step lines): rank 1 hangs in
+    data loading at step 3. The watchdog reports `stalled at step 2 …: 3 ranks in all_reduce, rank 1 on <host> in
+    data loading → stalls/1/` with the stacks, cancels the run after the grace, and status says so."""
+    import socket
+
+    import pytest
+
+    from conftest import PY, ROOT
+    from test_handoff import grpo_env
+
+    pytest.importorskip("verl.utils.tracking")
+    run = tmp_path / "run"
+    env = dict(grpo_env(tmp_path), VRUN_STATE_DIR=str(tmp_path / "state"), CUDA_VISIBLE_DEVICES="0,1,2,3")
+    env.pop("WANDB_API_KEY")
+    proc = subprocess.Popen([PY, str(ROOT / "runner.py"), "model=qwen3_5_35b", "mesh=8gpu", "mesh.nnodes=1",
+                             "mesh.gpus_per_node=4", "mesh.cp=4", "mesh.ep=4",
+                             "verl.actor_rollout_ref.rollout.tensor_model_parallel_size=4", "mode=train", "cluster=local",
+                             "cluster.ray.num_gpus=4", "cluster.ray.num_cpus=2",
+                             "run.task_runner=vrun_standin.StandinTaskRunner", "run.stall_after_s=8",
+                             "run.stall_grace_s=3", f"hydra.run.dir={run}"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not run.is_dir():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        (run / "standin.json").write_text(json.dumps({"steps": 1000, "step_s": 1.0, "save_freq": 0,
+                                                      "hang": {"rank": 1, "step": 3, "where": "data"}}))
+        out = proc.communicate(timeout=400)[0]
+    finally:
+        proc.kill()
+    host = socket.gethostname()
+    assert f"3 ranks in all_reduce, rank 1 on {host} in data loading → stalls/1/" in out, out[-3000:]
+    st = subprocess.run([PY, "-m", "vrun", "status", str(run), "--json"], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=60)
+    s = json.loads(st.stdout)
+    assert s["state"] == "cancelled" and s["phase"].startswith("stalled, cancelled by the watchdog (stalled at step 2")
+    dumped = json.loads((run / "stalls" / "1" / f"{host}.json").read_text())
+    where = {p["rank"]: p["where"] for p in dumped["processes"] if p["rank"] is not None}
+    assert where == {0: "all_reduce", 1: "data loading", 2: "all_reduce", 3: "all_reduce"}, where
+    left = subprocess.run(["pgrep", "-af", "vrun_standin|raylet|gcs_server"], capture_output=True, text=True).stdout
+    assert not [x for x in left.splitlines() if "pgrep" not in x and "<defunct>" not in x], left

@@ -235,6 +235,15 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
             state, phase = "timeout", time_limit_words({"step": stop.get("step")})
             a.failure = None
         a.ended = a.ended or stop["t"]
+    act = a.last("stall_action")
+    if act is not None and act.get("action") in ("cancelled", "requeued") and state in ("running", "failed",
+                                                                                        "cancelled"):
+        gone = act.get("exclude") or []
+        state = "cancelled"
+        phase = ("stalled, submitted again" + (f" without {','.join(gone)}" if gone else "") if act["action"] ==
+                 "requeued" else "stalled, cancelled by the watchdog") + f" ({act.get('summary')})"
+        a.failure = None
+        a.ended = a.ended or act["t"]
     a.state, a.phase = state, phase
     if state not in ACTIVE:
         a.end = phase
@@ -377,7 +386,9 @@ def _from_job(a: Attempt, job, run: Run, after: Optional[Attempt] = None) -> Non
         a.state, a.phase = "completed", "exited 0 (SLURM: COMPLETED)"
     elif word == "cancelled":
         a.state = "cancelled"
-        if _cancelled_by_vrun(run, a):
+        if a.last("stall_action") is not None:
+            a.phase = a.phase if a.phase.startswith("stalled") else "stalled, cancelled by the watchdog"
+        elif _cancelled_by_vrun(run, a):
             a.phase = "cancelled with python -m vrun cancel"
         else:
             a.phase = ("cancelled outside vrun while pending (never started)" if a.started is None
