@@ -89,7 +89,7 @@ def test_node_failure_requeued_by_slurm_is_not_a_failure(run_dir):
     r = state_of(run_dir, squeue_line(st="PENDING", reason="BeginTime", restarts=1, nodes=""))
     assert r.state == "requeued" and r.active and r.attempt == 1 and r.restarts == 1
     assert r.attempts[0].state == "requeued" and "node failure" in r.attempts[0].end
-    assert "Node failure on n1" in r.attempts[0].end
+    assert r.attempts[0].end == "requeued after node failure on n1"
     text = state.describe(r)
     assert text.startswith("requeued after node failure") and "BeginTime" in text, text
     # the new attempt starts: running, its earlier attempt named
@@ -191,7 +191,8 @@ def test_status_shows_a_stall_and_earlier_attempts_without_controls(run_dir, mon
 
     monkeypatch.setattr(jobs, "squeue", lambda run=None: jobs.parse_squeue(squeue_line(restarts=1)))
     started(run_dir)
-    log(run_dir, "7", f"{marker('7', 0, 'n0')}\nsrun: error: Node failure on n1\x1b]52;c;ZXZpbA==\x07\n")
+    log(run_dir, "7", f"{marker('7', 0, 'n0')}\nsrun: error: Node failure on n1\n\x1b]52;c;ZXZpbA==\x07\n")
+    ev(run_dir, "failed", job_id="7", restart=0, node=0, error="boom \x1b]52;c;ZXZpbA==\x07")
     started(run_dir, restart=1)
     ev(run_dir, "resumed", job_id="7", restart=1, step=30, line="resume: global_step_30 — global_step_40 skipped: "
        "no .metadata (the save was cut short)")
@@ -200,7 +201,7 @@ def test_status_shows_a_stall_and_earlier_attempts_without_controls(run_dir, mon
     assert cli.main(["status", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "stall    stalled at step 31 for 20 s: 7 ranks in all_reduce, rank 5 on n1 in data loading" in out
-    assert "  attempt 0: job 7 on n0,n1: requeued after node failure (srun: error: Node failure on n1" in out
+    assert "  attempt 0: job 7 on n0,n1: requeued after node failure on n1" in out
     assert "restarts 1" in out and "resumed  resume: global_step_30 — global_step_40 skipped" in out
     assert "\x1b" not in out and "\\x1b]52" in out
     assert cli.main(["runs", str(run_dir)]) == 0

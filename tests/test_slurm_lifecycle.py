@@ -48,8 +48,9 @@ def nodes_up():
         slurm("scontrol", "update", f"nodename={n}", "state=resume")
 
 
-def submit(shared, name, *overrides, cues=None, sweep="sweep"):
+def submit(shared, name, *overrides, cues=None):
     """Submit one run detached; write the stand-in's cues before its rank actors start (Ray takes seconds)."""
+    sweep = f"sweep_{name}"  # a sweep dir is one sweep's
     p = run(shared, *STANDIN, *overrides, f"hydra.sweep.subdir={name}", sweep=sweep,
             env={"WANDB_MODE": "offline", "WANDB_DIR": str(shared / "wandb")})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
@@ -74,18 +75,18 @@ def stepping(d, n=1, timeout=240):
 
 
 def test_time_limit_and_outside_cancels_tell_the_truth(shared):
-    """Three jobs at once. A: time limit of 2 min, requeue signal 60 s before it, no requeue left → verl's
+    """Three jobs at once. A: time limit of 4 min, requeue signal 60 s before it, no requeue left → verl's
     pre-deadline save ran (the stand-in calls the installed verl's should_save_ckpt_esi under the node's env) and the
     run ends `timeout` with that step. B: scancel from outside while it trains → `cancelled outside vrun (scancel)
     while running`. C: pending for nodes, scancel from outside → `... while pending (never started)`. cancel refuses
     all three as ended; resubmit is allowed."""
-    a, _ = submit(shared, "a", *ONE_NODE, "cluster.time_min=2", "cluster.signal_delay_s=60", "cluster.max_requeues=0",
+    a, _ = submit(shared, "a", *ONE_NODE, "cluster.time_min=4", "cluster.signal_delay_s=60", "cluster.max_requeues=0",
                   cues={"steps": 1000, "step_s": 1.0, "save_freq": 1000})
     b, _ = submit(shared, "b", *ONE_NODE, "cluster.time_min=15", cues={"steps": 1000, "step_s": 1.0})
     c, _ = submit(shared, "c", *TWO_NODES, "cluster.time_min=15", cues={"steps": 1000})
     sc = state_is(c, "pending")
+    slurm("scancel", sc["job_id"])  # before A's end frees a node for it
     stepping(b, 2)
-    slurm("scancel", sc["job_id"])
     slurm("scancel", status(b)["job_id"])
     sb = state_is(b, "cancelled", timeout=120)
     assert sb["phase"] == "cancelled outside vrun (scancel) while running", sb

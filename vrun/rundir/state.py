@@ -414,8 +414,9 @@ def _cancelled_by_vrun(run: Run, a: Attempt) -> bool:
 
 
 def requeue_cause(run: Run, a: Attempt) -> str:
-    """Why an attempt that SLURM started again ended: the job's own signal line, else its log."""
-    sig = a.last("signalled")
+    """Why an attempt that SLURM started again ended: the job's own requeue signal (the time limit, a preemption),
+    else SLURM's word in its log (a node failure), else what its nodes saw."""
+    sig = next((e for e in reversed(a.events) if e["event"] == "signalled" and "node" not in e), None)
     if sig and isinstance(sig.get("why"), str):
         return sig["why"]
     from vrun.rundir.cause import ending, tail_lines
@@ -423,9 +424,15 @@ def requeue_cause(run: Run, a: Attempt) -> str:
     lines = tail_lines(log_paths(run, a.job_id), a.key)
     end = ending(lines)
     if end and end[0] == "node_fail":
-        return "node failure" + (f" ({end[1]})" if "Node failure on" in end[1] else "")
+        import re
+
+        m = re.search(r"Node failure on (\S+)", "\n".join(lines))
+        return "node failure" + (f" on {m.group(1)}" if m else "")
     if end:
         return {"timeout": "the time limit", "preempted": "preemption", "cancelled": "a cancellation"}[end[0]]
+    stop = a.last("signalled")
+    if stop and isinstance(stop.get("why"), str):
+        return stop["why"]
     if a.failure:
         return f"a failure on {a.failure['node']}: {a.failure['error']}"
     return ""

@@ -62,6 +62,11 @@ def node_ip(interface: Optional[str] = None, host: Optional[str] = None) -> str:
     return socket.gethostbyname(host or socket.gethostname())
 
 
+class StoppedBySlurm(Exception):
+    """SLURM's SIGTERM (scancel, the time limit, a requeue): the node unwinds, stopping its children (Ray daemons
+    started in their own sessions would otherwise outlive the job where SLURM tracks processes by parentage)."""
+
+
 def restart_count() -> int:
     r = os.environ.get("SLURM_RESTART_COUNT", "0")
     return int(r) if r.isdigit() else 0
@@ -143,9 +148,12 @@ class Node:
         before = signal.getsignal(signal.SIGTERM)
 
         def noted(signum, frame):
+            first = self.terminated is None
             self.terminated = self.terminated or time.time()
             if callable(before):
                 before(signum, frame)
+            if first:  # unwind now: every way out stops this node's children before SLURM's SIGKILL
+                raise StoppedBySlurm("SIGTERM from SLURM")
 
         try:
             signal.signal(signal.SIGTERM, noted)
