@@ -18,14 +18,14 @@ WANT  := $(TORCH) | $(VERL) | $(PINS)
 .PHONY: help setup run test lint bench clean
 
 # Runs the project wrote (`python -m vrun VERB --help` for each):
-#> runs [DIR...]            list runs and sweep points: model, algo, GPUs, mode, state, job, attempt, GPU-hours
-#> status RUN               one run: plan, state and reason, nodes joined, Ray, phase, requeues, progress, logs
+#> runs [DIR...]            list runs and sweep points: model, algo, GPUs, mode, state (stalls, restarts), job, GPU-hours
+#> status RUN               one run: plan, state and why, every attempt, stall summary and stacks, resume, logs
 #> show RUN                 draw a run's plan.svg (memory per stage, step time, GPU grid) or a sweep's overview.svg
 #> logs RUN [--node N] [-f] the job's output from every node, merged or per node; -f follows
 #> cancel RUN... [--yes]    scancel a pending or running run (every point of a sweep dir)
 #> diff RUN_A RUN_B         overrides, verl config leaf by leaf, mesh, batch, env names, versions
 #> export RUN [-o FILE]     a script reproducing the run's verl invocation without this project
-#> resubmit RUN             submit a SLURM run dir again (same config and dir; verl resumes)
+#> resubmit RUN [--exclude N] submit a SLURM run dir again (its plan's job; resumes from the last whole checkpoint)
 
 help: ## list the targets and the run commands
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-6s %s\n", $$1, $$2}'
@@ -50,7 +50,7 @@ test: setup ## every test that needs no GPU (real verl, Hydra, Ray, torchrun; SL
 lint: setup ## repository conventions for conf/
 	$(PY) -m hooks.check_conventions
 
-bench: setup ## plan vs verl's CLI, a 64-point plan sweep, mesh search with the rollout replica, vrun runs on 30 points, Ray bring-up on SLURM
+bench: setup ## plan vs verl's CLI, a 64-point plan sweep, mesh search with the rollout replica, vrun runs on 30 points, Ray bring-up, hang → summary, requeue → resumed step on SLURM
 	$(PY) bench/bench.py
 
 clean: ## remove run outputs (keeps the venvs)

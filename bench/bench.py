@@ -9,6 +9,8 @@
 3. mesh=auto search time (every valid mesh, each with its memory estimate, and the rollout replica chosen
    beside it) for 8…1024 GPUs and each model. Goal: under 100 ms.
 4. `python -m vrun runs` listing a 30-point plan-only sweep from the index (process start to exit). Goal < 1 s.
+6. On the same SLURM: a hang's last step to its stall summary, and a stall's requeue to the new job's first
+   resumed step (bench/watch.py).
 5. Ray bring-up inside a SLURM allocation at 1-3 nodes vs verl's fixed sleeps (bench/ray_bringup.py; needs a
    reachable SLURM, e.g. the CI harness).
 """
@@ -72,6 +74,7 @@ def main():
     list_runs(tmp)
     mesh_search()
     subprocess.run([PY, str(ROOT / "bench" / "ray_bringup.py")], cwd=ROOT, env=ENV)
+    subprocess.run([PY, str(ROOT / "bench" / "watch.py")], cwd=ROOT, env=ENV)
 
 
 def until_drawn(svg: Path, t0: float, timeout: float = 120.0) -> float:

@@ -102,7 +102,7 @@ def test_two_runs_listed_followed_cancelled_failed_diffed_exported(shared, tmp_p
     assert re.search(r"running: training started\s+\d+\s+0\s+\d+m\d\ds", table) and \
         "pending (Resources: waiting for nodes to free up)" in table
     st = vrun("status", str(da)).stdout
-    assert "state    running: training started" in st and "(attempt 0; requeues 0;" in st
+    assert "state    running: training started" in st and "(attempt 0; restarts 0;" in st
     assert "nodes joined 2/2" in st and "ray_up" in st and "logs     python -m vrun logs" in st
 
     follow = subprocess.Popen(WRAP + [PY, "-m", "vrun", "logs", str(da), "-f"], cwd=ROOT, stdout=subprocess.PIPE,

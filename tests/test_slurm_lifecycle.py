@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, ROOT
-from test_runs_slurm import status, vrun, wait_for
+from test_runs_slurm import cancel_leftovers, status, vrun, wait_for  # noqa: F401 - an autouse fixture
 from test_slurm import NOT_SHARED, WRAP, run, shared, slurm  # noqa: F401 - shared is a fixture
 
 pytestmark = [pytest.mark.slurm,
