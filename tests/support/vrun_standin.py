@@ -6,9 +6,8 @@ restart see, with real parts behind it.
   runtime env. A gloo process group joins them; every step each rank loads a batch through a torch DataLoader and
   takes part in a dist.all_reduce.
 - Step lines printed by verl's own Tracking (trainer.logger: console, wandb), i.e. `step:N - timing_s/gen:… - …`.
-- Checkpoints every `save_freq` steps in the layout verl's trainer, verl_mlite and Megatron Lite write
-  (vrun/rundir/checkpoints.py cites each file): `global_step_N/actor/step_N/__<rank>_0.distcp` per rank,
-  `optimizer_rank_<rank>.pt`, `.metadata` last, `actor/lr_scheduler.pt`, `data.pt`, then the tracker.
+- Checkpoints every `save_freq` steps in the layout verl's trainer, verl_mlite and Megatron Lite write, by
+  tests/support/standin_ckpt.py (each rank its part, rank 0 the coordinator's and the driver's), then the tracker.
 - Resume as verl does: verl's own find_latest_ckpt_path decides the first step.
 - verl's own should_save_ckpt_esi after every step, with the longest step so far and trainer.esi_redundant_time;
   when true, verl's message and a save.
@@ -27,25 +26,6 @@ import time
 from pathlib import Path
 
 import ray
-
-
-def save_rank(root: Path, step: int, rank: int, cut_short: bool) -> None:
-    d = root / f"global_step_{step}" / "actor" / f"step_{step}"
-    d.mkdir(parents=True, exist_ok=True)
-    if cut_short:
-        return
-    (d / f"__{rank}_0.distcp").write_bytes(b"\0" * 64)
-    (d / f"optimizer_rank_{rank}.pt").write_bytes(b"\0" * 64)
-
-
-def finish_save(root: Path, step: int, cut_short: bool) -> None:
-    """Rank 0 after every rank's part: DCP's .metadata, the scheduler, the dataloader state, then the tracker."""
-    d = root / f"global_step_{step}"
-    if not cut_short:
-        (d / "actor" / f"step_{step}" / ".metadata").write_bytes(b"\0" * 16)
-    (d / "actor" / "lr_scheduler.pt").write_bytes(b"\0" * 16)
-    (d / "data.pt").write_bytes(b"\0" * 16)
-    (root / "latest_checkpointed_iteration.txt").write_text(str(step))
 
 
 @ray.remote(num_cpus=0)
@@ -101,8 +81,11 @@ class Rank:
         return float(t.item())
 
     def save(self, root: str, step: int, cut_short: bool):
-        save_rank(Path(root), step, self.rank, cut_short and self.rank == self.world - 1)
-        return True
+        import standin_ckpt
+
+        # the last rank's shard cut short: DCP's coordinator never writes .metadata
+        return standin_ckpt.save(root, step, self.rank, self.world, tracker=False, wait_s=15.0,
+                                 cut_short="shards" if cut_short and self.rank == self.world - 1 else False)
 
 
 @ray.remote(num_cpus=0)
@@ -111,6 +94,7 @@ class StandinTaskRunner:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path, should_save_ckpt_esi
+        import standin_ckpt
         from omegaconf import OmegaConf
         from verl.utils.tracking import Tracking
 
@@ -160,5 +144,5 @@ class StandinTaskRunner:
                 if esi:
                     print("Force saving checkpoint: ESI instance expiration approaching.", flush=True)
                 ray.get([a.save.remote(str(root), step, step == cut) for a in ranks])
-                finish_save(root, step, step == cut)
+                standin_ckpt.write_tracker(root, step)  # verl's driver, once every rank returned
         return {"steps": steps}

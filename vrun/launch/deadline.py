@@ -1,48 +1,102 @@
-"""The job's deadline, given to verl's own pre-deadline save.
+"""The job's deadline, given to verl's own pre-deadline save (what verl does with it, per verl and trainer, and the
+plan's side of it: vrun/estimate/timelimit.py).
 
-verl (0.9.1, a6ef5009 and 1dda039b alike) reads `MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP` (unix seconds) in
-`verl.utils.checkpoint.checkpoint_manager.should_save_ckpt_esi(max_steps_duration, save_ckpt_duration=60,
-redundant_time=0)`: true when 0 < remaining ≤ save_ckpt_duration + max_steps_duration + redundant_time. The PPO
-trainer (ray_trainer.py `fit`) calls it after every step with the longest step so far and
-`trainer.esi_redundant_time`, and saves when it is true (a message says the expiration approaches), then trains on.
-SFT's trainer has no such call: an SFT run's steps after its last save are lost at the limit.
+The node sets MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP (unix seconds), which
+verl.utils.checkpoint.checkpoint_manager.should_save_ckpt_esi reads: RayPPOTrainer.fit (trainer.use_v1=false) asks it
+after every step's update and saves when the deadline is within 60 s + the longest step so far +
+trainer.esi_redundant_time, then trains on. The v1 trainer and the SFT trainer never ask (0.9.1, a6ef5009,
+1dda039b): there the variable is inert.
 
-On SLURM the real deadline is not the time limit: submitit stops the job (or requeues it) at its signal,
-`cluster.signal_delay_s` before the limit. So the node gives verl EndTime − signal_delay_s. EndTime is what
-SLURM says the job's end is (`squeue -h -j <id> -O EndTime`, in the client's local time: `2026-12-05T01:02:21`).
+The deadline is not the time limit: submitit's USR2 comes cluster.signal_delay_s before it (sbatch
+--signal=USR2@<s>), and SLURM may send it up to 60 s earlier still (sbatch(1)); at the signal submitit requeues the
+job or, with no requeue left, ends it. So the node gives verl EndTime − signal_delay_s − 60 s.
+
+Where the end comes from (Slurm 22.05.8, Debian, on the CI harness): `squeue -h -j <id> -o %e` prints EndTime alone
+(`2026-12-05T02:28:25`; `NONE` for an unlimited job, `N/A` while pending; no line once the job has left the queue);
+`scontrol show job -o <id>` holds `EndTime=2026-12-05T02:28:25` (`EndTime=Unknown` unlimited or pending; it also has
+an unrelated `Deadline=N/A`). Both print local time without a zone, in the client's TZ: they are run with TZ=UTC0
+and read as UTC. Slurm 22.05 puts no end time in the job's environment; a SLURM_JOB_END_TIME (unix seconds) that
+a newer Slurm sets is the last resort (it is not updated when the time limit changes, the controller's answer is).
 """
 from __future__ import annotations
 
+import calendar
+import math
+import os
+import re
 import subprocess
 import time
-from typing import Optional
+from typing import Mapping, Optional
 
-ESI_VAR = "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
+from vrun.estimate.timelimit import ESI_VAR, SIGNAL_EARLY_S, deadline
+
+__all__ = ["ESI_VAR", "SIGNAL_EARLY_S", "parse_end", "job_end_time", "esi_env"]
+
+CLIENT_TIMEOUT_S = 30
+# the client's output in UTC whatever the node's zone (a POSIX TZ string: no zoneinfo file needed)
+CLIENT_ENV = {"TZ": "UTC0"}
+# a sane end: after 2001 and before 2200 (anything else is a misread)
+PLAUSIBLE = (1.0e9, 7.3e9)
+END_FIELD = re.compile(r"(?:^|\s)EndTime=(\S+)")
 
 
-def parse_end(text: str) -> Optional[float]:
-    """SLURM's EndTime (local time, ISO without a zone) as unix seconds; None for Unknown, None or anything else."""
+def parse_end(text) -> Optional[float]:
+    """SLURM's EndTime (`YYYY-MM-DDTHH:MM:SS`, read as UTC) as unix seconds; None for Unknown, NONE, N/A, an empty
+    or any other text."""
     try:
-        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
-    except (ValueError, OverflowError, AttributeError):
+        t = float(calendar.timegm(time.strptime(str(text).strip(), "%Y-%m-%dT%H:%M:%S")))
+    except (ValueError, OverflowError, TypeError):
         return None
+    return t if PLAUSIBLE[0] < t < PLAUSIBLE[1] else None
 
 
-def job_end_time(job_id: str, run=subprocess.run) -> Optional[float]:
-    """When SLURM will end this job (its time limit), or None when squeue cannot say."""
-    if not str(job_id).isdigit():
-        return None
+def parse_scontrol(text) -> Optional[float]:
+    """EndTime from `scontrol show job -o <id>`'s line."""
+    m = END_FIELD.search(str(text or ""))
+    return parse_end(m.group(1)) if m else None
+
+
+def parse_epoch(text) -> Optional[float]:
+    """A unix time in seconds written as digits (SLURM_JOB_END_TIME)."""
+    s = str(text or "").strip()
+    return float(s) if s.isdigit() and PLAUSIBLE[0] < float(s) < PLAUSIBLE[1] else None
+
+
+def _ask(argv: list, run) -> str:
     try:
-        p = run(["squeue", "-h", "-j", str(job_id), "-O", "EndTime"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if p.returncode or not p.stdout.strip():
-        return None
-    return parse_end(p.stdout.strip().splitlines()[0])
+        p = run(argv, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S, env={**os.environ, **CLIENT_ENV})
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return ""
+    if getattr(p, "returncode", 1) != 0 or not isinstance(getattr(p, "stdout", None), str):
+        return ""
+    return p.stdout
 
 
-def esi_env(end_time: Optional[float], signal_delay_s: float) -> dict:
-    """What the node sets so verl saves before submitit's signal stops the job."""
-    if end_time is None:
+def job_end_time(job_id, run=subprocess.run, environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
+    """When SLURM will end this job (unix seconds), or None when it cannot say (unlimited, pending, gone, no client);
+    never raises."""
+    jid = str(job_id or "").strip()
+    if not re.fullmatch(r"\d+(?:_\d+)?", jid):
+        return None
+    lines = _ask(["squeue", "-h", "-j", jid, "-o", "%e"], run).strip().splitlines()
+    end = parse_end(lines[0]) if lines else None
+    if end is None:
+        end = parse_scontrol(_ask(["scontrol", "show", "job", "-o", jid], run))
+    if end is None:
+        env = os.environ if environ is None else environ
+        if str(env.get("SLURM_JOB_ID", "")).strip() == jid:
+            end = parse_epoch(env.get("SLURM_JOB_END_TIME"))
+    return end
+
+
+def esi_env(end_time: Optional[float], signal_delay_s) -> dict:
+    """What the node sets so verl saves before submitit's signal stops the job ({} without an end)."""
+    if end_time is None or isinstance(end_time, bool):
         return {}
-    return {ESI_VAR: str(int(end_time - max(float(signal_delay_s or 0), 0.0)))}
+    try:
+        at = deadline(float(end_time), float(signal_delay_s or 0))
+    except (TypeError, ValueError):
+        return {}
+    if not math.isfinite(at):
+        return {}
+    return {ESI_VAR: str(math.floor(at))}  # a whole second at or before it: a deadline rounds early

@@ -163,7 +163,7 @@ def _kind(st: os.stat_result) -> str:
     m = st.st_mode
     return ("a symbolic link" if _stat.S_ISLNK(m) else "a FIFO" if _stat.S_ISFIFO(m) else "a directory"
             if _stat.S_ISDIR(m) else "a socket" if _stat.S_ISSOCK(m) else "a device" if _stat.S_ISCHR(m) or
-            _stat.S_ISBLK(m) else "not a regular file")
+            _stat.S_ISBLK(m) else "a regular file" if _stat.S_ISREG(m) else "not a regular file")
 
 
 def _names(d: Path) -> set:
@@ -349,8 +349,9 @@ def _mismatch(step: int, saved: dict, plan, allow_mesh_change: bool) -> tuple:
     name = f"global_step_{step}"
     want = stamp_of(plan)
     if saved.get("model") != want["model"]:
-        return Problem("model", want["model"], f"{name} was saved by model {show(saved.get('model'))}, this plan trains "
-                       f"{want['model']}", f"model={show(saved.get('model'))}, or {FRESH}"), ()
+        model = show(saved.get("model"))
+        return Problem("model", want["model"], f"{name} was saved by model {model}, this plan trains {want['model']}",
+                       f"model={model}, or {FRESH}"), ()
     if saved.get("optimizer") not in (None, want["optimizer"]):
         return _other_optimizer(step, show(saved.get("optimizer")), "its stamp", plan), ()
     changed = [f"{part} {_short(_part(saved.get('stack'), part, key))} → {_short(_part(want['stack'], part, key))}"
@@ -360,7 +361,8 @@ def _mismatch(step: int, saved: dict, plan, allow_mesh_change: bool) -> tuple:
         return Problem("stack", "changed", f"{name} was saved by another stack ({', '.join(changed)})",
                        f"run where the stack it was saved with is installed (plan there), or {FRESH}"), ()
     mesh = saved.get("mesh") if isinstance(saved.get("mesh"), dict) else {}
-    moved = [f"mesh.{k} {show(mesh.get(k))} → {want['mesh'][k]}" for k in LAYOUT_KEYS if mesh.get(k) != want["mesh"][k]]
+    moved = [f"mesh.{k} {show(mesh.get(k))} → {want['mesh'][k]}" for k in LAYOUT_KEYS
+             if mesh.get(k) != want["mesh"][k]]
     placed = [f"mesh.{k} {show(mesh.get(k))} → {want['mesh'][k]}" for k in ("nnodes", "gpus_per_node")
               if mesh.get(k) != want["mesh"][k]]
     notes = []
@@ -368,8 +370,8 @@ def _mismatch(step: int, saved: dict, plan, allow_mesh_change: bool) -> tuple:
         how = "the model resharded; each rank reloads its own optimizer_rank_<rank>.pt as saved" \
             if want["optimizer"] == "fsdp2" else "model and optimizer resharded"
         if not allow_mesh_change:
-            back = " ".join(f"mesh.{k}={show(mesh.get(k))}" for k in ("nnodes", "gpus_per_node", "tp", "cp", "pp",
-                                                                          "ep", "etp") if mesh.get(k) != want["mesh"][k])
+            back = " ".join(f"mesh.{k}={show(mesh.get(k))}" for k in ("nnodes", "gpus_per_node", "tp", "cp", "pp", "ep",
+                                                                          "etp") if mesh.get(k) != want["mesh"][k])
             return Problem("run.resume_mesh_change", False, f"{name} was saved on another mesh ({', '.join(moved)})",
                            f"run.resume_mesh_change=true (Megatron Lite loads it {how}), the mesh it was saved on"
                            + (f" ({back})" if back else "") + f", or {FRESH}"), ()
