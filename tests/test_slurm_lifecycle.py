@@ -158,7 +158,8 @@ def test_a_hang_in_one_rank_is_diagnosed_and_requeued_without_its_node(shared):
                                                      and s["resumed"] else None)(status(d)), timeout=240)
     assert odd not in s["hosts"] and s["resumed"]["step"] == 2, s
     assert "global_step_4 skipped" in s["resumed"]["line"], s["resumed"]
-    tracker = [json.loads(x) for x in (d / "standin_tracker.jsonl").read_text().splitlines()]
-    assert len(tracker) >= 2 and len({t["run_id"] for t in tracker}) == 1, tracker
+    lines = lambda: [json.loads(x) for x in (d / "standin_tracker.jsonl").read_text().splitlines()]  # noqa: E731
+    tracker = wait_for("the new job's tracker run", lambda: (lambda t: t if len(t) >= 2 else None)(lines()), timeout=180)
+    assert len({t["run_id"] for t in tracker}) == 1 and tracker[-1]["start"] == 3, tracker
     assert vrun("cancel", str(d)).returncode == 0
     assert state_is(d, "cancelled", timeout=60)

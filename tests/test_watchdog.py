@@ -38,7 +38,7 @@ def test_the_policy_from_the_plan():
     w = watching.policy(Run, 453.0, None, 1)
     assert (w.stall_after_s, w.grace_s, w.basis) == (30.0, 0.0, "run.stall_after_s")
     assert "stalled after 30 s" in watching.line(w) and "cancelled after 0 s more" in watching.line(w)
-    assert watching.stacks_line(3).startswith("ptrace_scope 3 forbids attaching")
+    assert watching.stacks_line(3).startswith("ptrace_scope 3 forbids attaching here: py-spy gets no stacks")
 
 
 def test_the_log_is_read_from_where_it_stood(tmp_path):

@@ -75,8 +75,8 @@ def stacks_line(scope=...) -> str:
         return "stacks by py-spy (no ptrace restriction here)"
     if scope == 1:
         return "stacks by py-spy (ptrace_scope 1: the node process is every rank's ancestor)"
-    return (f"ptrace_scope {scope} forbids attaching: stacks from the processes themselves (a faulthandler signal "
-            "the run's environment registers)")
+    return (f"ptrace_scope {scope} forbids attaching here: py-spy gets no stacks (the stall's files say so; "
+            "ptrace_scope 1 or CAP_SYS_PTRACE on the nodes lets it)")
 
 
 def holds_a_step(time_min: float, signal_delay_s: float, step_high_s: Optional[float], first_step_s: float,
