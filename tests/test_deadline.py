@@ -286,8 +286,10 @@ def test_support_and_the_plan_line():
         "at the time limit — trainer.use_v1=false runs RayPPOTrainer, which does"]
     # a later verl whose v1 trainer asks
     assert tl.support("ppo", True, 20, callers={"v1": True}).saves is True
-    none = tl.support("ppo", use_v1=False, save_freq=-1)
-    assert none.saves is False and "trainer.save_freq=-1: verl saves nothing" in none.why
+    for use_v1 in (False, True):
+        none = tl.support("ppo", use_v1=use_v1, save_freq=-1)  # verl's default: the glm5_1/kimi_k2_6 launcher's
+        assert none.saves is False and none.why.startswith("trainer.save_freq=-1: ") and "no checkpoint" in none.why
+    assert tl.support("sft", use_v1=True, save_freq="after_each_epoch").saves is False
     sft = tl.support("sft", use_v1=True, save_freq=20)
     assert sft.saves is False and "SFT trainer has no pre-deadline save" in tl.plan_lines(sft, 120)[0]
     own = tl.support("ppo", use_v1=True, save_freq=2, task_runner="vrun_standin.StandinTaskRunner")

@@ -75,12 +75,13 @@ def stepping(d, n=1, timeout=240):
 
 
 def test_time_limit_and_outside_cancels_tell_the_truth(shared):
-    """Three jobs at once. A: time limit of 4 min, requeue signal 60 s before it, no requeue left → verl's
+    """Three jobs at once. A: time limit of 5 min, requeue signal 60 s before it, no requeue left → verl's
     pre-deadline save ran (the stand-in calls the installed verl's should_save_ckpt_esi under the node's env) and the
     run ends `timeout` with that step. B: scancel from outside while it trains → `cancelled outside vrun (scancel)
     while running`. C: pending for nodes, scancel from outside → `... while pending (never started)`. cancel refuses
     all three as ended; resubmit is allowed."""
-    a, _ = submit(shared, "a", *ONE_NODE, "cluster.time_min=4", "cluster.signal_delay_s=60", "cluster.max_requeues=0",
+    a, _ = submit(shared, "a", *ONE_NODE, "cluster.time_min=5", "cluster.signal_delay_s=60", "cluster.max_requeues=0",
+                  "verl.trainer.use_v1=false",  # the stand-in stands in for RayPPOTrainer, the trainer that asks
                   cues={"steps": 1000, "step_s": 1.0, "save_freq": 1000})
     b, _ = submit(shared, "b", *ONE_NODE, "cluster.time_min=15", cues={"steps": 1000, "step_s": 1.0})
     c, _ = submit(shared, "c", *TWO_NODES, "cluster.time_min=15", cues={"steps": 1000})

@@ -147,11 +147,6 @@ def run_problems(config) -> list[Problem]:
                            f"of a {c.time_min}-minute job (every attempt requeues at once)",
                            f"cluster.signal_delay_s=<under {c.time_min * 60}>"))
     out += watch_problems(config.run, slurm)
-    if slurm and str(config.algo.entrypoint) == "sft" and str(config.mode) == "train":
-        out.append(Problem("cluster.time_min", c.time_min, "verl's SFT trainer has no pre-deadline save "
-                           "(should_save_ckpt_esi is the PPO trainer's): steps after its last save are lost at the "
-                           "time limit", "set verl.trainer.save_freq so a save lands well inside cluster.time_min",
-                           warning=True))
     if not 0 < c.master_port < 65536:
         out.append(Problem("cluster.master_port", c.master_port, "not a TCP port", "cluster.master_port=29500"))
     if c.confirm_gpu_hours is not None and not c.confirm_gpu_hours > 0:

@@ -2,7 +2,8 @@
 validated `Mesh`), parameter counts from the architecture facts (`params.py`) or a checkpoint's headers
 (`checkpoint.py`), per-GPU memory of the training phase per pipeline stage (`memory.py`) and of the rollout with
 its KV cache (`rollout.py`), GPU parts with their memory, FLOP/s and bandwidths (`hardware.py`), the step time
-(`steptime.py`) and `mesh=auto`'s search and ranking (`search.py`). Each formula cites its source.
+(`steptime.py`), `mesh=auto`'s search and ranking (`search.py`) and a time limit against verl's pre-deadline save
+(`timelimit.py`). Each formula cites its source.
 
 May import: `vrun.core`, `vrun.config`. No I/O beyond reading a checkpoint's JSON headers; no Hydra or verl.
 """

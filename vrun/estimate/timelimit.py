@@ -29,7 +29,10 @@ What verl does (read in 0.9.1, a6ef5009 and 1dda039b; the three agree line for l
 What SLURM and submitit do: submitit asks sbatch for --signal=USR2@signal_delay_s and, on the signal, its rank 0
 requeues the job (scontrol requeue) or, with no requeue left, raises UncompletedJobError; either way training stops
 at the signal. sbatch(1) (Slurm 22.05): "the signal may be sent up to 60 seconds earlier than specified". So the
-deadline verl is given is EndTime − signal_delay_s − SIGNAL_EARLY_S.
+deadline verl is given is EndTime − signal_delay_s − SIGNAL_EARLY_S. (submitit 1.5.4 core/job_environment.py
+has_timed_out counts the signal as a time-out, using up one of max_num_timeout, only when its process has run
+min(0.8 × limit, limit − 600 s); a signal that comes earlier than max(600 s, 0.2 × limit) before the end is taken
+for a preemption and requeues without counting.)
 
 What a plan can say from that (each a pure function of figures the plan already has):
   save_seconds       one save: every rank of a node writes its training state (params + optimizer, GPU and host)
@@ -164,13 +167,14 @@ def support(entrypoint: str, use_v1, save_freq, task_runner: Optional[str] = Non
                        "pre-deadline save is RayPPOTrainer.fit's")
     trainer = "v1" if use_v1 else "legacy"
     name = "the v1 trainer (trainer.use_v1=true)" if use_v1 else "RayPPOTrainer (trainer.use_v1=false)"
+    if first_save_steps(save_freq, True) is None:
+        # both PPO trainers save only under save_freq > 0, the last step and the deadline save included
+        return Support(False, trainer, f"trainer.save_freq={save_freq}: {name} saves no checkpoint at all, "
+                       "before the deadline or otherwise (it needs save_freq > 0)")
     if not callers[trainer]:
         other = " — trainer.use_v1=false runs RayPPOTrainer, which does" if use_v1 and callers["legacy"] else ""
         return Support(False, trainer, f"{name} has no pre-deadline save: a step may be lost at the time "
                        f"limit{other}")
-    if first_save_steps(save_freq, True) is None:
-        return Support(False, trainer, f"trainer.save_freq={save_freq}: verl saves nothing, its pre-deadline save "
-                       "included (it needs save_freq > 0)")
     return Support(True, trainer, f"{name} saves before the time limit")
 
 

@@ -68,6 +68,7 @@ class Plan:
     time: Optional[object] = None            # vrun.estimate.steptime.StepTime (None: time_note says why)
     time_note: str = ""
     cost: Optional[dict] = None              # GPU-hours for the configured steps (vrun.planning.steptime_plan.cost)
+    deadline_rows: list = field(default_factory=list)  # SLURM: whether verl saves before the time limit
 
     @functools.cached_property
     def verl_text(self) -> str:
@@ -247,28 +248,47 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     st, st_note = steptime_plan.estimate(config, ep, resolved, mesh, counts, est)
     cost = steptime_plan.cost(st, mesh.world, resolved, config.cluster.gpu_hour_price) \
         if st is not None else None
-    warnings += deadline_problems(config, st, counts, mesh)
+    found, deadline_rows = deadline_problems(config, resolved, st, counts, mesh, est)
+    warnings += found
     return Plan(config=config, entrypoint=ep, mesh=mesh, run_dir=run_dir, verl=resolved, request=req, argv=argv,
                 env=env, env_unset=unset, model_path=path, model_path_source=path_from, mlite=source,
                 warnings=warnings, memory=est, memory_note=params_note, search=search, checkpoint=ckpt, params=counts,
                 pipeline=pipeline_stages(config, ep, resolved, mesh, params), stack=stack.current(), time=st,
-                time_note=st_note, cost=cost)
+                time_note=st_note, cost=cost, deadline_rows=deadline_rows)
 
 
-def deadline_problems(config: RunConfig, st, counts, mesh) -> list[Problem]:
-    """cluster=slurm: the time limit must hold the first step (model load included) and one save before submitit's
-    signal, or every attempt ends without a checkpoint (vrun.launch.deadline)."""
-    if str(config.cluster.name) != "slurm" or st is None:
-        return []
+def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) -> tuple[list, list]:
+    """cluster=slurm: whether this run's verl trainer saves before the deadline the node gives it
+    (vrun.estimate.timelimit: only RayPPOTrainer, trainer.use_v1=false, asks; nothing saves without
+    trainer.save_freq > 0), and whether the time limit holds the model load, the steps before the first save and
+    that save. Returns (warnings, the plan table's `deadline` rows)."""
+    if str(config.cluster.name) != "slurm":
+        return [], []
+    from vrun.estimate import timelimit
     from vrun.planning import watch
 
+    root = verl_values.verl_root()
+    callers = timelimit.esi_callers(lambda rel: fs.read_small(root / rel) if root else None)
+    save_freq = get(resolved, "trainer.save_freq")
+    sup = timelimit.support(str(config.algo.entrypoint), bool(get(resolved, "trainer.use_v1", False)), save_freq,
+                            config.run.task_runner, callers)
+    out = []
+    if sup.saves is False:
+        key = "trainer.save_freq" if "save_freq" in sup.why else "trainer.use_v1"
+        fix = ("verl.trainer.save_freq=<steps between saves>" if key == "trainer.save_freq" else
+               "verl.trainer.use_v1=false (RayPPOTrainer saves before the deadline), or a trainer.save_freq whose "
+               "saves land well inside cluster.time_min")
+        out.append(Problem(f"verl.{key}", get(resolved, key), sup.why, fix, warning=True))
+    save = timelimit.save_seconds(timelimit.training_state_bytes(est), mesh.gpus_per_node) if est is not None \
+        else timelimit.VERL_SAVE_S
+    lines = timelimit.plan_lines(sup, config.cluster.signal_delay_s, stack.verl_version())
+    if st is None:
+        return out, lines
     w = watch.policy(config.run, st.high, counts.total if counts is not None else None, mesh.nnodes)
-    why = watch.holds_a_step(config.cluster.time_min, config.cluster.signal_delay_s, st.high, w.first_step_s)
-    if why is None:
-        return []
-    need = int((w.first_step_s + 60 + config.cluster.signal_delay_s) // 60) + 1
-    return [Problem("cluster.time_min", config.cluster.time_min, why, f"cluster.time_min={need} or more",
-                    warning=True)]
+    p = timelimit.time_limit_problem(config.cluster.time_min, config.cluster.signal_delay_s,
+                                     w.first_step_s - w.stall_after_s, st.high, save,
+                                     timelimit.first_save_steps(save_freq, bool(sup.saves)))
+    return out + ([p] if p else []), lines
 
 
 def price_problems(config: RunConfig) -> list[Problem]:

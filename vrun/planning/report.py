@@ -128,7 +128,7 @@ def time_rows(plan: Plan) -> list[str]:
     rows = [f"step    no estimate: {plan.time_note}"] if plan.time is None else \
         [steptime_plan.time_line(plan.time, plan.cost)]
     rows.append(watching.line(watch(plan)))
-    return rows
+    return rows + list(plan.deadline_rows)
 
 
 def memory_rows(plan: Plan) -> list[str]:

@@ -10,8 +10,6 @@ captured, the first refit).
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from vrun.rundir.record import WatchRecord
 
 STALL_FACTOR = 3.0
@@ -77,17 +75,3 @@ def stacks_line(scope=...) -> str:
         return "stacks by py-spy (ptrace_scope 1: the node process is every rank's ancestor)"
     return (f"ptrace_scope {scope} forbids attaching here: py-spy gets no stacks (the stall's files say so; "
             "ptrace_scope 1 or CAP_SYS_PTRACE on the nodes lets it)")
-
-
-def holds_a_step(time_min: float, signal_delay_s: float, step_high_s: Optional[float], first_step_s: float,
-                 save_s: float = VERL_SAVE_S) -> Optional[str]:
-    """Why a job of this time limit cannot train one step and save it before submitit's signal, or None."""
-    if step_high_s is None:
-        return None
-    usable = time_min * 60.0 - signal_delay_s
-    need = first_step_s + save_s
-    if usable >= need:
-        return None
-    return (f"{time_min:g} min less the {signal_delay_s:g} s signal leaves {usable:,.0f} s, under the first step's "
-            f"{first_step_s:,.0f} s (model load and step, by the plan's estimate) and one save ({save_s:g} s): every "
-            "attempt would end before a checkpoint")
