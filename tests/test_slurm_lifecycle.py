@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PY, ROOT
-from test_runs_slurm import cancel_leftovers, status, vrun, wait_for  # noqa: F401 - an autouse fixture
+from test_runs_slurm import status, vrun, wait_for
 from test_slurm import NOT_SHARED, WRAP, run, shared, slurm  # noqa: F401 - shared is a fixture
 
 pytestmark = [pytest.mark.slurm,
@@ -38,6 +38,21 @@ TWO_NODES = ["mesh.nnodes=2", "mesh.gpus_per_node=4"]
 @pytest.fixture(autouse=True)
 def own_index(tmp_path, monkeypatch):
     monkeypatch.setenv("VRUN_STATE_DIR", str(tmp_path / "state"))
+
+
+@pytest.fixture(autouse=True)
+def cancel_leftovers(shared):
+    """A test that fails half-way leaves no job behind. A job whose Ray daemons this harness's init has not reaped
+    stays COMPLETING a while after its processes exit: up to 5 min is waited for."""
+    yield
+    ids = set()
+    for f in shared.rglob("progress.jsonl"):
+        ids |= {str(json.loads(line).get("job_id")) for line in f.read_text().splitlines() if '"job_id"' in line}
+    ids -= {"None", ""}
+    if ids:
+        slurm("scancel", *sorted(ids))
+        wait_for("the test's jobs to leave the queue",
+                 lambda: not slurm("squeue", "-h", "-j", ",".join(sorted(ids))).stdout.strip(), timeout=300)
 
 
 @pytest.fixture(autouse=True)

@@ -79,11 +79,20 @@ def _regular(path: Path) -> bool:
         return False
 
 
-def _wait(paths: list, wait_s: float) -> bool:
-    """Every path there within wait_s (checked at once when 0)."""
+def _written(path: Path) -> bool:
+    """A shard written to its end (the stand-in's payload, or empty for a rank holding nothing): what DCP's
+    coordinator learns from each rank's write results, which a rank killed mid-write never sends."""
+    try:
+        return _regular(path) and path.stat().st_size in (0, len(PAYLOAD))
+    except OSError:
+        return False
+
+
+def _wait(paths: list, wait_s: float, done=_regular) -> bool:
+    """Every path done within wait_s (checked at once when 0)."""
     end = time.monotonic() + wait_s
     while True:
-        if all(_regular(p) for p in paths):
+        if all(done(p) for p in paths):
             return True
         if time.monotonic() >= end:
             return False
@@ -121,7 +130,7 @@ def save(root, step: int, rank: int, world: int, *, cut_short: Union[bool, str] 
     if cut == "shards":
         return False
     if rank == 0:  # the coordinator, once every rank's data is written
-        if optimizer == "fsdp2" and not _wait([ckpt / f"__{r}_0.distcp" for r in others], wait_s):
+        if optimizer == "fsdp2" and not _wait([ckpt / f"__{r}_0.distcp" for r in others], wait_s, _written):
             return False
         tmp = ckpt / ".metadata.tmp"
         _write(tmp)

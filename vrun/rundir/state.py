@@ -222,7 +222,7 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
         elif ev == "time_limit":
             state, phase = "timeout", time_limit_words(e)
         elif ev == "cancelled":
-            state, phase = "cancelled", f"cancelled from {e.get('host')}"
+            state, phase = "cancelled", "cancelled with python -m vrun cancel"
         if ev in ("exited", "failed", "cancelled", "time_limit"):
             a.ended = max(a.ended or 0.0, e["t"])
     stop = next((e for e in reversed(a.events) if e["event"] == "signalled" and "node" in e), None)
@@ -404,6 +404,10 @@ def _from_job(a: Attempt, job, run: Run, after: Optional[Attempt] = None) -> Non
         _from_log(run, a)
         if a.state in ACTIVE or a.state == "lost":
             a.state, a.phase = "failed", f"SLURM: {job.state}" + (f" ({job.reason})" if job.reason else "")
+            out = Path(str((run.slurm or {}).get("stdout") or ""))
+            if a.started is None and run.slurm and run.slurm.get("stdout") and not fs.exists(out):
+                a.phase += (f": it never started, without writing its log {out}: the nodes likely cannot see {out.parent} "
+                            "(node-local storage such as /tmp?); put the run dir on storage every node shares")
     a.end = a.phase
 
 

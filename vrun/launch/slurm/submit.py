@@ -380,7 +380,9 @@ def resubmit(run_dir: str, detach: bool = False, exclude: tuple = (), replacing:
     from vrun.rundir import jobs
 
     queue = jobs.squeue() or {}
-    busy = [j for j in run.job_ids if j != replacing and j in queue and queue[j].active]
+    # a job COMPLETING has ended its work (its last processes are leaving): not in the way
+    busy = [j for j in run.job_ids if j != replacing and j in queue and queue[j].active
+            and queue[j].state != "COMPLETING"]
     if busy:
         raise PlanError([Problem("run", run_dir, f"job {','.join(busy)} is still {queue[busy[0]].state.lower()}",
                                  f"python -m vrun cancel {run_dir} first, or wait for it to end")])
