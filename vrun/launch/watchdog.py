@@ -121,7 +121,9 @@ class Watchdog(threading.Thread):
         self.stop_event = threading.Event()
         self.reported: Optional[dict] = None
         self.acted = False
-        self.stamped: set = set()
+        # the step the attempt starts from is not this attempt's save: only steps the tracker moves to are stamped
+        start = fs.read_small(Path(run_dir) / "checkpoints" / "latest_checkpointed_iteration.txt", 64)
+        self.stamped: set = {int(start.strip())} if start and start.strip().isdigit() else set()
 
     def stop(self) -> None:
         self.stop_event.set()
