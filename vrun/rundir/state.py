@@ -391,7 +391,7 @@ def _from_job(a: Attempt, job, run: Run, after: Optional[Attempt] = None) -> Non
         elif _cancelled_by_vrun(run, a):
             a.phase = "cancelled with python -m vrun cancel"
         else:
-            a.phase = ("cancelled outside vrun while pending (never started)" if a.started is None
+            a.phase = ("cancelled outside vrun while pending (never started)" if a.started is None and not job.nodes
                        else "cancelled outside vrun (scancel) while running")
     elif word == "timeout":
         tl = a.last("time_limit")

@@ -377,14 +377,12 @@ def resubmit(run_dir: str, detach: bool = False, exclude: tuple = (), replacing:
                                  "submit it with python runner.py ... cluster=slurm")])
     run = state.load(Path(run_dir))
     state.refresh([run])
-    from vrun.rundir import jobs
+    # the run's own state, SLURM's record on top: a queued, running or requeued attempt is in the way (not the job a
+    # stall's requeue replaces, nor a job whose end the run recorded while SLURM still lists it leaving)
+    if run.active and run.job_id != replacing:
+        from vrun.rundir.state import describe
 
-    queue = jobs.squeue() or {}
-    # a job COMPLETING has ended its work (its last processes are leaving): not in the way
-    busy = [j for j in run.job_ids if j != replacing and j in queue and queue[j].active
-            and queue[j].state != "COMPLETING"]
-    if busy:
-        raise PlanError([Problem("run", run_dir, f"job {','.join(busy)} is still {queue[busy[0]].state.lower()}",
+        raise PlanError([Problem("run", run_dir, f"job {run.job_id} is still {describe(run)}",
                                  f"python -m vrun cancel {run_dir} first, or wait for it to end")])
     params = dict(record.slurm.parameters)
     if exclude:
