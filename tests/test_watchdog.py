@@ -38,7 +38,11 @@ def test_the_policy_from_the_plan():
     w = watching.policy(Run, 453.0, None, 1)
     assert (w.stall_after_s, w.grace_s, w.basis) == (30.0, 0.0, "run.stall_after_s")
     assert "stalled after 30 s" in watching.line(w) and "cancelled after 0 s more" in watching.line(w)
-    assert watching.stacks_line(3).startswith("ptrace_scope 3 forbids attaching here: py-spy gets no stacks")
+    assert watching.stacks_line(True, 3, True) == "stacks by the process's own dump on SIGURG (faulthandler, " \
+        "vrun/launch/stackhook): ptrace_scope 3 forbids attaching"
+    assert watching.stacks_line(True, 2, True).startswith("stacks by py-spy, live (ptrace_scope 2, with CAP_SYS_PTRACE)")
+    assert watching.stacks_line(True, 1, False).startswith("stacks by py-spy, live (ptrace_scope 1: py-spy is not")
+    assert watching.stacks_line(False, None, False).endswith("py-spy is not installed here (pip install py-spy)")
 
 
 def test_the_log_is_read_from_where_it_stood(tmp_path):

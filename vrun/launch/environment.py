@@ -7,8 +7,10 @@ secret's value, which passes by name) and the run's id, which `cancel` checks be
 (vrun.runs.owner). Each launcher adds its own on top (the node: its attempt, Ray's address)."""
 from __future__ import annotations
 
+import os
 from typing import Iterable, Mapping, Optional
 
+from vrun.launch.stacks import TRACER_ENV
 from vrun.planning.plan import UNSET_WITH_CUDA
 
 RUN_ID = "VRUN_RUN_ID"
@@ -25,8 +27,9 @@ def child_environ(base: Mapping[str, str], env: Mapping[str, str], unset: Iterab
                   run_dir: Optional[str] = None) -> dict:
     """base (the launching process's environment) without `unset` (the plan's env_unset) and, when base sets
     CUDA_VISIBLE_DEVICES, without UNSET_WITH_CUDA; then what the run is watched and tracked with (NCCL's flight
-    recorder dumping under <run dir>/stalls/nccl/, the tracker's run id — each unless set already), the plan's `env`
-    and RUN_ID=run_id."""
+    recorder dumping under <run dir>/stalls/nccl/, the tracker's run id — each unless set already), the plan's `env`,
+    RUN_ID=run_id and, for the stack hook, TRACER_ENV=this process's pid (it dumps a stall's stacks: under Yama's
+    ptrace_scope 1 every process of the run names it its ptracer, so that py-spy, its child, may read them)."""
     from vrun.launch.watchdog import nccl_env
 
     out = dict(base)
@@ -37,4 +40,5 @@ def child_environ(base: Mapping[str, str], env: Mapping[str, str], unset: Iterab
     out.update({k: v for k, v in watched.items() if k not in out and k not in env})
     out.update(env)
     out[RUN_ID] = run_id
+    out[TRACER_ENV] = str(os.getpid())
     return out

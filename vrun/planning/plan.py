@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 # unset when CUDA_VISIBLE_DEVICES is set (Ray refuses both); the SLURM node job decides it again on the node
 UNSET_WITH_CUDA = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+# first on the run's PYTHONPATH: every process of the run can dump its own stack on a stall where py-spy may not
+# attach (vrun/launch/stackhook/sitecustomize.py, read by vrun.launch.stacks); it imports the next sitecustomize
+STACK_HOOK = PROJECT_ROOT / "vrun" / "launch" / "stackhook"
 # a larger world is a typo; refusing it up front keeps every answer (and the mesh suggestions) about a second
 MAX_WORLD = 1_000_000
 
@@ -156,8 +159,9 @@ def run_env(config: RunConfig, environ: dict) -> tuple[dict, list, list[Problem]
                                         "and the verl config", f"export {k} and add it to pass_env instead"))
                 continue
             env[k] = str(v)
-    # Megatron Lite's paths (its sitecustomize must run in every worker), then this project (vrun.launch.entry)
-    paths = mlite.mlite_paths(environ) + [str(PROJECT_ROOT)]
+    # the stack hook, Megatron Lite's paths (its sitecustomize must run in every worker: the hook imports it), then
+    # this project (vrun.launch.entry)
+    paths = [str(STACK_HOOK)] + mlite.mlite_paths(environ) + [str(PROJECT_ROOT)]
     env["PYTHONPATH"] = ":".join(paths + ([environ["PYTHONPATH"]] if environ.get("PYTHONPATH") else []))
     unset = list(UNSET_WITH_CUDA) if environ.get("CUDA_VISIBLE_DEVICES") else []
     return env, unset, problems

@@ -41,13 +41,20 @@ def record(plan: Plan, **fields) -> PlanRecord:
     return dataclasses.replace(r, **fields)
 
 
+def _stacks_here() -> str:
+    from vrun.core import ptrace
+    from vrun.planning import watch as watching
+
+    return watching.stacks_line(ptrace.py_spy() is not None, ptrace.scope(), ptrace.has_cap_sys_ptrace())
+
+
 def watch(plan: Plan):
     """How the job will be watched (vrun.planning.watch)."""
     from vrun.planning import watch as watching
 
     high = plan.time.high if plan.time is not None else None
     total = plan.params.total if plan.params is not None else None
-    return watching.policy(plan.config.run, high, total, plan.mesh.nnodes, watching.stacks_line())
+    return watching.policy(plan.config.run, high, total, plan.mesh.nnodes, _stacks_here())
 
 
 def plan_json(plan: Plan, **fields) -> dict:

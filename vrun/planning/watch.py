@@ -10,6 +10,8 @@ captured, the first refit).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from vrun.rundir.record import WatchRecord
 
 STALL_FACTOR = 3.0
@@ -58,20 +60,28 @@ def _t(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def ptrace_scope(path: str = "/proc/sys/kernel/yama/ptrace_scope"):
-    """Yama's ptrace scope on this machine (0-3), or None without Yama."""
-    from vrun.core import fs
-
-    text = fs.read_small(path, 16)
-    return int(text.strip()) if text and text.strip().isdigit() else None
+HOOK = "the process's own dump on SIGURG (faulthandler, vrun/launch/stackhook)"
 
 
-def stacks_line(scope=...) -> str:
-    """How a stall's stacks will be taken, judged on this machine (the nodes usually run the same kernel)."""
-    scope = ptrace_scope() if scope is ... else scope
+def attach_rule(has_py_spy: bool, scope: Optional[int], cap_sys_ptrace: bool) -> tuple[bool, str]:
+    """Whether py-spy may attach to the run's processes, and why: the one rule the plan's `watch` row and the node's
+    stall dump (vrun.launch.stacks) both follow. scope: Yama's ptrace_scope (None without Yama)."""
+    if not has_py_spy:
+        return False, "py-spy is not installed here (pip install py-spy)"
     if scope is None or scope == 0:
-        return "stacks by py-spy (no ptrace restriction here)"
+        return True, "no Yama ptrace restriction" if scope is None else "ptrace_scope 0"
+    if cap_sys_ptrace and scope in (1, 2):
+        return True, f"ptrace_scope {scope}, with CAP_SYS_PTRACE"
     if scope == 1:
-        return "stacks by py-spy (ptrace_scope 1: the node process is every rank's ancestor)"
-    return (f"ptrace_scope {scope} forbids attaching here: py-spy gets no stacks (the stall's files say so; "
-            "ptrace_scope 1 or CAP_SYS_PTRACE on the nodes lets it)")
+        return True, ("ptrace_scope 1: py-spy is not the ranks' ancestor; each process names the node process its "
+                      "ptracer through the stack hook")
+    if scope == 2:
+        return False, "ptrace_scope 2 without CAP_SYS_PTRACE forbids attaching"
+    return False, f"ptrace_scope {scope} forbids attaching"
+
+
+def stacks_line(has_py_spy: bool, scope: Optional[int], cap_sys_ptrace: bool) -> str:
+    """How a stall's stacks will be taken, in one line (the plan's, judged on the planning machine: the nodes
+    usually run the same kernel; the node's own dump says it again as it found it)."""
+    ok, why = attach_rule(has_py_spy, scope, cap_sys_ptrace)
+    return f"stacks by py-spy, live ({why}); where it is refused, {HOOK}" if ok else f"stacks by {HOOK}: {why}"

@@ -143,9 +143,11 @@ def sft_entry(argv: list) -> list:
 
 
 def _is_project(path: str) -> bool:
-    """This project's root on a PYTHONPATH (the script runs without it)."""
+    """This project's root, or its stack hook's directory, on a PYTHONPATH (the script runs without them)."""
     here = Path(__file__).resolve().parent.parent.parent
-    return Path(path) == here or fs.is_file(Path(path) / "vrun" / "launch" / "entry.py")
+    p = Path(path)
+    return p in (here, here / "vrun" / "launch" / "stackhook") or fs.is_file(p / "vrun" / "launch" / "entry.py") or \
+        (p.name == "stackhook" and fs.is_file(p.parent / "entry.py"))
 
 
 def _ray_address(d: Path):

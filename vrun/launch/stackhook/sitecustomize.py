@@ -73,6 +73,12 @@ def _name_ptracer():
     if not tracer.isdigit():
         return
     try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            if f.read().strip() != "1":  # only scope 1 knows declared ptracers
+                return
+    except OSError:
+        return  # no Yama
+    try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
