@@ -267,6 +267,42 @@ def test_every_gpu_part_has_its_figures_and_source():
     assert hardware.part("h100") is hardware.PARTS["H100"] and hardware.part("nope") is None
 
 
+def test_gpu_parts_name_their_node_and_nvlink_domain_apart():
+    """GPUs per node and the NVLink domain are separate facts of each part, each with its source: GB200 and GB300
+    NVL72 racks join 72 GPUs (18 compute trays of 4) in one NVLink domain; the 8-GPU platforms one node's."""
+    for name, p in hardware.PARTS.items():
+        assert p.gpus_per_node >= 1 and p.nvlink_domain >= 1 and p.system, name
+    for name in ("GB200", "GB300"):
+        p = hardware.PARTS[name]
+        assert (p.gpus_per_node, p.nvlink_domain) == (4, 72) and "72 GPUs in one NVLink domain" in p.system, name
+    assert (hardware.PARTS["H100"].gpus_per_node, hardware.PARTS["H100"].nvlink_domain) == (8, 8)
+    assert steptime.nvlink_span(4, hardware.PARTS["GB200"]) == 72
+    assert steptime.nvlink_span(8, hardware.PARTS["H100"]) == 8 and steptime.nvlink_span(4, hardware.PARTS["H100"]) == 4
+
+
+def test_nvl72_traffic_inside_the_domain_is_nvlink_not_cross_node():
+    """On GB200 NVL72 nodes of 4 GPUs, a TP16 rollout replica and training's TP2·EP16 collectives span 4–8 nodes but
+    one NVLink domain: costed at NVLink speed (no cross-node all-reduce added to a decode step, the all-to-all over
+    NVLink), where a part whose NVLink domain is its node of 4 pays the network for the same traffic."""
+    import dataclasses
+
+    gb = hardware.PARTS["GB200"]
+    per_node = dataclasses.replace(gb, nvlink_domain=4)
+    w = dataclasses.replace(case_workload("qwen3_235b_a22b_128xh100"), gpus_per_node=4)
+    assert (w.rollout_tp, w.tp, w.ep) == (16, 2, 16)
+    decode = steptime.decode_step_s(w, gb, 1, 1000, 0.5, 0.3)
+    assert steptime.decode_step_s(w, gb, 1, 1000, 0.5, 0.3, 0.7) == decode
+    assert steptime.decode_step_s(w, per_node, 1, 1000, 0.5, 0.3, 0.7) > decode
+    tokens = w.tokens / ((w.world // (w.pp * w.tp * w.cp)) * w.cp)
+    moved = tokens / w.tp * w.top_k * w.hidden * 2.0 * (1 - 1 / w.ep)
+    tp_bytes = 2 * w.layers / w.pp * 2 * (w.tp - 1) / w.tp * tokens * w.hidden * 2.0
+    inside = (tp_bytes / gb.nvlink + 2 * w.moe_layers / w.pp * moved / gb.nvlink) / 0.7
+    assert steptime.training_collectives_s(w, gb, 1, 0.7) == pytest.approx(inside)
+    assert steptime.training_collectives_s(w, per_node, 1, 0.7) > 2 * inside
+    # the optimizer's expert-DP traffic too: EDP groups strided by EP16 inside 72 GPUs ride NVLink
+    assert steptime.gradient_sync_s(w, gb, 0.7) < steptime.gradient_sync_s(w, per_node, 0.7)
+
+
 def test_decode_is_memory_bound_until_the_batch_is_large():
     """The roofline: one sequence reads the weights (bandwidth bound); a batch far past the ridge is compute bound."""
     w = case_workload("qwen3_30b_a3b_32xh100")

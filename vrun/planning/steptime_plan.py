@@ -40,6 +40,8 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
     common.update(attn_flops_per_key=attn, attn_keys_cap=cap, tensors=steptime.tensor_count(arch))
     micro = _micro(tokens / max(mesh.dp, 1), budget * mesh.cp)
     batch = entrypoint.step_batch(verl)  # the record's: samples, lengths, whether a rollout generates them
+    step_tokens = batch["samples"] * (batch["prompt_mean"] + batch["response_mean"])
+    common.update(mini_batches=max(1, round(step_tokens / tokens)) if tokens > 0 else 1)
     if batch["rollout"]:
         # what vLLM loads and holds, from the parameter counts and the rollout estimate
         r = est.rollout_detail if est is not None else None
