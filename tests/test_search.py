@@ -261,8 +261,12 @@ def test_alternatives_carry_their_step_time():
     alts = [r for r in printed if r.startswith("        alternative ")]
     assert len(alts) == 5, alts
     for row, line in zip(s["alternatives"], alts):
-        assert line.endswith(f" GiB  step ≈ {search._num(row['step_middle_s'])} s ({search._num(row['step_low_s'])}"
-                             f"–{search._num(row['step_high_s'])})"), line
+        text = search.step_text(row, "  ")
+        assert line.endswith(" GiB" + text) and text.startswith(f"  step ≈ ") and text.endswith(")"), line
+        middle, band = text[len("  step ≈ "):].split(" s (")
+        low, high = band[:-1].split("–")
+        assert float(middle.replace(",", "")) == pytest.approx(row["step_middle_s"], rel=0.05)
+        assert float(low.replace(",", "")) <= float(middle.replace(",", "")) <= float(high.replace(",", ""))
     chosen = [r for r in printed if r.startswith("        chosen by ")]
     assert len(chosen) == 1 and chosen[0] == "        chosen by " + search.entry_place(p.search.decided_by) + \
         s["chosen_by"], chosen

@@ -90,8 +90,12 @@ FACTORS = {
                          "Performance Engineering: Best Practices', 2023-10, figures 2–3)"),
     "network": Factor(0.50, 0.90, "ASSUMED (no measurement read): the share of the NICs' line rate a bulk weight "
                       "transfer reaches"),
-    "pcie": Factor(0.50, 0.80, "ASSUMED (no measurement read): the share of the PCIe x16 rate a pinned host-device "
-                   "copy reaches"),
+    "pcie": Factor(0.32, 0.80, "the share of the PCIe x16 rate a pinned host-device copy reaches. low: vLLM's "
+                   "level-1 wake-up copying Phi-3-vision's 8.3 GB of weights back from pinned host memory took 0.82 s "
+                   "on A100 (vLLM 0.11.0), 10 GB/s of PCIe Gen4 x16's 32, its fixed wake-up costs included (vLLM blog "
+                   "'Zero-Reload Model Switching with vLLM Sleep Mode', 2025-10-26, vllm-project/vllm-project."
+                   "github.io _posts/2025-10-26-sleep-mode.md @ 02ad9891c6f343f6d6f605140f21d51a512324e5); high: "
+                   "ASSUMED (no measurement read)"),
     # a multiplier of the pinned rate, not a share of a line rate
     "pageable": Factor(1 / 6, 1 / 4, "a copy to or from pageable host memory against a pinned one: DeepSpeed's "
                        "switch of its ZeRO-offload copies to pinned memory made them 6× faster on one GPU and "

@@ -42,13 +42,15 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
     batch = entrypoint.step_batch(verl)  # the record's: samples, lengths, whether a rollout generates them
     step_tokens = batch["samples"] * (batch["prompt_mean"] + batch["response_mean"])
     common.update(mini_batches=max(1, round(step_tokens / tokens)) if tokens > 0 else 1)
+    # the model's dense and routed-expert parameters (what vLLM loads, no MTP): the refit's bytes, the optimizer's
+    # DP traffic, and whether the MFU is a mixture of experts' (SFT too)
+    model = counts.rollout if counts is not None else (0, 0)
+    common.update(rollout_dense=float(model[0]), rollout_routed=float(model[1]),
+                  experts=int(arch.get("routed_experts") or 0))
     if batch["rollout"]:
-        # what vLLM loads and holds, from the parameter counts and the rollout estimate
+        # what vLLM holds, from the rollout estimate
         r = est.rollout_detail if est is not None else None
-        rollout = counts.rollout if counts is not None else (0, 0)
-        common.update(rollout_dense=float(rollout[0]), rollout_routed=float(rollout[1]),
-                      experts=int(arch.get("routed_experts") or 0),
-                      rollout_weight_bytes=float(r.weight_bytes) if r is not None else 2.0,
+        common.update(rollout_weight_bytes=float(r.weight_bytes) if r is not None else 2.0,
                       kv_per_token=r.kv.per_token if r is not None else 0.0,
                       kv_per_sequence=r.kv.per_sequence if r else 0.0, kv_fits=r.fits if r is not None else None)
     return Workload(micro_batches=micro, **batch, **common)
