@@ -67,15 +67,17 @@ as the source measured it (steptime.DECODE_MBU_AT_TP); "phases" is the model hel
 lengths spread with their mean (the step waiting for its longest), the refit's cost per tensor and the engine's
 wake-up, optimizer states through pageable memory and gradients not copied, the distributed optimizer's DP traffic
 per optimizer step, and the NeMo RL recipes' sequence packing, GPU-resident optimizer and level-1 sleep:
-  case                      gen TP  published   roofline      +coll         +refit        +ref        tp-mbu
-  deepseek_v3_256xh100        32      154 s      50 s 0.32×    58 s 0.38×    81 s 0.53×    83 s 0.54×   107 s 0.69×
-  qwen3_235b_a22b_128xh100    16      506 s     416 s 0.82×   505 s 1.00×   523 s 1.03×   534 s 1.06×   747 s 1.48×
-  qwen3_30b_a3b_32xh100        4      225 s     120 s 0.53×   135 s 0.60×   136 s 0.60×   146 s 0.65×   138 s 0.61×
-  llama3_1_8b_16xh100          1     97.7 s     179 s 1.83×   179 s 1.83×   190 s 1.94×   201 s 2.05×   154 s 1.57×
-  qwen3_32b_32xh100            4      393 s     539 s 1.37×   582 s 1.48×   583 s 1.48×   661 s 1.68×   632 s 1.61×
-  verl_deepseek_v3_96xh20     32     1700 s     764 s 0.45×   904 s 0.53×   926 s 0.54×   926 s 0.54×  1185 s 0.70×
-(the "phases" column: PHASES_HISTORY below.) verl's DeepSeek-V3 page measured its rollout at 1,050 s: a per-phase
-case.
+  case                      gen TP  published  roofline  +coll  +refit   +ref  tp-mbu  phases (its middle)
+  deepseek_v3_256xh100        32       154 s  0.32×   0.38×  0.53×  0.54×  0.69×   0.69× (107 s)
+  qwen3_235b_a22b_128xh100    16       506 s  0.82×   1.00×  1.03×  1.06×  1.48×   1.05× (532 s)
+  qwen3_30b_a3b_32xh100        4       225 s  0.53×   0.60×  0.60×  0.65×  0.61×   0.75× (168 s)
+  llama3_1_8b_16xh100          1      97.7 s  1.83×   1.83×  1.94×  2.05×  1.57×   0.87× (85 s)
+  qwen3_32b_32xh100            4       393 s  1.37×   1.48×  1.48×  1.68×  1.61×   0.93× (365 s)
+  verl_deepseek_v3_96xh20     32      1700 s  0.45×   0.53×  0.54×  0.54×  0.70×   0.76× (1296 s)
+The middle of each case per phase, and its band, are in README's step-time table (tests/test_steptime.py table()).
+Tried for the rollout's middle and not kept: counting the sequences a replica decodes at once at their mean KV
+occupancy (vLLM's paged cache admits that many) rather than at the longest sequence — verl's DeepSeek-V3 rollout came
+to 385 s (0.37×) against its 1,050 s; it is the band's optimistic end instead.
 """
 from __future__ import annotations
 
