@@ -299,6 +299,11 @@ def _time_lead(ranked: list):
     return alone if alone.mesh != first.mesh and alone.step != first.step else None
 
 
+def decision(ranked: list, time_note: str = "") -> tuple:
+    """(decided_by, chosen_by) at once: the deciding entry's index in RANKING (None: none decided) and why."""
+    return _decision(ranked, time_note)
+
+
 def _decision(ranked: list, time_note: str) -> tuple:
     why = f"; no step-time estimate: {time_note}" if time_note else ""
     if not ranked:

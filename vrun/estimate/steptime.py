@@ -55,6 +55,7 @@ result; the plan says so.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -449,6 +450,15 @@ def concurrency(w: Workload, occupancy: Optional[float]) -> float:
     return max(1.0, min(float(share), float(w.rollout_dp * w.max_num_seqs), fit))
 
 
+@functools.lru_cache(maxsize=256)
+def _lengths(mean: float, cap: float, n: int) -> tuple:
+    """(rate, mean age, expected maximum of n) of Lengths(mean, cap): computed once per distinct workload (mesh=auto
+    asks for the same rollout many times)."""
+    L = Lengths(mean, cap)
+    a = L.rate
+    return a, L.mean_age(a=a), L.expected_max(n, a=a)
+
+
 @dataclass(frozen=True)
 class Lengths:
     """Response lengths on [0, cap] with a known mean, spread as the maximum-entropy distribution with that mean and
@@ -462,7 +472,7 @@ class Lengths:
         """λ·cap, solved from the mean by bisection (0: uniform)."""
         m = min(max(self.mean / self.cap, 1e-4), 1 - 1e-4) if self.cap > 0 else 0.5
         lo, hi = -1e4, 1e4
-        for _ in range(200):
+        for _ in range(64):
             mid = (lo + hi) / 2
             if _mean_of(mid) < m:
                 lo = mid
@@ -479,15 +489,15 @@ class Lengths:
             return math.exp(a * (u - 1)) * (-math.expm1(-a * u)) / -math.expm1(-a)
         return math.expm1(a * u) / math.expm1(a)
 
-    def expected_max(self, n: int, points: int = 400) -> float:
+    def expected_max(self, n: int, points: int = 400, a: Optional[float] = None) -> float:
         """E[the longest of n] = ∫ 1 − F(x)^n dx over [0, cap] (midpoint rule)."""
-        a, h = self.rate, self.cap / points
+        a, h = self.rate if a is None else a, self.cap / points
         return sum(1 - self.cdf((i + 0.5) * h, a) ** n for i in range(points)) * h
 
-    def mean_age(self, points: int = 400) -> float:
+    def mean_age(self, points: int = 400, a: Optional[float] = None) -> float:
         """The mean decoded length of a sequence in flight when slots refill as sequences end (a renewal process's
         mean age, E[L²] / (2·E[L]))."""
-        a, h = self.rate, self.cap / points
+        a, h = self.rate if a is None else a, self.cap / points
         second = sum(2 * ((i + 0.5) * h) * (1 - self.cdf((i + 0.5) * h, a)) for i in range(points)) * h
         return second / (2 * self.mean) if self.mean > 0 else 0.0
 
@@ -512,12 +522,12 @@ def spread_rollout_s(w: Workload, part: Part, mbu: float, mfu: float, net: Optio
     occupancy (the prompt and the mean age), the optimistic end's concurrency, not the middle's."""
     _, share = _replicas(w)
     lengths = Lengths(w.response_mean, w.response_max)
-    occupancy = w.prompt_mean + lengths.mean_age()
+    a, age, longest = _lengths(float(w.response_mean), float(w.response_max), int(w.samples))
+    occupancy = w.prompt_mean + age
     c = concurrency(w, occupancy if paged else None)
     queued = max(0.0, (share - c) * w.response_mean / c)
     full = queued * decode_step_s(w, part, c, occupancy, mbu, mfu, net) if queued else 0.0
-    longest = lengths.expected_max(w.samples)
-    a, h, drain = lengths.rate, longest / segments, 0.0
+    h, drain = longest / segments, 0.0
     for i in range(segments):
         t = (i + 0.5) * h
         alive = max(1.0, c * (1 - lengths.cdf(t, a)))
@@ -767,22 +777,44 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
                     factors=used)
 
 
-def with_collectives(st: StepTime, w: Workload, part: Part, mesh, factors: Optional[dict] = None) -> StepTime:
+def collective_seconds(w: Workload, part: Part, mesh) -> tuple[float, float]:
+    """The training mesh's collectives at efficiency 1, before the pipeline bubble: (per forward-equivalent pass,
+    the optimizer's DP traffic per step). They depend on the mesh through TP, PP, EP and ETP alone (DP·CP is
+    world/(TP·PP)), so mesh=auto computes them once per such mesh."""
+    return training_collectives_s(w, part, 1, 1.0, mesh), gradient_sync_s(w, part, 1.0, mesh)
+
+
+def _passes(w: Workload) -> tuple:
+    """(phase, forward-equivalent passes) of the phases the training mesh's collectives add to."""
+    train = ("train", (8 if w.recompute else 6) / 2)
+    return (("log_prob", 2 if w.reference else 1), train) if w.rollout else (train,)
+
+
+def collectives_middle_s(w: Workload, seconds: tuple, factors: Optional[dict] = None) -> float:
+    """What with_collectives adds to the middle, log-prob and training together, from collective_seconds."""
+    per_pass, sync = seconds
+    one = per_pass * (1 + _bubble(w)) * sum(n for _, n in _passes(w)) + sync
+    return one / middle((factors or FACTORS)["network"])
+
+
+def with_collectives(st: StepTime, w: Workload, part: Part, mesh, factors: Optional[dict] = None,
+                     seconds: Optional[tuple] = None) -> StepTime:
     """An estimate made with collectives=False, with the collectives of the training mesh `mesh` (its tp, cp, ep,
     etp, pp) added to its log-prob and training phases: the same figures estimate() gives on that mesh, without
-    building the workload again (mesh=auto times thousands of meshes). w: the workload st was made from."""
+    building the workload again (mesh=auto times thousands of meshes). w: the workload st was made from; seconds:
+    collective_seconds(w, part, mesh) when already known."""
     net = (factors or FACTORS)["network"]
     bubble = 1 + _bubble(w)
     phases = dict(st.phases)
-    for name, passes in (("log_prob", 2 if w.reference else 1), ("train", (8 if w.recompute else 6) / 2)):
+    # both are bytes over links at efficiency `net`: computed once at 1, divided by each efficiency
+    per_pass, sync = seconds if seconds is not None else collective_seconds(w, part, mesh)
+    for name, passes in _passes(w):
         p = phases.get(name)
         if p is None:
             continue
-        c = [training_collectives_s(w, part, passes, e, mesh) * bubble for e in (net.high, net.low, middle(net))]
-        if name == "train":
-            c = [x + gradient_sync_s(w, part, e, mesh) for x, e in zip(c, (net.high, net.low, middle(net)))]
-        if c[1]:
-            phases[name] = Phase(p.low + c[0], p.high + c[1], p.note, p.middle + c[2])
+        one = per_pass * bubble * passes + (sync if name == "train" else 0.0)
+        if one:
+            phases[name] = Phase(p.low + one / net.high, p.high + one / net.low, p.note, p.middle + one / middle(net))
     return StepTime(phases, st.rollout_at_mean, st.rollout_at_max, st.assumptions, st.factors, st.scale,
                     st.calibration, st.ratios)
 
