@@ -68,11 +68,11 @@ lengths spread with their mean (the step waiting for its longest), the refit's c
 wake-up, optimizer states through pageable memory and gradients not copied, the distributed optimizer's DP traffic
 per optimizer step, and the NeMo RL recipes' sequence packing, GPU-resident optimizer and level-1 sleep:
   case                      gen TP  published  roofline  +coll  +refit   +ref  tp-mbu  phases (its middle)
-  deepseek_v3_256xh100        32       154 s  0.32×   0.38×  0.53×  0.54×  0.69×   0.69× (107 s)
-  qwen3_235b_a22b_128xh100    16       506 s  0.82×   1.00×  1.03×  1.06×  1.48×   1.05× (532 s)
-  qwen3_30b_a3b_32xh100        4       225 s  0.53×   0.60×  0.60×  0.65×  0.61×   0.75× (168 s)
-  llama3_1_8b_16xh100          1      97.7 s  1.83×   1.83×  1.94×  2.05×  1.57×   0.87× (85 s)
-  qwen3_32b_32xh100            4       393 s  1.37×   1.48×  1.48×  1.68×  1.61×   0.93× (365 s)
+  deepseek_v3_256xh100        32       154 s  0.32×   0.38×  0.53×  0.54×  0.69×   0.71× (109 s)
+  qwen3_235b_a22b_128xh100    16       506 s  0.82×   1.00×  1.03×  1.06×  1.48×   1.06× (534 s)
+  qwen3_30b_a3b_32xh100        4       225 s  0.53×   0.60×  0.60×  0.65×  0.61×   0.75× (169 s)
+  llama3_1_8b_16xh100          1      97.7 s  1.83×   1.83×  1.94×  2.05×  1.57×   0.88× (86 s)
+  qwen3_32b_32xh100            4       393 s  1.37×   1.48×  1.48×  1.68×  1.61×   0.93× (366 s)
   verl_deepseek_v3_96xh20     32      1700 s  0.45×   0.53×  0.54×  0.54×  0.70×   0.76× (1296 s)
 The middle of each case per phase, and its band, are in README's step-time table (tests/test_steptime.py table()).
 Tried for the rollout's middle and not kept: counting the sequences a replica decodes at once at their mean KV
