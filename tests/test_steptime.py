@@ -239,6 +239,9 @@ def test_response_lengths_spread_with_their_mean():
     assert steptime.Lengths(1984, 3968).mean_age() == pytest.approx(3968 / 3, rel=1e-2)
     assert steptime.Lengths(3283, 3968).expected_max(2048) == pytest.approx(3968, rel=1e-3)
     assert 2500 < steptime.Lengths(398, 3968).expected_max(2048) < 3500
+    # no response at all (max_response_length 0 or unset): nothing to spread, nothing to wait for
+    none = steptime.Lengths(0.0, 0.0)
+    assert (none.cdf(0.0), none.expected_max(2048), none.mean_age()) == (1.0, 0.0, 0.0)
 
 
 def test_nccl_latency_model_of_one_all_reduce():

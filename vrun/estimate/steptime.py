@@ -481,6 +481,8 @@ class Lengths:
         return (lo + hi) / 2
 
     def cdf(self, x: float, a: Optional[float] = None) -> float:
+        if self.cap <= 0:
+            return 1.0  # no response tokens at all (max_response_length 0 or unset)
         a = self.rate if a is None else a
         u = min(max(x / self.cap, 0.0), 1.0)
         if abs(a) < 1e-9:
@@ -491,12 +493,16 @@ class Lengths:
 
     def expected_max(self, n: int, points: int = 400, a: Optional[float] = None) -> float:
         """E[the longest of n] = ∫ 1 − F(x)^n dx over [0, cap] (midpoint rule)."""
+        if self.cap <= 0:
+            return 0.0
         a, h = self.rate if a is None else a, self.cap / points
         return sum(1 - self.cdf((i + 0.5) * h, a) ** n for i in range(points)) * h
 
     def mean_age(self, points: int = 400, a: Optional[float] = None) -> float:
         """The mean decoded length of a sequence in flight when slots refill as sequences end (a renewal process's
         mean age, E[L²] / (2·E[L]))."""
+        if self.cap <= 0 or self.mean <= 0:
+            return 0.0
         a, h = self.rate if a is None else a, self.cap / points
         second = sum(2 * ((i + 0.5) * h) * (1 - self.cdf((i + 0.5) * h, a)) for i in range(points)) * h
         return second / (2 * self.mean) if self.mean > 0 else 0.0
