@@ -241,18 +241,37 @@ def test_a_faster_predicted_mesh_that_fits_wins():
     s = p.search.summary()
     assert s["chosen_by"].startswith("lower predicted step time (≈ ") and alone.mesh.overrides() in s["chosen_by"]
     assert s["time"] == "estimated"
+    assert s["decided_by"] == {"entry": search.TIME_AT + 1, "of": len(search.RANKING),
+                               "prefers": "lower predicted step time"}
     rows = p.search.rows()
-    assert rows[1].startswith("        chosen by lower predicted step time")
+    assert rows[1].startswith(f"        chosen by ranking entry {search.TIME_AT + 1} of {len(search.RANKING)}, "
+                              "lower predicted step time (≈ ")
 
 
 def test_alternatives_carry_their_step_time():
+    """The printed table (the plan's own, not only plan.json) gives the chosen mesh and each alternative its step
+    time, the middle and the low–high band, and names the ranking entry that chose the mesh."""
+    from vrun.planning import report
+
     p = plan(["model=glm5_1", "mesh=auto", "mesh.nnodes=32", "algo=grpo", "mode=plan"])
     s = p.search.summary()
     for row in [s["chosen"], *s["alternatives"]]:
         assert row["fits"] and 0 < row["step_low_s"] < row["step_middle_s"] < row["step_high_s"], row
-    alts = [r for r in p.search.rows() if r.startswith("        alternative ")]
-    assert len(alts) == 5 and all(" GiB  step ≈ " in r and r.endswith(" s") for r in alts), alts
+    printed = report.table(p).splitlines()
+    alts = [r for r in printed if r.startswith("        alternative ")]
+    assert len(alts) == 5, alts
+    for row, line in zip(s["alternatives"], alts):
+        text = search.step_text(row, "  ")
+        assert line.endswith(" GiB" + text) and text.startswith(f"  step ≈ ") and text.endswith(")"), line
+        middle, band = text[len("  step ≈ "):].split(" s (")
+        low, high = band[:-1].split("–")
+        assert float(middle.replace(",", "")) == pytest.approx(row["step_middle_s"], rel=0.05)
+        assert float(low.replace(",", "")) <= float(middle.replace(",", "")) <= float(high.replace(",", ""))
+    chosen = [r for r in printed if r.startswith("        chosen by ")]
+    assert len(chosen) == 1 and chosen[0] == "        chosen by " + search.entry_place(p.search.decided_by) + \
+        s["chosen_by"], chosen
     assert s["chosen_by"]   # one of the ranking's entries, named
+    assert s["chosen_by"].startswith(s["decided_by"]["prefers"]), (s["chosen_by"], s["decided_by"])
     assert any(s["chosen_by"].startswith(name) for name, _ in search.RANKING), s["chosen_by"]
 
 
@@ -269,6 +288,7 @@ def test_without_a_time_estimate_the_memory_ranking_is_unchanged():
     assert all(r["step_middle_s"] is None for r in ranked)
     assert "no step-time estimate: cluster.gpu=X9" in s["chosen_by"] and s["time"].startswith("cluster.gpu=X9")
     assert not s["chosen_by"].startswith("lower predicted step time")
+    assert s["decided_by"] is None or s["decided_by"]["prefers"] != search.TIME
     assert all("step ≈" not in r for r in p.search.rows())
 
 

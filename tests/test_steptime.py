@@ -19,7 +19,8 @@ def state_dir(own_state_dir):
 
 def case_workload(name):
     """A published case's shapes as the plan would build them: counts from the facts, the memory and rollout
-    estimates of this project, the case's layout."""
+    estimates of this project, the case's layout and the framework's recipe (packing, where the optimizer lives,
+    the engine's sleep level, the gradient reduction's dtype)."""
     c = pub.CASES[name]
     arch, (tp, cp, ep, pp) = c.arch, c.train
     count, why = params.count(arch)
@@ -27,27 +28,36 @@ def case_workload(name):
     routed = sum(x.routed for x in count.layers)
     dense = count.total - routed
     mem = hardware.PARTS[c.part].mem_gib
-    mesh = Mesh(nnodes=c.gpus // 8, gpus_per_node=8, tp=tp, cp=cp, ep=ep, pp=pp)
+    # a dense model's MLP is counted as one routed expert: split by TP like the rest (ETP = TP)
+    etp = tp if arch["routed_experts"] <= 1 else 1
+    mesh = Mesh(nnodes=c.gpus // 8, gpus_per_node=8, tp=tp, cp=cp, ep=ep, pp=pp, etp=etp)
     est = memory.estimate(params.to_memory_params(count, mtp=False, vision=False), mesh, optimizer="dist_opt",
                           hidden=arch["hidden"], vocab=arch["vocab"], top_k=arch["experts_per_token"],
                           tokens_per_gpu=c.max_seq, recompute=c.recompute, param_offload=True, grad_offload=True,
-                          optimizer_offload=True, offload_fraction=1.0, gpu_mem_gib=mem)
+                          optimizer_offload=not c.optimizer_on_gpu,
+                          offload_fraction=0.0 if c.optimizer_on_gpu else 1.0, gpu_mem_gib=mem)
     r = rollout.estimate(arch, (dense, routed), world=c.gpus, rollout_tp=c.gen_tp, gpu_mem_gib=mem,
                          utilization=c.utilization, seq_len=c.max_seq, step_sequences=c.samples)
     attn, cap = steptime.attention_flops_per_key(arch)
     response_mean = c.mean_response if c.mean_response is not None else c.avg_seq - pub.PROMPT_MEAN
     response_max = c.max_seq - (c.max_prompt if c.max_prompt is not None else pub.PROMPT_MEAN)
+    if c.packed_tokens:
+        per_rank = c.train_gbs * (pub.PROMPT_MEAN + response_mean) / mesh.dp
+        micro = max(1, math.ceil(per_rank / c.packed_tokens))
+    else:
+        micro = max(1, c.train_gbs // mesh.dp)
     return steptime.Workload(
         world=c.gpus, gpus_per_node=8, active_params=count.active, samples=c.samples, prompt_mean=pub.PROMPT_MEAN,
-        response_mean=response_mean, response_max=response_max, pp=pp,
-        micro_batches=max(1, c.train_gbs // mesh.dp), recompute=c.recompute, reference=c.reference,
+        response_mean=response_mean, response_max=response_max, pp=pp, micro_batches=micro,
+        mini_batches=max(1, c.samples // c.train_gbs), recompute=c.recompute, reference=c.reference,
         rollout_tp=c.gen_tp, rollout_dense=dense, rollout_routed=routed,
         experts=arch["routed_experts"], top_k=arch["experts_per_token"], layers=arch["layers"],
-        hidden=arch["hidden"], moe_layers=steptime_plan.moe_layers(arch), tp=tp, cp=cp, ep=ep,
+        hidden=arch["hidden"], moe_layers=steptime_plan.moe_layers(arch), tp=tp, cp=cp, ep=ep, etp=etp,
         kv_per_token=r.kv.per_token,
         kv_per_sequence=r.kv.per_sequence, kv_fits=r.fits, attn_flops_per_key=attn, attn_keys_cap=cap,
         param_bytes=est.weights, grad_bytes=est.grads, optimizer_bytes=est.optimizer, param_offload=True,
-        optimizer_offload=True)
+        optimizer_offload=True, tensors=steptime.tensor_count(arch), engine_sleep_level=c.engine_sleep_level,
+        grad_reduce_bytes=c.grad_reduce_bytes)
 
 
 def predictions():
@@ -55,38 +65,183 @@ def predictions():
             for name, c in pub.CASES.items()}
 
 
-def test_published_cases_within_half_to_twice():
-    """With the one fixed set of efficiencies (the decode MBU as measured at the rollout's TP), NCCL's latency
-    model for the all-reduces of a rollout replica wider than a node, the training mesh's collective bytes, the
-    refit as verl and NeMo RL do it (the whole bf16 model through every rank at REFIT_RATE) and NeMo RL's reference
-    pass, all six published step times lie within 0.5×–2× of the estimate's middle (tests/support/
-    published_steps.py has the table and what each addition did)."""
-    preds = predictions()
-    ratios = {n: st.central / t for n, (st, t) in preds.items()}
-    table = {n: (round(st.low), round(st.central), round(st.high), t, round(ratios[n], 2))
-             for n, (st, t) in preds.items()}
-    assert len(preds) == 6, table
-    for name, r in ratios.items():
-        assert 0.5 <= r <= 2.0, table
+def published_phase(st, case, name):
+    """The estimate's (low, middle, high) for the figure a framework publishes as phase `name` (pub.TIMERS)."""
+    lo = mid = hi = 0.0
+    for what in pub.TIMERS[case.timers][name]:
+        p = st.phase(what) if isinstance(what, str) else st.part(*what)
+        lo, mid, hi = lo + p.low, mid + p.middle, hi + p.high
+    return lo, mid, hi
+
+
+def table():
+    """Per case and per published figure (the total, then each phase): (published, low, middle, high)."""
+    out = {}
+    for name, (st, total) in predictions().items():
+        c = pub.CASES[name]
+        rows = {"total": (total, st.low, st.central, st.high)}
+        for ph, v in c.phases.items():
+            lo, mid, hi = published_phase(st, c, ph)
+            rows[ph] = (v, lo, mid, hi)
+        out[name] = rows
+    return out
+
+
+# Published phases the estimate's middle does not bring within 0.5×–2×, each with the measurement missing for it (the
+# test fails when one comes in, so the list stays true).
+_REFIT = ("a breakdown of NeMo RL v0.3's colocated refit of a dense model — the parameter gather, the CUDA IPC "
+          "hand-over and vLLM's load per bucket, Ray's calls per worker: the one published breakdown is DeepSeek-V3's "
+          "(its cost per tensor, REFIT_TENSOR_S), and bytes, tensors, PCIe moves and the engine's wake-up explain "
+          "under half of {}'s {} s")
+PHASE_MISSES = {
+    ("v03_llama3_1_70b_64xh100", "sync"): _REFIT.format("Llama-3.1-70B", 14),
+    ("v03_qwen3_32b_64xh100", "sync"): _REFIT.format("Qwen3-32B", 7),
+}
+# Published figures outside their estimate's low–high band, each with the measurement that would place it honestly
+BAND_MISSES = {
+    **PHASE_MISSES,
+    ("v03_qwen3_30b_a3b_64xh100", "train"): "a bf16 MFU of Qwen3-30B-A3B's training at an RL recipe's micro-batches "
+    "(one ~3.4k-token sequence, TP2·EP8, the router in fp64) on H100: the published 50 s is 4.4% MFU by 6·N·T, under "
+    "the 6.1% lower bound the band's source gives",
+    ("verl_deepseek_v3_96xh20", "rollout"): "vLLM's decode step for DeepSeek-V3 at TP32 across four H20 nodes in "
+    "eager mode (the run's script sets enforce_eager=True: no CUDA graphs); the decode MBU's source measured TP2–TP8 "
+    "on one node with TensorRT-LLM, and CUDA graphs' own gain is reported as 10–15% (NVIDIA-NeMo/RL pull 116), "
+    "short of the 1,050 s",
+}
+
+
+def test_published_totals_within_half_to_twice():
+    """With the one fixed set of efficiencies, every published end-to-end step time — NeMo RL's v0.4 table, its v0.3
+    post, verl's DeepSeek-V3 page — lies within 0.5×–2× of the estimate's middle."""
+    rows = table()
+    ratios = {n: round(r["total"][2] / r["total"][0], 2) for n, r in rows.items()}
+    assert len(rows) == len(pub.CASES) == 10
+    assert all(0.5 <= r <= 2.0 for r in ratios.values()), ratios
+
+
+def test_published_phases_within_half_to_twice_or_listed():
+    """Each published phase (NeMo RL v0.3's four per case, verl's rollout) is within 0.5×–2× of the estimate's middle
+    for it, or is in PHASE_MISSES with the measurement that is missing; one listed but now within fails too."""
+    out, inside = {}, set()
+    for name, rows in table().items():
+        for ph, (v, lo, mid, hi) in rows.items():
+            if ph == "total":
+                continue
+            if 0.5 <= mid / v <= 2.0:
+                inside.add((name, ph))
+            else:
+                out[(name, ph)] = round(mid / v, 2)
+    assert len(inside) + len(out) == 17
+    assert set(out) == set(PHASE_MISSES), out
+
+
+def test_every_published_value_inside_its_band():
+    """Every published total and phase lies inside its estimate's low–high band, but those in BAND_MISSES (each with
+    what is missing); a listed one now inside fails too."""
+    outside = {}
+    for name, rows in table().items():
+        for ph, (v, lo, mid, hi) in rows.items():
+            if not lo <= v <= hi:
+                outside[(name, ph)] = (v, round(lo, 1), round(hi, 1))
+            assert lo <= mid <= hi, (name, ph, lo, mid, hi)
+    assert set(outside) == set(BAND_MISSES), outside
+
+
+def test_bands_are_no_wider_than_they_need():
+    """The step's band (high / low) stays under 4× on every case (the widths per case and phase are in README's
+    table); a phase's band spans only its own factors: compute (MFU and network) under 2.6×, the refit (rate, cost
+    per tensor, PCIe) at most 4×, the rollout (lengths from the paged cache at the mean to the longest tail, MBU)
+    under 6×."""
+    limits = {"total": 4.0, "train": 2.6, "log_prob": 2.6, "sync": 4.0, "rollout": 6.0}
+    for name, rows in table().items():
+        for ph, (v, lo, mid, hi) in rows.items():
+            assert hi / lo <= limits[ph], (name, ph, round(hi / lo, 2))
 
 
 def test_the_refit_moves_the_whole_model_through_every_rank():
-    """The refit is the whole bf16 model at the measured rate, whatever the rollout's shard: NeMo RL's DeepSeek-V3
-    (1.34 TB, TP32 rollout, a 42 GB shard) takes 1.34 TB / rate, not its shard's network time; never less than the
-    ideal reshard's floor; and its rate and source are in the plan's factors."""
+    """The refit's transfer is the whole bf16 model at the measured rate, whatever the rollout's shard: NeMo RL's
+    DeepSeek-V3 (1.34 TB, TP32 rollout, a 42 GB shard) takes 1.34 TB / rate, not its shard's network time; never less
+    than the ideal reshard's floor; beside it the cost per tensor (its ~45k tensors), the engine's wake-up and, at
+    sleep level 1, its weights back over PCIe; rates and sources in the plan's factors."""
     w = case_workload("deepseek_v3_256xh100")
     h100 = hardware.PARTS["H100"]
     st = steptime.estimate(w, h100)
     whole = (w.rollout_dense + w.rollout_routed) * 2.0
     assert 1.3e12 < whole < 1.4e12
-    r = steptime.REFIT_RATE
-    assert st.phases["sync"].low == pytest.approx(whole / r.high)
-    assert st.phases["sync"].high == pytest.approx(whole / r.low)
-    assert st.phases["sync"].middle == pytest.approx(whole / math.sqrt(r.low * r.high))
+    r, per, wake = steptime.REFIT_RATE, steptime.REFIT_TENSOR_S, steptime.ENGINE_WAKE_S
+    transfer = st.part("sync", "transfer")
+    assert transfer.low == pytest.approx(whole / r.high) and transfer.high == pytest.approx(whole / r.low)
+    assert transfer.middle == pytest.approx(whole / math.sqrt(r.low * r.high))
+    assert 45_000 < w.tensors < 46_000
+    assert st.part("sync", "tensors").middle == pytest.approx(w.tensors * math.sqrt(per.low * per.high))
+    assert st.part("sync", "wake").high == pytest.approx(wake.low)
+    restore = steptime.rollout_shard_bytes(w) / h100.pcie
+    assert st.part("sync", "restore").middle == pytest.approx(restore / steptime.middle(steptime.FACTORS["pcie"]))
+    sync = st.phase("sync")
+    assert sync.middle == pytest.approx(sum(p.middle for _, p in sync.parts))
+    import dataclasses
+    verl_like = steptime.estimate(dataclasses.replace(w, engine_sleep_level=2), h100)
+    assert verl_like.part("sync", "restore").high == 0.0 and verl_like.phase("sync").middle < sync.middle
     floor = steptime.sync_s(w, h100, 0.7, 1e30)
     assert 0 < floor < whole / r.high and steptime.sync_s(w, h100, 0.7, 1.0) == pytest.approx(whole)
-    assert st.summary()["factors"]["refit_rate"]["source"].startswith("bf16 bytes of the whole model")
-    assert 0 < r.low < r.high
+    factors = st.summary()["factors"]
+    assert factors["refit_rate"]["source"].startswith("bf16 bytes of the whole model")
+    assert "Journey of Optimizing Weight Transfer" in factors["refit_tensor_s"]["source"]
+    assert "sleep-mode.md" in factors["engine_wake_s"]["source"]
+    assert 0 < r.low < r.high and per.low > per.high > 0 and wake.low > wake.high > 0
+
+
+def test_offload_moves_parameters_pinned_and_optimizer_states_pageable():
+    """Each way over PCIe: the parameters at the pinned rate, the optimizer states at the pageable one (pinned ×
+    PAGEABLE), the gradients not at all (Megatron's grad buffer is freed); NeMo RL's refit holds the way out."""
+    w = case_workload("v03_llama3_1_8b_8xh100")
+    h100 = hardware.PARTS["H100"]
+    f = steptime.FACTORS
+    st = steptime.estimate(w, h100)
+    pcie, page = f["pcie"], f["pageable"]
+    one_way = w.param_bytes / (h100.pcie * pcie.low) + w.optimizer_bytes / (h100.pcie * pcie.low * page.low)
+    assert st.part("offload", "to_host").high == pytest.approx(one_way)
+    assert st.part("offload", "to_gpu").high == pytest.approx(one_way)
+    assert st.phase("offload").high == pytest.approx(2 * one_way)
+    assert w.grad_bytes > 0  # there, and not moved
+    assert "pull 5301" in st.summary()["factors"]["pageable"]["source"]
+
+
+def test_the_optimizers_dp_traffic_per_optimizer_step():
+    """The distributed optimizer's reduce-scatter of gradients and all-gather of parameters, per optimizer step: Llama
+    3.1-70B on TP4·PP4 (DP4 across nodes, the network's per-GPU share), 4 optimizer steps; a DP group inside a node
+    runs over NVLink."""
+    w = case_workload("v03_llama3_1_70b_64xh100")
+    h100 = hardware.PARTS["H100"]
+    local = (w.rollout_dense + w.rollout_routed) / 16
+    expect = 4 * 3 / 4 * local * (2.0 + 2.0) / (h100.network / 8 * 0.7)
+    assert steptime.gradient_sync_s(w, h100, 0.7) == pytest.approx(expect)
+    inside = case_workload("v03_llama3_1_8b_8xh100")
+    assert steptime.gradient_sync_s(inside, h100, 0.7) == pytest.approx(
+        4 * 7 / 8 * (inside.rollout_dense + inside.rollout_routed) * 4.0 / (h100.nvlink * 0.7))
+    # a mixture of experts: the dense part over DP·CP, the experts over the expert DP (EP8 inside a node: EDP8
+    # strided by 8 spans nodes)
+    moe = case_workload("v03_qwen3_30b_a3b_64xh100")
+    dense = 4 * 31 / 32 * moe.rollout_dense / 2 * 4.0 / (h100.network / 8 * 0.7)
+    routed = 4 * 7 / 8 * moe.rollout_routed / 8 * 4.0 / (h100.network / 8 * 0.7)
+    assert steptime.gradient_sync_s(moe, h100, 0.7) == pytest.approx(dense + routed)
+
+
+def test_response_lengths_spread_with_their_mean():
+    """The maximum-entropy lengths on [0, cap] keep the mean; uniform at cap/2; the longest of many reaches the cap
+    when the mean is high, falls short of it when the mean is small; the mean age in flight is E[L²]/(2E[L])."""
+    for mean in (100, 795, 1984, 3283):
+        L = steptime.Lengths(mean, 3968)
+        h = 3968 / 2000
+        pdf_mean = sum((1 - L.cdf((i + 0.5) * h)) for i in range(2000)) * h
+        assert pdf_mean == pytest.approx(mean, rel=1e-3)
+    assert steptime.Lengths(1984, 3968).rate == pytest.approx(0.0, abs=1e-3)
+    assert steptime.Lengths(1984, 3968).mean_age() == pytest.approx(3968 / 3, rel=1e-2)
+    assert steptime.Lengths(3283, 3968).expected_max(2048) == pytest.approx(3968, rel=1e-3)
+    assert 2500 < steptime.Lengths(398, 3968).expected_max(2048) < 3500
+    # no response at all (max_response_length 0 or unset): nothing to spread, nothing to wait for
+    none = steptime.Lengths(0.0, 0.0)
+    assert (none.cdf(0.0), none.expected_max(2048), none.mean_age()) == (1.0, 0.0, 0.0)
 
 
 def test_nccl_latency_model_of_one_all_reduce():
@@ -106,7 +261,11 @@ def test_cases_are_pinned_to_their_document():
     assert pub.SOURCE["commit"] == "06beed91bac98a2c39a19435f6bbbbe71aa45720"
     assert pub.SOURCE["path"] == "docs/about/performance-summary.md"
     for c in pub.CASES.values():
-        assert len(c.source["commit"]) == 40 and c.source["path"] and c.part in hardware.PARTS
+        pinned = len(c.source.get("commit", "")) == 40 and c.source["path"]
+        dated = c.source.get("url", "").startswith("https://") and len(c.source.get("created", "")) == 10
+        assert (pinned or dated) and c.part in hardware.PARTS and c.timers in pub.TIMERS
+        assert set(c.phases) <= set(pub.TIMERS[c.timers])
+    assert len(pub.V03_RECIPES["commit"]) == 40 and pub.NEMO_RL_V03["created"] == "2025-07-21"
     for f in steptime.FACTORS.values():
         assert 0 < f.low < f.high <= 1 and f.source
 
@@ -118,6 +277,42 @@ def test_every_gpu_part_has_its_figures_and_source():
         assert p.source, name
         assert hardware.GPU_MEM_GIB[name] == p.mem_gib
     assert hardware.part("h100") is hardware.PARTS["H100"] and hardware.part("nope") is None
+
+
+def test_gpu_parts_name_their_node_and_nvlink_domain_apart():
+    """GPUs per node and the NVLink domain are separate facts of each part, each with its source: GB200 and GB300
+    NVL72 racks join 72 GPUs (18 compute trays of 4) in one NVLink domain; the 8-GPU platforms one node's."""
+    for name, p in hardware.PARTS.items():
+        assert p.gpus_per_node >= 1 and p.nvlink_domain >= 1 and p.system, name
+    for name in ("GB200", "GB300"):
+        p = hardware.PARTS[name]
+        assert (p.gpus_per_node, p.nvlink_domain) == (4, 72) and "72 GPUs in one NVLink domain" in p.system, name
+    assert (hardware.PARTS["H100"].gpus_per_node, hardware.PARTS["H100"].nvlink_domain) == (8, 8)
+    assert steptime.nvlink_span(4, hardware.PARTS["GB200"]) == 72
+    assert steptime.nvlink_span(8, hardware.PARTS["H100"]) == 8 and steptime.nvlink_span(4, hardware.PARTS["H100"]) == 4
+
+
+def test_nvl72_traffic_inside_the_domain_is_nvlink_not_cross_node():
+    """On GB200 NVL72 nodes of 4 GPUs, a TP16 rollout replica and training's TP2·EP16 collectives span 4–8 nodes but
+    one NVLink domain: costed at NVLink speed (no cross-node all-reduce added to a decode step, the all-to-all over
+    NVLink), where a part whose NVLink domain is its node of 4 pays the network for the same traffic."""
+    import dataclasses
+
+    gb = hardware.PARTS["GB200"]
+    per_node = dataclasses.replace(gb, nvlink_domain=4)
+    w = dataclasses.replace(case_workload("qwen3_235b_a22b_128xh100"), gpus_per_node=4)
+    assert (w.rollout_tp, w.tp, w.ep) == (16, 2, 16)
+    decode = steptime.decode_step_s(w, gb, 1, 1000, 0.5, 0.3)
+    assert steptime.decode_step_s(w, gb, 1, 1000, 0.5, 0.3, 0.7) == decode
+    assert steptime.decode_step_s(w, per_node, 1, 1000, 0.5, 0.3, 0.7) > decode
+    tokens = w.tokens / ((w.world // (w.pp * w.tp * w.cp)) * w.cp)
+    moved = tokens / w.tp * w.top_k * w.hidden * 2.0 * (1 - 1 / w.ep)
+    tp_bytes = 2 * w.layers / w.pp * 2 * (w.tp - 1) / w.tp * tokens * w.hidden * 2.0
+    inside = (tp_bytes / gb.nvlink + 2 * w.moe_layers / w.pp * moved / gb.nvlink) / 0.7
+    assert steptime.training_collectives_s(w, gb, 1, 0.7) == pytest.approx(inside)
+    assert steptime.training_collectives_s(w, per_node, 1, 0.7) > 2 * inside
+    # the optimizer's expert-DP traffic too: EDP groups strided by EP16 inside 72 GPUs ride NVLink
+    assert steptime.gradient_sync_s(w, gb, 0.7) < steptime.gradient_sync_s(w, per_node, 0.7)
 
 
 def test_decode_is_memory_bound_until_the_batch_is_large():
@@ -149,10 +344,14 @@ def test_decode_mbu_is_the_figure_measured_at_the_rollouts_tp():
     assert (steptime.decode_mbu(1, narrow), steptime.decode_mbu(8, narrow)) == (0.5, 0.3)
 
 
-def test_the_longest_response_bounds_the_rollout():
+def test_the_rollouts_band_and_middle():
+    """The rollout's middle spreads the lengths (the step waiting for its longest), inside a band from the optimistic
+    (the paged cache's concurrency, the optimistic efficiencies) to the longest tail (the last wave's whole batch at
+    max_response_length, the pessimistic ones)."""
     st = steptime.estimate(case_workload("deepseek_v3_256xh100"), hardware.PARTS["H100"])
     assert st.rollout_at_max.low > st.rollout_at_mean.low
-    assert st.phases["rollout"].high == st.rollout_at_max.high
+    r = st.phase("rollout")
+    assert r.low < r.middle < r.high and r.high >= st.rollout_at_max.high
     assert st.low < st.central < st.high
 
 
@@ -163,7 +362,11 @@ def test_recompute_and_a_kl_term_cost_more():
     h100 = hardware.PARTS["H100"]
     base = steptime.estimate(w, h100)
     more = steptime.estimate(dataclasses.replace(w, recompute=True, reference=True), h100)
-    assert more.phases["train"].low == pytest.approx(base.phases["train"].low * 8 / 6, rel=1e-6)
+    # the optimizer's DP traffic is per optimizer step, the same with recompute: compare the passes alone
+    alone = steptime.estimate(w, h100, collectives=False)
+    again = steptime.estimate(dataclasses.replace(w, recompute=True), h100, collectives=False)
+    assert again.phases["train"].low == pytest.approx(alone.phases["train"].low * 8 / 6, rel=1e-6)
+    assert more.phases["train"].low > base.phases["train"].low
     assert more.phases["log_prob"].low == pytest.approx(base.phases["log_prob"].low * 2, rel=1e-6)
 
 
@@ -178,7 +381,8 @@ def test_make_run_plan_has_a_step_range_and_gpu_hours(tmp_path):
     assert len(line) == 1 and "≈" in line[0] and "rollout" in line[0] and "GPU-hours" in line[0], line
     j = report.plan_json(p)
     assert j["time"]["estimate"] and set(j["time"]["phases"]) >= {"rollout", "log_prob", "train", "sync"}
-    assert j["time"]["factors"]["train_mfu"]["source"]
+    assert j["time"]["factors"]["train_mfu_moe"]["source"] and "train_mfu" not in j["time"]["factors"]
+    assert j["time"]["phases"]["sync"]["parts"]["tensors"]["middle_s"] > 0
     assert j["time"]["kind"] == {"model": "glm5_1", "gpu": "H100", "engine": "vllm", "algo": "grpo"}
     assert j["cost"]["steps"] == 100 and j["cost"]["steps_from"].startswith("per 100 steps")
     assert j["cost"]["gpu_hours_low"] == pytest.approx(p.time.low * 100 * 256 / 3600, rel=1e-3)

@@ -1,76 +1,83 @@
-"""Published end-to-end GRPO step times, with the shapes they were measured at (test data for test_steptime.py).
+"""Published GRPO step times — end to end and per phase — with the shapes they were measured at (test data for
+test_steptime.py). Every field says where it comes from; what no source gives is said to be assumed.
 
-Sources: NeMo RL's performance summary, docs/about/performance-summary.md of NVIDIA-NeMo/RL at commit
+1. NeMo RL's performance summary (SOURCE): docs/about/performance-summary.md of NVIDIA-NeMo/RL at commit
 06beed91bac98a2c39a19435f6bbbbe71aa45720, section "Nemo RL v0.4", GRPO on OpenMathInstruct-2, DGX-H100, bf16
 training and generation, Megatron-core. Columns used: T-Max Sequence Length, G-Average Seq len, #GPUs, G-GBS
 (sequences generated per step), T-GBS (sequences per optimizer step), Generation [TP,PP], Training
 [TP,CP,EP,PP,VPP], Total Step time(s). Only the on-policy rows: a colocated step of generation, log-probs,
-training and refit, which is what verl runs (the 1-step-off rows overlap generation with training).
-
+training and refit, which is what verl runs (the 1-step-off rows overlap generation with training). End-to-end
+times only.
 Not in the table, taken from the recipes the table points at (RECIPES: r0.4.0's examples/configs/recipes/llm/
-performance, tag v0.4.0 = c751f811217db7df0d4c94abdeaada6626cfc150; the same keys at the pinned commit): full
-activation recompute (megatron_cfg.activation_checkpointing: true, which NeMo RL's megatron_policy_worker.py turns
-into recompute_granularity "full") in grpo-deepseek-v3-32n8g.yaml, grpo-qwen3-235b-16n8g.yaml and
-grpo-llama3.1-8b-instruct-2n8g.yaml, not in the Qwen3-30B-A3B and Qwen3-32B ones (grpo_math_1B.yaml's default,
-false).
-Micro-batch 1 is the recipes' train_micro_batch_size. Not in the table nor read from a recipe, so assumed here (the
-same for every case, and said): a 128-token mean prompt (OpenMathInstruct-2 problems are short; the response takes
-the rest of the average and of the maximum), no sequence packing, vLLM gpu_memory_utilization 0.6 (NeMo RL's
-default), parameters and optimizer moved off the GPU around generation. The reference policy's log-prob pass is on
-for every NeMo RL case: v0.4.0's nemo_rl/algorithms/grpo.py computes it every step, unconditionally
-(get_reference_policy_logprobs; line 1254 at the pinned commit). One assumption is known to differ from NeMo RL
-v0.4.0 and is left as it was, said here: grpo_math_1B.yaml packs sequences (sequence_packing.enabled, micro-batches
-of max_total_sequence_length tokens: fewer, fuller micro-batches, a larger pipeline bubble for PP > 1). The Llama
-row's recipe also sets pipeline_model_parallel_size 2; the table's training column for it has seven entries and is
-kept at PP1 here.
+performance, tag v0.4.0 = c751f811217db7df0d4c94abdeaada6626cfc150, and the grpo_math_1B.yaml they inherit): full
+activation recompute (megatron_cfg.activation_checkpointing: true) in grpo-deepseek-v3-32n8g.yaml,
+grpo-qwen3-235b-16n8g.yaml and grpo-llama3.1-8b-instruct-2n8g.yaml, not in the Qwen3-30B-A3B and Qwen3-32B ones;
+sequence packing (sequence_packing.enabled: true, micro-batches of max_total_sequence_length tokens:
+train_micro_batch_size 1); the optimizer on the GPU (optimizer_cpu_offload: false) with gradients reduced in bf16
+(grad_reduce_in_fp32: false); vLLM put to sleep at level 1 between rollouts (nemo_rl/models/generation/vllm/
+vllm_worker.py: llm.sleep(level=1)). The reference policy's log-prob pass is on for every NeMo RL case: v0.4.0's
+nemo_rl/algorithms/grpo.py computes it every step, unconditionally (get_reference_policy_logprobs; line 1254 at the
+pinned commit). The Llama row's recipe also sets pipeline_model_parallel_size 2; the table's training column for
+it has seven entries and is kept at PP1 here.
+
+2. NeMo RL v0.3's release post (NEMO_RL_V03): "NeMo-RL V0.3: Scalable and Performant Post-training with Nemo-RL
+via Megatron-Core", nvidia-nemo.github.io/blog/2025/07/21/nemo-rl-v0.3 (created 2025-07-21; the same table on
+developer.nvidia.com, 2025-08-20), its "Results" table: per model the total step time and four phases — Policy
+training, Refit, Generation, Get logprobs — averaged over steps 22–29, with the average generated tokens per
+sample; all rows at max sequence length 4096, rollout batch 2048, global batch 512, sequence packing on. Its
+Megatron rows are the per-phase cases: Llama 3.1-8B Instruct on 1×8 GPUs (data parallel only), Llama 3.1-70B Base
+on 8×8 (TP4·PP4), Qwen3-32B on 8×8 (TP4·PP2), Qwen3-30B-A3B on 8×8 (EP8·TP2). The recipes beside them
+(V03_RECIPES: tag v0.3.0 = b1c86a816c5e2b4ca41ece193624a38dc62e6fdf, examples/configs/grpo_math_8B_megatron.yaml,
+grpo_math_70B_megatron.yaml, grpo_math_qwen30ba3b_megatron.yaml, grpo_math_1B_megatron.yaml): 64 prompts × 32
+generations, vLLM TP1 at 0.6 (8B), TP4 at 0.6 (70B), TP4 at 0.7 (30B-A3B), no activation recompute, the reference
+KL term (reference_policy_kl_penalty 0.01), the distributed optimizer on the GPU (fp32 main params, precision-aware
+Adam), gradients reduced in bf16, sequence packing at 4096 tokens per training micro-batch; and v0.3.0's code
+(nemo_rl/algorithms/grpo.py, megatron_policy_worker.py, vllm.py): vLLM sleeps at level 1. Qwen3-32B has no recipe
+at v0.3.0: its generation TP4 at 0.6 is ASSUMED (the v0.4 recipe for the model, grpo-qwen3-32b-4n8g.yaml, has TP4;
+0.6 is grpo_math_1B_megatron.yaml's default). The post names no GPU part: H100 is ASSUMED (NeMo RL's performance
+pages of the time are DGX-H100). Left out: its Llama 3.3-70B row at 16k tokens (the post gives CP4 on 16 nodes and
+no TP, PP or generation TP; no recipe for it at v0.3.0), and the DTensor rows (not this project's engine).
+What each of NeMo RL's timers holds (grpo.py at v0.3.0, and at v0.4.0 alike), so which estimate phases each
+published phase is compared with (TIMERS): "Generation" (the `generation` timer: the rollout and the engine's sleep)
+↔ rollout; "Get logprobs" (`policy_and_reference_logprobs`: the policy's and the reference's passes) ↔ log_prob;
+"Policy training" (`policy_training`) ↔ train; "Refit" (`prepare_for_generation`: refit_policy_generation —
+offload_before_refit and offload_after_refit move the optimizer states and the parameters to the host, vLLM wakes
+its weights and KV cache, the weights pass over CUDA IPC) ↔ sync + the offload's way to the host. Reloading them
+(`logprob_inference_prep`, `training_prep`) is in no published phase, only in the total.
+
+3. verl's own DeepSeek-V3 page (VERL_DPSK): its end-to-end step time and its rollout time.
+
+Assumed for every NeMo RL case (no source gives them; the same for every case, and said): a 128-token mean prompt
+(OpenMathInstruct-2 problems are short; the response takes the rest of the average and of the maximum), the mean
+response the generated average.
 
 The architectures (not among this project's five model groups) are the checkpoints' config.json facts:
-DeepSeek-V3 (deepseek-ai/DeepSeek-V3), Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-32B (Qwen/…), Llama-3.1-8B
-(meta-llama/…).
-verl's own DeepSeek-V3 figure (docs/perf/dpsk.md) is the last case, with its sources beside it.
+DeepSeek-V3 (deepseek-ai/DeepSeek-V3), Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-32B (Qwen/…), Llama-3.1-8B,
+Llama-3.1-70B (meta-llama/…).
 No published end-to-end step time was found for this project's own five models (GLM-5.1, Kimi-K2.6, Qwen3.5-35B-A3B,
 DeepSeek-V4 Flash/Pro) under verl or NeMo RL.
 
-Predicted (the estimate's middle) vs published, the factors unchanged. "roofline" is the roofline alone; "+coll"
-adds the rollout's TP all-reduces (NCCL's latency model) and the training mesh's TP/EP collective bytes; "+refit"
-adds the refit as the frameworks do it (vrun/estimate/steptime.py REFIT_RATE, sync_s: every rank gathers and
-hands over the whole bf16 model, tensor by tensor, at 36–96 GB/s measured by NeMo RL) and the recipes' recompute;
-"+ref" turns NeMo RL's reference pass on (its grpo.py runs it every step); "now" takes the decode MBU at the
-rollout's TP as the source measured it (steptime.DECODE_MBU_AT_TP: 60% at TP2, 40% at TP4, 25% at TP8, one node,
-its all-reduces included, so the explicit all-reduces count only for a replica wider than a node) where the
-columns before used the middle of the band, 39%, at every TP:
-  case                      gen TP  published   roofline      +coll         +refit        +ref          now
-  deepseek_v3_256xh100        32      154 s      50 s 0.32×    58 s 0.38×    81 s 0.53×    83 s 0.54×   107 s 0.69×
-  qwen3_235b_a22b_128xh100    16      506 s     416 s 0.82×   505 s 1.00×   523 s 1.03×   534 s 1.06×   747 s 1.48×
-  qwen3_30b_a3b_32xh100        4      225 s     120 s 0.53×   135 s 0.60×   136 s 0.60×   146 s 0.65×   138 s 0.61×
-  llama3_1_8b_16xh100          1     97.7 s     179 s 1.83×   179 s 1.83×   190 s 1.94×   201 s 2.05×   154 s 1.57×
-  qwen3_32b_32xh100            4      393 s     539 s 1.37×   582 s 1.48×   583 s 1.48×   661 s 1.68×   632 s 1.61×
-  verl_deepseek_v3_96xh20     32     1700 s     764 s 0.45×   904 s 0.53×   926 s 0.54×   926 s 0.54×  1185 s 0.70×
-Before "now", Llama-3.1-8B on 16 H100s was out (2.05×): at TP1 its decode was taken at the band's middle, 39%, where
-the source measured 60% at TP2, and the TP32 rollouts of DeepSeek-V3 at 39% where it measured 25% at TP8 (taken for
-every TP past 8). One per-phase figure checks the change without being an input: verl's DeepSeek-V3 page measured
-its rollout at 1,050 s; the estimate's middle had 602 s and now has 861 s. The last wave is still taken to grow
-every one of its sequences to the maximum response length (pessimistic for a short-answer data set), and counting
-the replica's concurrency at a sequence's mean KV occupancy instead (vLLM's paged cache, Kwon et al. 2023) is not
-modelled.
-NeMo RL's DeepSeek-V3 on 256 H100s, what brought it in: its refit. Every rank of a refit receives each weight whole
-(Megatron-Bridge's stream_weights_megatron_to_hf at the commit NeMo RL pins, 8aa287df: a PP broadcast, then TP and
-EP all-gathers, every rank yielding the full tensor; verl's per_tensor_generator does the same), so each GPU handles
-all 1.34 TB of DeepSeek-V3 in bf16 whatever its rollout shard (42 GB at TP32): 22.8 s at the middle rate, where the
-shard-only reshard had 1.2 s. The rate's ends are NeMo RL's timings of its non-colocated refit (NVIDIA-NeMo/RL pull
-1379: Qwen3-235B-A22B and DeepSeek-V3 on other set-ups), per-phase measurements, not the step times tested here.
-NeMo RL's own figure for the colocated refit, about 35 s for the whole of DeepSeek-V3 over some 175 IPC transfers
-(NVIDIA-NeMo/RL pull 1267, a review comment, 2025-10), matches the rate's low end (38 GB/s); it is a check, not an
-input. The rest of the gap (the estimate's 81 s against 154 s) has no sourced per-phase figure. The same table's
-v0.6 (docs/about/performance-summary.md at commit 69c7ca1170327f8185a7278166c31968236a841c, a later checkpoint, 701
-mean tokens) times this shape at 134 s on 256 GPUs and 111 s on 512; if log-prob and training scale with the tokens
-per DP rank (× a bubble growing from 1.47 to 1.94) and the rest does not, about 66 s lies in parts that do not
-shrink with more GPUs (the rollout's longest response, the refit) and about 68 s at 256 GPUs in log-prob and
-training, where the roofline has 6 s (8·37B·381k tokens at 8–47% MFU, PP16 with 32 one-sequence micro-batches). The
-per-micro-batch weight reads (≈ 60 GB per GPU per micro-batch with fp32 gradient accumulation, ≈ 18 ms at 3.35 TB/s,
-under 1 s over the 47 pipeline slots) and DeepEP's published all-to-all bandwidth (43 GB/s internode at EP16,
-deepseek-ai/DeepEP docs/legacy.md, ≈ 2–3 s) do not reach it, and no MFU for a MoE this size at this micro-batch is
-sourced independently of the case. The training MFU range is not lowered to fit it.
+History of the end-to-end middle on the first six cases (published / estimate), the factors unchanged at each
+step. "roofline" is the roofline alone; "+coll" adds the rollout's TP all-reduces (NCCL's latency model) and the
+training mesh's TP/EP collective bytes; "+refit" adds the refit as the frameworks do it (REFIT_RATE: every rank
+gathers and hands over the whole bf16 model, tensor by tensor, at 36–96 GB/s measured by NeMo RL) and the
+recipes' recompute; "+ref" turns NeMo RL's reference pass on; "tp-mbu" takes the decode MBU at the rollout's TP
+as the source measured it (steptime.DECODE_MBU_AT_TP); "phases" is the model held to the per-phase cases
+(tests/test_steptime.py prints its table): the MFU of a dense model and of a mixture of experts apart, the response
+lengths spread with their mean (the step waiting for its longest), the refit's cost per tensor and the engine's
+wake-up, optimizer states through pageable memory and gradients not copied, the distributed optimizer's DP traffic
+per optimizer step, and the NeMo RL recipes' sequence packing, GPU-resident optimizer and level-1 sleep:
+  case                      gen TP  published  roofline  +coll  +refit   +ref  tp-mbu  phases (its middle)
+  deepseek_v3_256xh100        32       154 s  0.32×   0.38×  0.53×  0.54×  0.69×   0.71× (109 s)
+  qwen3_235b_a22b_128xh100    16       506 s  0.82×   1.00×  1.03×  1.06×  1.48×   1.06× (534 s)
+  qwen3_30b_a3b_32xh100        4       225 s  0.53×   0.60×  0.60×  0.65×  0.61×   0.75× (169 s)
+  llama3_1_8b_16xh100          1      97.7 s  1.83×   1.83×  1.94×  2.05×  1.57×   0.88× (86 s)
+  qwen3_32b_32xh100            4       393 s  1.37×   1.48×  1.48×  1.68×  1.61×   0.93× (366 s)
+  verl_deepseek_v3_96xh20     32      1700 s  0.45×   0.53×  0.54×  0.54×  0.70×   0.76× (1296 s)
+The middle of each case per phase, and its band, are in README's step-time table (tests/test_steptime.py table()).
+Tried for the rollout's middle and not kept: counting the sequences a replica decodes at once at their mean KV
+occupancy (vLLM's paged cache admits that many) rather than at the longest sequence — verl's DeepSeek-V3 rollout came
+to 385 s (0.37×) against its 1,050 s; it is the band's optimistic end instead.
 """
 from __future__ import annotations
 
@@ -98,7 +105,26 @@ QWEN3_32B = dict(layers=64, routed_experts=1, experts_per_token=1, heads=64, kv_
 
 LLAMA3_1_8B = dict(layers=32, routed_experts=1, experts_per_token=1, heads=32, kv_heads=8, head_dim=128, hidden=4096,
                    vocab=128256, expert_ffn_hidden=14336, attention="gqa")
+LLAMA3_1_70B = dict(layers=80, routed_experts=1, experts_per_token=1, heads=64, kv_heads=8, head_dim=128, hidden=8192,
+                    vocab=128256, expert_ffn_hidden=28672, attention="gqa")
 
+NEMO_RL_V03 = {"url": "https://nvidia-nemo.github.io/blog/2025/07/21/nemo-rl-v0.3/", "created": "2025-07-21",
+               "also": "https://developer.nvidia.com/blog/reinforcement-learning-with-nvidia-nemo-rl-megatron-core-"
+                       "support-for-optimized-training-throughput/ (2025-08-20)",
+               "table": "Results: Megatron rows, steps 22-29 averaged"}
+V03_RECIPES = {"repo": "NVIDIA-NeMo/RL", "path": "examples/configs", "tag": "v0.3.0",
+               "commit": "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf"}
+
+
+
+
+# which estimate phases each framework's published phase holds: a phase name, or (phase, part) for one cost inside a
+# phase (module docstring: NeMo RL's timers at v0.3.0/v0.4.0)
+TIMERS = {
+    "nemo_rl": {"rollout": ("rollout",), "log_prob": ("log_prob",), "train": ("train",),
+                "sync": ("sync", ("offload", "to_host"))},
+    "verl": {"rollout": ("rollout",), "log_prob": ("log_prob",), "train": ("train",), "sync": ("sync",)},
+}
 
 
 @dataclass(frozen=True)
@@ -119,28 +145,55 @@ class Case:
     utilization: float = GPU_MEMORY_UTILIZATION
     recompute: bool = False
     reference: bool = False
+    phases: dict = field(default_factory=dict)   # published seconds per estimate phase (TIMERS maps the names)
+    timers: str = "nemo_rl"
+    packed_tokens: Optional[int] = None          # sequence packing: tokens per training micro-batch (None: one sequence)
+    optimizer_on_gpu: bool = True                # the optimizer lives on the GPU, moved to the host around the rollout
+    engine_sleep_level: int = 1
+    grad_reduce_bytes: float = 2.0               # bf16 gradient reduction (grad_reduce_in_fp32: false)
 
 
 # verl's own published DeepSeek-V3 run: docs/perf/dpsk.md ("Benchmark": 96 GPUs, mean response length 1960,
 # rollout 1050 s, MFU 0.19, step 1700 s; the page names 96 H20 as the smallest set-up) with the 96-GPU row of its
-# table (TP8 PP12 EP8, offload fraction 1) and the example script's defaults (train_batch_size 96, n 8, prompt
-# 2048, response 8192, vLLM TP32 at 0.6, KL loss on, full recompute). The script is the stored version at the
-# commit below, which may postdate the measurement.
+# table (TP8 PP12 EP8, offload fraction 1: the optimizer on the host) and the example script's defaults
+# (train_batch_size 96, n 8, ppo_mini_batch_size 32, prompt 2048, response 8192, vLLM TP32 at 0.6, KL loss on, full
+# recompute). The script is the stored version at the commit below, which may postdate the measurement. Its rollout
+# time is verl's timing_s/gen. verl's engine sleep level and gradient reduction dtype for the run are not given:
+# taken as verl's (level 2) and Megatron's fp32 reduction (ASSUMED).
 VERL_DPSK = {"repo": "verl-project/verl", "path": "docs/perf/dpsk.md",
              "commit": "e677ce1f42274dc95df2efa0b8551bf5e0169751",
              "script": "examples/grpo_trainer/run_deepseek_v3_671b_vllm_megatron.sh",
              "script_commit": "01143cbaacfd8085bc8a56f08c910b5f2403a100"}
 
+_V03 = dict(source=NEMO_RL_V03, reference=True, packed_tokens=4096)
 CASES = {
+    # NeMo RL v0.4 performance summary (SOURCE, RECIPES): totals
     "deepseek_v3_256xh100": Case(DEEPSEEK_V3, 256, 1536, 745, 512, 512, 32, (1, 1, 16, 16), 154.0,
-                                 recompute=True, reference=True),
+                                 recompute=True, reference=True, packed_tokens=1536),
     "qwen3_235b_a22b_128xh100": Case(QWEN3_235B_A22B, 128, 8192, 5671, 512, 512, 16, (2, 2, 16, 8), 506.0,
-                                     recompute=True, reference=True),
-    "qwen3_30b_a3b_32xh100": Case(QWEN3_30B_A3B, 32, 4096, 3154, 2048, 512, 4, (2, 1, 8, 1), 225.0, reference=True),
+                                     recompute=True, reference=True, packed_tokens=8192),
+    "qwen3_30b_a3b_32xh100": Case(QWEN3_30B_A3B, 32, 4096, 3154, 2048, 512, 4, (2, 1, 8, 1), 225.0, reference=True,
+                                  packed_tokens=4096),
     "llama3_1_8b_16xh100": Case(LLAMA3_1_8B, 16, 4096, 1060, 2048, 512, 1, (1, 1, 1, 1), 97.7, recompute=True,
-                                reference=True),
-    "qwen3_32b_32xh100": Case(QWEN3_32B, 32, 4096, 3206, 2048, 512, 4, (4, 1, 1, 4), 393.0, reference=True),
+                                reference=True, packed_tokens=4096),
+    "qwen3_32b_32xh100": Case(QWEN3_32B, 32, 4096, 3206, 2048, 512, 4, (4, 1, 1, 4), 393.0, reference=True,
+                              packed_tokens=4096),
+    # verl's DeepSeek-V3 page (VERL_DPSK): total and rollout
     "verl_deepseek_v3_96xh20": Case(DEEPSEEK_V3, 96, 2048 + 8192, None, 96 * 8, 32 * 8, 32, (8, 1, 8, 12), 1700.0,
                                     source=VERL_DPSK, part="H20", mean_response=1960, max_prompt=2048,
-                                    recompute=True, reference=True),
+                                    recompute=True, reference=True, phases={"rollout": 1050.0}, timers="verl",
+                                    optimizer_on_gpu=False, engine_sleep_level=2, grad_reduce_bytes=4.0),
+    # NeMo RL v0.3 release post (NEMO_RL_V03, V03_RECIPES): totals and four phases each; the max sequence 4096, the
+    # average one the prompt (PROMPT_MEAN) + the post's generated tokens per sample
+    "v03_llama3_1_8b_8xh100": Case(LLAMA3_1_8B, 8, 4096, PROMPT_MEAN + 795, 2048, 512, 1, (1, 1, 1, 1), 112.0,
+                                   phases={"train": 28.0, "sync": 5.0, "rollout": 58.0, "log_prob": 18.0}, **_V03),
+    "v03_llama3_1_70b_64xh100": Case(LLAMA3_1_70B, 64, 4096, PROMPT_MEAN + 398, 2048, 512, 4, (4, 1, 1, 4), 147.0,
+                                     phases={"train": 28.0, "sync": 14.0, "rollout": 84.0, "log_prob": 18.0}, **_V03),
+    "v03_qwen3_32b_64xh100": Case(QWEN3_32B, 64, 4096, PROMPT_MEAN + 3283, 2048, 512, 4, (4, 1, 1, 2), 213.0,
+                                  phases={"train": 68.0, "sync": 7.0, "rollout": 96.0, "log_prob": 40.0}, **_V03),
+    # the post says sequence packing was on for every run, the model's v0.3.0 recipe sets it off: with PP1 the
+    # estimate is the same either way (packing sets the micro-batches, which only the pipeline bubble reads)
+    "v03_qwen3_30b_a3b_64xh100": Case(QWEN3_30B_A3B, 64, 4096, PROMPT_MEAN + 3251, 2048, 512, 4, (2, 1, 8, 1), 167.0,
+                                      phases={"train": 50.0, "sync": 12.0, "rollout": 78.0, "log_prob": 23.0},
+                                      utilization=0.7, **_V03),
 }

@@ -7,6 +7,10 @@ sparsity) tensor-core FLOP/s; bandwidths are per direction in bytes/s:
   nvlink   per GPU, GPU to GPU within a node (the vendor's bidirectional figure halved)
   network  per node, the vendor's reference system (DGX/HGX or the OAM platform): scale-out NICs × link rate
   pcie     per GPU, host to device (the PCIe generation's x16 rate)
+Two facts of the system the part is built into, apart from the mesh's own mesh.gpus_per_node: its GPUs per node (a
+server or compute tray) and its NVLink domain (the GPUs one NVLink fabric joins: a node's 8 on DGX/HGX, 72 across
+18 compute trays of 4 on a GB200/GB300 NVL72 rack). Collectives inside the domain run at NVLink speed
+(vrun/estimate/steptime.py nvlink_span), across domains over the node's network.
 Each part names where its figures come from. The step-time estimate (vrun/estimate/steptime.py) reads these.
 """
 from __future__ import annotations
@@ -29,6 +33,9 @@ class Part:
     network: float              # bytes/s per node per direction
     pcie: float                 # bytes/s per GPU per direction
     source: str
+    gpus_per_node: int = 8      # GPUs in one node (server or compute tray) of the system as built
+    nvlink_domain: int = 8      # GPUs one NVLink fabric joins
+    system: str = "8 GPUs per node, one NVLink domain per node (the vendor's 8-GPU DGX/HGX or OAM platform)"
 
 
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 989 TFLOPS bf16, 1,979 fp8 dense = half the sparse figures; " \
@@ -39,6 +46,8 @@ _B200 = "NVIDIA DGX B200 datasheet (72 PFLOPS fp8 training per 8 GPUs = 4.5 PF d
     "HBM3e 8 TB/s; NVLink 5 1.8 TB/s; 8× 400 Gb/s ConnectX-7)"
 _GB200 = "NVIDIA GB200 NVL72 datasheet (per GPU 2.5 PF bf16 / 5 PF fp8 dense, 8 TB/s, NVLink 5 1.8 TB/s; " \
     "ConnectX-8 800 Gb/s per GPU, counted as 4 GPUs per node)"
+_NVL72 = "NVIDIA GB200 NVL72 / GB300 NVL72 product pages: one rack of 18 compute trays, each 2 Grace-Blackwell " \
+    "superchips = 4 GPUs, 72 GPUs in one NVLink domain (130 TB/s NVLink Switch fabric)"
 PARTS = {
     "A100": Part(80.0, 312 * TB, None, 2.039 * TB, 300 * GB, 200 * GB, 32 * GB,
                  "NVIDIA A100 datasheet (SXM 80GB: 312 TFLOPS bf16 dense, 2,039 GB/s, NVLink 600 GB/s, PCIe "
@@ -49,15 +58,18 @@ PARTS = {
     "H20": Part(96.0, 148 * TB, 296 * TB, 4.0 * TB, 450 * GB, 400 * GB, 64 * GB,
                 "NVIDIA H20 product brief (148 TFLOPS bf16, 296 fp8 dense, 4.0 TB/s, NVLink 900 GB/s)"),
     "GH200": Part(96.0, 989 * TB, 1979 * TB, 4.0 * TB, 450 * GB, 400 * GB, 450 * GB,
-                  "NVIDIA GH200 datasheet (H100 compute, 96 GB HBM3 4 TB/s, NVLink-C2C 900 GB/s to the CPU)"),
+                  "NVIDIA GH200 datasheet (H100 compute, 96 GB HBM3 4 TB/s, NVLink-C2C 900 GB/s to the CPU)",
+                  1, 1, "NVIDIA GH200 datasheet: one Grace Hopper superchip per MGX node, its NVLink-C2C joining GPU "
+                  "and CPU (no GPU-to-GPU NVLink domain beyond it; the mesh's node is taken as given)"),
     "H200": Part(141.0, 989 * TB, 1979 * TB, 4.8 * TB, 450 * GB, 400 * GB, 64 * GB, _H200),
     "B200": Part(180.0, 2250 * TB, 4500 * TB, 8.0 * TB, 900 * GB, 400 * GB, 64 * GB, _B200),
-    "GB200": Part(186.0, 2500 * TB, 5000 * TB, 8.0 * TB, 900 * GB, 400 * GB, 450 * GB, _GB200),
+    "GB200": Part(186.0, 2500 * TB, 5000 * TB, 8.0 * TB, 900 * GB, 400 * GB, 450 * GB, _GB200, 4, 72, _NVL72),
     "B300": Part(288.0, 2250 * TB, 4500 * TB, 8.0 * TB, 900 * GB, 800 * GB, 64 * GB,
                  "NVIDIA DGX B300 datasheet (72 PFLOPS fp8 training per 8 GPUs, HBM3e 8 TB/s, NVLink 1.8 TB/s, "
                  "8× 800 Gb/s ConnectX-8)"),
     "GB300": Part(288.0, 2500 * TB, 5000 * TB, 8.0 * TB, 900 * GB, 400 * GB, 450 * GB,
-                  "NVIDIA GB300 NVL72 datasheet (GB200 dense bf16/fp8, 8 TB/s, NVLink 1.8 TB/s, 800 Gb/s per GPU)"),
+                  "NVIDIA GB300 NVL72 datasheet (GB200 dense bf16/fp8, 8 TB/s, NVLink 1.8 TB/s, 800 Gb/s per GPU)",
+                  4, 72, _NVL72),
     "MI250X": Part(128.0, 383 * TB, None, 3.2 * TB, 200 * GB, 200 * GB, 32 * GB,
                    "AMD Instinct MI250X datasheet (383 TFLOPS bf16, 3.2 TB/s, 8 Infinity Fabric links)"),
     "MI300X": Part(192.0, 1307 * TB, 2615 * TB, 5.3 * TB, 448 * GB, 400 * GB, 64 * GB,

@@ -99,26 +99,40 @@ class MeshSearch:
     memory: str                    # "estimated", or why no estimate ranked the meshes
     chosen_by: str = ""
     time: str = "estimated"        # "estimated", or why no step time ranked the meshes
+    decided_by: Optional[int] = None  # the index in RANKING of the entry that chose the mesh (None: nothing to rank)
     objective: ClassVar[str] = ("mesh: " + ", then ".join(name for name, _ in RANKING) + "; rollout TP·DP: "
                                 + ", then ".join(ROLLOUT_RANKING))
 
     def summary(self) -> dict:
         return {"valid_meshes": self.valid_meshes, "search_ms": self.search_ms, "chosen": self.chosen,
-                "chosen_by": self.chosen_by, "alternatives": list(self.alternatives),
+                "chosen_by": self.chosen_by, "decided_by": entry_text(self.decided_by),
+                "alternatives": list(self.alternatives),
                 "rollout_tp_choices": list(self.rollout_tp_choices), "memory": self.memory, "time": self.time,
                 "objective": self.objective}
 
     def rows(self) -> list[str]:
-        """The plan table's auto rows: the search, the chosen mesh and what chose it, each alternative with its
-        peak and step time."""
+        """The plan table's auto rows: the search, the chosen mesh with its peak and step time, the ranking entry
+        that chose it and why, each alternative with its peak and step time (middle, then the band)."""
         c = self.chosen
         out = [f"auto    {self.valid_meshes} valid meshes searched in {self.search_ms} ms; chosen "
                f"{c['overrides']} (peak {c['peak_gib']} GiB{step_text(c, ', ')})",
-               f"        chosen by {self.chosen_by}"]
+               f"        chosen by {entry_place(self.decided_by)}{self.chosen_by}"]
         for alt in self.alternatives:
             out.append(f"        alternative {alt['overrides']}  DP{alt['dp']} EDP{alt['edp']}  peak "
                        f"{alt['peak_gib']} GiB{step_text(alt, '  ')}{'' if alt['fits'] else '  (does not fit)'}")
         return out
+
+
+def entry_text(index: Optional[int]) -> Optional[dict]:
+    """plan.json's decided_by: the RANKING entry's place (1-based) and what it prefers; None when no entry decided."""
+    if index is None:
+        return None
+    return {"entry": index + 1, "of": len(RANKING), "prefers": RANKING[index][0]}
+
+
+def entry_place(index: Optional[int]) -> str:
+    """The table's words for the deciding entry's place, before chosen_by (which starts with what it prefers)."""
+    return "" if index is None else f"ranking entry {index + 1} of {len(RANKING)}, "
 
 
 def candidate_row(c: Candidate) -> dict:
@@ -130,9 +144,10 @@ def candidate_row(c: Candidate) -> dict:
 
 
 def step_text(row: dict, sep: str) -> str:
+    """A row's predicted step time: the middle, then the low–high band."""
     if row.get("step_low_s") is None:
         return ""
-    return f"{sep}step ≈ {_num(row['step_low_s'])}–{_num(row['step_high_s'])} s"
+    return (f"{sep}step ≈ {_num(row['step_middle_s'])} s ({_num(row['step_low_s'])}–{_num(row['step_high_s'])})")
 
 
 def _num(x: float) -> str:
@@ -259,33 +274,54 @@ def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = 
 
 
 def chosen_by(ranked: list, time_note: str = "") -> str:
-    """Which ranking entry chose the first mesh: the first entry of RANKING on which it and the next differ, with
-    their figures for it; where the time entry set aside the mesh memory and communication alone would have
-    chosen, that first. time_note: why no step time was estimated (empty when one was)."""
+    """Which ranking entry chose the first mesh (decided_by gives its index): the first entry of RANKING on which it
+    and the next differ, with their figures for it; where the time entry set aside the mesh memory and communication
+    alone would have chosen, that first. time_note: why no step time was estimated (empty when one was)."""
+    return _decision(ranked, time_note)[1]
+
+
+def decided_by(ranked: list) -> Optional[int]:
+    """The index in RANKING of the entry that chose the first mesh (chosen_by says why), None when no entry did (one
+    mesh, or meshes equal on every entry)."""
+    return _decision(ranked, "")[0]
+
+
+def _time_lead(ranked: list):
+    """The mesh the ranking without the time entry puts first (among those that fit), when the time entry set it
+    aside for the chosen one; else None."""
+    first = ranked[0]
+    if first.time is None:
+        return None
+    alone = getattr(ranked, "memory_first", None)
+    if alone is None:
+        after = TIME_AT + 1  # the entries before the time entry are equal among the meshes that fit (first)
+        alone = min(takewhile(lambda c: c.fits, ranked), key=lambda c: c.key()[after:])
+    return alone if alone.mesh != first.mesh and alone.step != first.step else None
+
+
+def decision(ranked: list, time_note: str = "") -> tuple:
+    """(decided_by, chosen_by) at once: the deciding entry's index in RANKING (None: none decided) and why."""
+    return _decision(ranked, time_note)
+
+
+def _decision(ranked: list, time_note: str) -> tuple:
     why = f"; no step-time estimate: {time_note}" if time_note else ""
     if not ranked:
-        return ""
+        return None, ""
     first = ranked[0]
-    lead = ""
-    if first.time is not None:
-        # the mesh the ranking without the time entry puts first (among those that fit: the time entry only
-        # orders those)
-        alone = getattr(ranked, "memory_first", None)
-        if alone is None:
-            after = TIME_AT + 1  # the entries before the time entry are equal among the meshes that fit (first)
-            alone = min(takewhile(lambda c: c.fits, ranked), key=lambda c: c.key()[after:])
-        if alone.mesh != first.mesh and alone.step != first.step:
-            lead = (f"{TIME} (≈ {first.time.central:.3g} s vs ≈ {alone.time.central:.3g} s for "
-                    f"{alone.mesh.overrides()}, the first by memory and communication alone)")
+    alone = _time_lead(ranked)
+    lead = (f"{TIME} (≈ {first.time.central:.3g} s vs ≈ {alone.time.central:.3g} s for "
+            f"{alone.mesh.overrides()}, the first by memory and communication alone)") if alone is not None else ""
     if len(ranked) == 1:
-        return lead or "the only valid mesh" + why
+        return (TIME_AT if lead else None), (lead or "the only valid mesh" + why)
     second = ranked[1]
     a, b = first.key(), second.key()
     i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     name = RANKING[i][0] if i is not None else None
+    decider = TIME_AT if lead else i
     if name == TIME:
-        return lead or (f"{TIME} (≈ {first.time.central:.3g} s vs ≈ {second.time.central:.3g} s for "
-                        f"{second.mesh.overrides()})")
+        return TIME_AT, lead or (f"{TIME} (≈ {first.time.central:.3g} s vs ≈ {second.time.central:.3g} s for "
+                                 f"{second.mesh.overrides()})")
     if name is None:
         then = "equal on every entry (the enumeration's order)"
     elif name == "fits in memory":
@@ -296,7 +332,7 @@ def chosen_by(ranked: list, time_note: str = "") -> str:
         then = f"{name} (than {second.mesh.overrides()})"
     if first.time is not None and second.time is not None and name != "fits in memory":
         then += f", the step times equal within {TIME_RESOLUTION:.0%}"
-    return (f"{lead}; then {then}" if lead else then) + why
+    return decider, (f"{lead}; then {then}" if lead else then) + why
 
 
 def neighbours(mesh: Mesh, valid: Iterable[Mesh], limit: int = 4) -> tuple[list[Mesh], list[Mesh]]:

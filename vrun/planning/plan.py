@@ -523,7 +523,8 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
     rollout_rank = [{"tp": r.tp, "dp": r.dp, "replicas": r.replicas, "sequences_fit": r.fits,
                      "step_sequences_per_replica": r.step_share, "overrides": rollout.overrides(r)}
                     for r in ropts[:4]]
+    entry, why = search.decision(ranked, time_note)
     return ranked[0].mesh, choice, search.MeshSearch(
         valid_meshes=len(valid), search_ms=round(seconds * 1000, 1), chosen=top[0], alternatives=tuple(top[1:]),
         rollout_tp_choices=tuple(rollout_rank), memory="estimated" if params is not None else note,
-        chosen_by=search.chosen_by(ranked, time_note), time="estimated" if timer is not None else time_note)
+        chosen_by=why, time="estimated" if timer is not None else time_note, decided_by=entry)

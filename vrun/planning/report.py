@@ -141,12 +141,7 @@ def time_rows(plan: Plan) -> list[str]:
 def memory_rows(plan: Plan) -> list[str]:
     rows = []
     if plan.search is not None:
-        s = plan.search
-        rows.append(f"auto    {s.valid_meshes} valid meshes searched in {s.search_ms} ms; chosen "
-                    f"{s.chosen['overrides']} (peak {s.chosen['peak_gib']} GiB)")
-        for alt in s.alternatives:
-            rows.append(f"        alternative {alt['overrides']}  DP{alt['dp']} EDP{alt['edp']}  peak "
-                        f"{alt['peak_gib']} GiB{'' if alt['fits'] else '  (does not fit)'}")
+        rows.extend(plan.search.rows())
     if plan.checkpoint is not None:
         t = plan.checkpoint.totals
         b = lambda n: f"{n:,}"  # noqa: E731  (exact logical parameter counts)

@@ -37,16 +37,20 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
                   grad_bytes=est.grads if est is not None else 0.0,
                   optimizer_bytes=est.optimizer if est is not None else 0.0)
     attn, cap = steptime.attention_flops_per_key(arch)
-    common.update(attn_flops_per_key=attn, attn_keys_cap=cap)
+    common.update(attn_flops_per_key=attn, attn_keys_cap=cap, tensors=steptime.tensor_count(arch))
     micro = _micro(tokens / max(mesh.dp, 1), budget * mesh.cp)
     batch = entrypoint.step_batch(verl)  # the record's: samples, lengths, whether a rollout generates them
+    step_tokens = batch["samples"] * (batch["prompt_mean"] + batch["response_mean"])
+    common.update(mini_batches=max(1, round(step_tokens / tokens)) if tokens > 0 else 1)
+    # the model's dense and routed-expert parameters (what vLLM loads, no MTP): the refit's bytes, the optimizer's
+    # DP traffic, and whether the MFU is a mixture of experts' (SFT too)
+    model = counts.rollout if counts is not None else (0, 0)
+    common.update(rollout_dense=float(model[0]), rollout_routed=float(model[1]),
+                  experts=int(arch.get("routed_experts") or 0))
     if batch["rollout"]:
-        # what vLLM loads and holds, from the parameter counts and the rollout estimate
+        # what vLLM holds, from the rollout estimate
         r = est.rollout_detail if est is not None else None
-        rollout = counts.rollout if counts is not None else (0, 0)
-        common.update(rollout_dense=float(rollout[0]), rollout_routed=float(rollout[1]),
-                      experts=int(arch.get("routed_experts") or 0),
-                      rollout_weight_bytes=float(r.weight_bytes) if r is not None else 2.0,
+        common.update(rollout_weight_bytes=float(r.weight_bytes) if r is not None else 2.0,
                       kv_per_token=r.kv.per_token if r is not None else 0.0,
                       kv_per_sequence=r.kv.per_sequence if r else 0.0, kv_fits=r.fits if r is not None else None)
     return Workload(micro_batches=micro, **batch, **common)
@@ -104,17 +108,35 @@ def mesh_timer(config, entrypoint, verl: dict, mesh, counts, replica=None, rollo
             st = steptime.estimate(w, part, same_rollout=first[0] if first else None, collectives=False)
             first[:] = first or [st]
             scaled = steptime.calibrated(st, ratios, how) if ratios and st.model_middle > 0 else st
-            seen[k] = (w, st, scaled.central)
+            central = scaled.central
+            scale = central / st.model_middle if st.model_middle > 0 else 1.0
+            # what one second of the mesh's collectives (per pass, and the optimizer's per step) adds to the middle
+            per_pass, sync = steptime.collectives_middle_s(w, (1.0, 0.0)), steptime.collectives_middle_s(w, (0.0, 1.0))
+            seen[k] = (w, st, central, scale * per_pass, scale * sync)
         return seen[k]
 
+    comm: dict = {}
+
+    def seconds(m, w) -> tuple:
+        """The mesh's collectives at efficiency 1 (steptime.collective_seconds), once per TP, PP, EP, ETP."""
+        k = (m.tp, m.pp, m.ep, m.etp)
+        if k not in comm:
+            comm[k] = steptime.collective_seconds(w, part, m)
+        return comm[k]
+
     def timed(m, est) -> StepTime:
-        w, st, _ = shape(m, est)
-        st = steptime.with_collectives(st, w, part, m)
+        w, st = shape(m, est)[:2]
+        st = steptime.with_collectives(st, w, part, m, seconds=seconds(m, w))
         return steptime.calibrated(st, ratios, how) if ratios and st.model_middle > 0 else st
 
-    # a lower bound of timed(m, est).central (the collectives only add): mesh=auto's search times exactly only the
-    # meshes that can still rank among the first
-    timed.bound = lambda m, est: shape(m, est)[2]
+    def bound(m, est) -> float:
+        """timed(m, est).central without building a StepTime, a hair under (float rounding must not lift it above):
+        mesh=auto's search times exactly only the meshes that can still rank among the first."""
+        w, _, central, per_pass, per_sync = shape(m, est)
+        one_pass, sync = seconds(m, w)
+        return (central + per_pass * one_pass + per_sync * sync) * (1 - 1e-9)
+
+    timed.bound = bound
     return timed, ""
 
 
