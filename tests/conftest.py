@@ -108,6 +108,29 @@ def problems_of(overrides: list[str], **kw) -> list[str]:
     return []
 
 
+def processes_of(pattern: str, marker: str) -> list[str]:
+    """Live processes whose command line matches the regex `pattern` and whose start-up environment holds `marker`
+    (a test's own directory: every process of a run it started inherits it), as "pid command line". Another test's
+    or another user's Ray on this machine is not this test's leftover; an exited process waiting to be reaped
+    (state Z) is not running."""
+    import re
+
+    out, want, rx = [], marker.encode(), re.compile(pattern)
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            if stat[stat.rindex(")") + 2:].startswith("Z"):
+                continue
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            if rx.search(cmd) and want in (d / "environ").read_bytes():
+                out.append(f"{d.name} {cmd}")
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def runner(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
     e = dict(os.environ if env is None else env)
     e.pop("HYDRA_FULL_ERROR", None)

@@ -15,6 +15,8 @@ from safetensors.numpy import save_file
 
 from vrun.estimate.checkpoint import cross_check, read_checkpoint
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 ROOT = Path(__file__).resolve().parents[1]
 BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "I32": 4, "I64": 8}
 

@@ -15,6 +15,8 @@ from vrun.core import writer
 from vrun.planning.plan import make_plan
 from vrun.core.problems import PlanError
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 SECRET = "fuzz-secret-0xC0FFEE"
 SEEDS = (12, 1207)
 BUDGET_S = 20.0  # per seed: the whole test stays under a minute

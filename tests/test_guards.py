@@ -17,6 +17,8 @@ from vrun.rundir import records as rundir
 from vrun.core import writer
 from vrun.runs import owner
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 S = "hf_Q9x7Lk2mZpVw8RtY"  # the secret's value in every test: exported as HF_TOKEN
 SEEDS = (3, 29, 1207)
 

@@ -11,6 +11,8 @@ from conftest import record_json
 from vrun.rundir import jobs, records, state
 from vrun.rundir.cause import ending, marker, since
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 
 @pytest.fixture
 def run_dir(tmp_path):

@@ -11,6 +11,8 @@ from vrun.planning import calibration, report
 from vrun.rundir import joblog, records as rundir
 from vrun.runs import cli
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 
 @pytest.fixture
 def state_dir(own_state_dir):

@@ -7,6 +7,8 @@ from conftest import params_from_arch
 from vrun.estimate.memory import GIB, Params, estimate, stage_layout
 from vrun.estimate.mesh import Mesh
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 # 4 decoder layers, 1 MTP layer: dense 10 M/layer, experts 100 M/layer, embedding and output 50 M each
 P = Params(embedding=50_000_000, output=50_000_000, dense_per_layer=(10_000_000,) * 4,
            expert_per_layer=(100_000_000,) * 4, mtp_dense=10_000_000, mtp_expert=100_000_000, mtp_layers=1)

@@ -10,6 +10,8 @@ from conftest import runner
 from vrun.planning import picture
 from vrun.runs import cli
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 pytest.importorskip("matplotlib")
 
 

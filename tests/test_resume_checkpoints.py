@@ -16,6 +16,8 @@ from vrun.rundir.record import PlanRecord
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 import standin_ckpt  # noqa: E402
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 TRACKER = checkpoints.TRACKER
 
 

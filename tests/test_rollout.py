@@ -9,6 +9,8 @@ from vrun.estimate.mesh import mesh_problems, rollout_problems
 from vrun.config.schema import Arch
 from vrun.core.problems import PlanError
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 GIB = 1024 ** 3
 
 

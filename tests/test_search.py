@@ -10,6 +10,8 @@ from vrun.entrypoints.ppo import ppo_batch_problems
 from vrun.estimate.mesh import Mesh, Rules, mesh_problems
 from vrun.config.schema import Arch
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 
 def model_facts(model):
     m = compose([f"model={model}"])["model"]

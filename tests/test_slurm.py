@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PY, ROOT
+from conftest import PY, ROOT, processes_of
 
 SHARED = ROOT / ".slurm-test"
 
@@ -80,15 +80,14 @@ def shared(request):
     yield d
     # the submitter returns once the job has said how it ended; the nodes stop their children within seconds
     # after. <defunct> entries are exited processes this container's init has not reaped: nothing runs
+    # (the job's processes inherit HOME=<this test's dir>/home; another test's Ray on this machine is not counted)
     deadline = time.monotonic() + 60
     while True:
-        leftovers = subprocess.run(["pgrep", "-af", "raylet|gcs_server|vrun_dist_probe|sleep 600"],
-                                   capture_output=True, text=True).stdout
-        left = [line for line in leftovers.splitlines() if "pgrep" not in line and "<defunct>" not in line]
+        left = processes_of("raylet|gcs_server|vrun_dist_probe|sleep 600", str(d))
         if not left or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert not left, leftovers
+    assert not left, left
 
 
 def run(shared, *overrides, env=None, timeout=400, sweep="sweep"):

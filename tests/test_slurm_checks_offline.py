@@ -4,11 +4,15 @@ asked), and `python -m vrun` without a verb listing the verbs. The same paths ag
 tests/test_slurm_checks.py."""
 import subprocess
 
+import pytest
+
 from conftest import PY, ROOT, runner
 
 from vrun.rundir.cause import decisive_line, pending_words
 from vrun.launch.slurm.submit import Submission
 from vrun.launch.slurm.checks import Partition, gres_gpus, minutes, partition_problems
+
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
 
 
 def test_slurm_spellings():

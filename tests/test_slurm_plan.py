@@ -1,7 +1,11 @@
 """cluster=slurm without a cluster: what would be submitted, the confirmation rule, the login-node guard."""
 import json
 
+import pytest
+
 from conftest import runner
+
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
 
 
 def test_plan_shows_the_submission(tmp_path):

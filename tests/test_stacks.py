@@ -19,6 +19,8 @@ import pytest
 from conftest import PY, ROOT
 from vrun.launch import stacks
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 HOST = socket.gethostname()
 SUPPORT = ROOT / "tests" / "support"
 HOOKED = {"PYTHONPATH": str(stacks.HOOK_DIR)}

@@ -11,6 +11,8 @@ from vrun.estimate import hardware, memory, params, rollout, steptime
 from vrun.estimate.mesh import Mesh
 from vrun.planning import steptime_plan
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 
 @pytest.fixture(autouse=True)
 def state_dir(own_state_dir):

@@ -3,7 +3,11 @@ project module's private names."""
 import ast
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
+
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
 
 PROJECT = ("vrun", "hooks", "hydra_plugins", "tests", "bench")
 

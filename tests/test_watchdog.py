@@ -9,9 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from vrun.launch.watchdog import LogTail, Progress, Watchdog, next_stall_dir
 from vrun.planning import watch as watching
 from vrun.rundir.record import WatchRecord
+
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
 
 STEP = "(TaskRunner pid=1) step:{n} - timing_s/gen:1.0 - timing_s/step:2.5 - perf/throughput:10.0"
 
@@ -132,7 +136,7 @@ def test_a_local_run_that_hangs_is_diagnosed_and_cancelled(tmp_path):
 
     import pytest
 
-    from conftest import PY, ROOT
+    from conftest import PY, ROOT, processes_of
     from test_handoff import grpo_env
 
     pytest.importorskip("verl.utils.tracking")
@@ -165,5 +169,5 @@ def test_a_local_run_that_hangs_is_diagnosed_and_cancelled(tmp_path):
     dumped = json.loads((run / "stalls" / "1" / f"{host}.json").read_text())
     where = {p["rank"]: p["where"] for p in dumped["processes"] if p["rank"] is not None}
     assert where == {0: "all_reduce", 1: "data loading", 2: "all_reduce", 3: "all_reduce"}, where
-    left = subprocess.run(["pgrep", "-af", "vrun_standin|raylet|gcs_server"], capture_output=True, text=True).stdout
-    assert not [x for x in left.splitlines() if "pgrep" not in x and "<defunct>" not in x], left
+    left = processes_of("vrun_standin|raylet|gcs_server", str(tmp_path))  # this run's: VRUN_STATE_DIR is under it
+    assert not left, left

@@ -7,6 +7,8 @@ import pytest
 
 from hydra_plugins.vrun_sweeper import workers
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 PARENT = os.getpid()
 
 
