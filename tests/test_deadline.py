@@ -295,3 +295,31 @@ def test_support_and_the_plan_line():
     own = tl.support("ppo", use_v1=True, save_freq=2, task_runner="vrun_standin.StandinTaskRunner")
     assert own.saves is None
     assert tl.plan_lines(own, 60)[0].startswith("deadline  the task runner vrun_standin.StandinTaskRunner")
+
+
+@pytest.mark.parametrize("time_min", [5, 30, 60, 240, 2880])
+def test_the_longest_signal_delay_is_still_a_time_limit_to_submitit(time_min, tmp_path):
+    """submitit's own SignalHandler.has_timed_out, with the job started as long ago as the signal allows (it may come
+    60 s before signal_delay_s): at max_signal_delay_s it is a time-out; 1 s more is a "preemption" that would requeue
+    without end, and the plan refuses that delay for cluster=slurm with a fix that passes."""
+    from submitit.core import job_environment, utils
+
+    from conftest import problems_of
+
+    def timed_out(delay_s: int) -> bool:
+        delayed = utils.DelayedSubmission(print)
+        delayed._timeout_min = time_min
+        handler = job_environment.SignalHandler(None, None, delayed)
+        handler._start_time = time.time() - (time_min * 60 - delay_s - tl.SIGNAL_EARLY_S)
+        return handler.has_timed_out()
+
+    most = tl.max_signal_delay_s(time_min)
+    assert timed_out(most) and not timed_out(most + 1)
+    if most + 1 >= time_min * 60:
+        return  # refused already as a signal at the job's start
+    base = ["model=qwen3_5_35b", "algo=grpo", "cluster=slurm", f"cluster.time_min={time_min}"]
+    lines = problems_of(base + [f"cluster.signal_delay_s={most + 1}"], run_dir=str(tmp_path / "a"))
+    mine = [line for line in lines if line.startswith("error: cluster.signal_delay_s=") and "preemption" in line]
+    assert len(mine) == 1, lines
+    fix = mine[0].split("fix: ")[-1]
+    assert not [x for x in problems_of(base + [fix], run_dir=str(tmp_path / "b")) if "signal_delay" in x]

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from vrun.checks.paths import short as _short
 from vrun.checks.secret import leaves as _leaves
 from vrun.core.problems import Problem
+from vrun.estimate import timelimit
 
 
 def run_config(config) -> list:
@@ -146,6 +147,13 @@ def run_problems(config) -> list[Problem]:
         out.append(Problem("cluster.signal_delay_s", c.signal_delay_s, f"the requeue signal would come at the start "
                            f"of a {c.time_min}-minute job (every attempt requeues at once)",
                            f"cluster.signal_delay_s=<under {c.time_min * 60}>"))
+    elif all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (c.time_min, c.signal_delay_s)) and \
+            slurm and c.signal_delay_s > timelimit.max_signal_delay_s(c.time_min):
+        most = timelimit.max_signal_delay_s(c.time_min)
+        out.append(Problem("cluster.signal_delay_s", c.signal_delay_s, f"submitit reads a signal more than {most + 60} s "
+                           f"before the end of a {c.time_min}-minute job as a preemption, not the time limit: every "
+                           "time limit would requeue the job without counting against cluster.max_requeues, "
+                           "for ever", f"cluster.signal_delay_s={min(most, 120)}"))
     out += watch_problems(config.run, slurm)
     if not 0 < c.master_port < 65536:
         out.append(Problem("cluster.master_port", c.master_port, "not a TCP port", "cluster.master_port=29500"))

@@ -61,6 +61,8 @@ SIGNAL_EARLY_S = 60.0
 # A conservative write rate per node to shared storage: one NFS client over 10-25 GbE sustains about 1-2 GB/s, a
 # Lustre or GPFS client more; the same figure the first step's load is read at (vrun/planning/watch.py LOAD_RATE).
 SAVE_WRITE_RATE = 1.0e9
+# submitit's has_timed_out: a signal counts as the time limit only after min(0.8 × limit, limit − 600 s) of the job
+SUBMITIT_GRACE_FLOOR_S, SUBMITIT_GRACE_SHARE = 600.0, 0.2
 # what a save costs beyond the bytes: the barrier around it, the metadata, the tracker file
 SAVE_FIXED_S = 30.0
 
@@ -75,6 +77,15 @@ KNOWN_CALLERS = {"legacy": True, "v1": False, "sft": False}
 def deadline(end_time: float, signal_delay_s: float) -> float:
     """The last moment training can count on: the job's end less submitit's signal and SLURM's early margin."""
     return float(end_time) - max(float(signal_delay_s or 0), 0.0) - SIGNAL_EARLY_S
+
+
+def max_signal_delay_s(time_min: int) -> int:
+    """The largest cluster.signal_delay_s whose signal submitit still reads as the time limit: the signal may come
+    SIGNAL_EARLY_S before signal_delay_s, and submitit counts it as a time-out only when at most
+    max(SUBMITIT_GRACE_FLOOR_S, SUBMITIT_GRACE_SHARE × limit) of the limit is left. A longer delay makes every time
+    limit a "preemption": the job requeues at each one without using up cluster.max_requeues, so it never ends."""
+    limit = time_min * 60.0
+    return int(max(SUBMITIT_GRACE_FLOOR_S, SUBMITIT_GRACE_SHARE * limit) - SIGNAL_EARLY_S)
 
 
 def save_seconds(bytes_per_rank: float, ranks_per_node: int, write_rate: float = SAVE_WRITE_RATE) -> float:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+from vrun.estimate.timelimit import SAVE_WRITE_RATE
 from vrun.rundir.record import WatchRecord
 
 STALL_FACTOR = 3.0
 STALL_FLOOR_S = 600.0
 STALL_FALLBACK_S = 1800.0
-# a conservative read rate per node from shared storage (NFS/Lustre clients commonly sustain 1-2 GB/s)
-LOAD_RATE = 1.0e9
+# a conservative read rate per node from shared storage: the one the save is written at
+LOAD_RATE = SAVE_WRITE_RATE
 ENGINE_START_S = 600.0
 # verl's default save_ckpt_duration (should_save_ckpt_esi's own default): what one save is taken to cost
 VERL_SAVE_S = 60.0
