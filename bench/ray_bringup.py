@@ -29,8 +29,9 @@ def idle_nodes(prefix) -> int:
     return len(set(out.stdout.split()))
 
 
-def bringup(prefix, nodes: int, base: Path) -> dict:
-    d = base / f"n{nodes}"
+def run_dir_env(d: Path) -> dict:
+    """A fresh directory on shared storage for a qwen3_5_35b GRPO job (HOME with geo3k's files, a checkpoint dir) and
+    the environment that points the plan at it."""
     shutil.rmtree(d, ignore_errors=True)
     (d / "home" / "data" / "geo3k").mkdir(parents=True)
     for f in ("train", "test"):
@@ -39,6 +40,12 @@ def bringup(prefix, nodes: int, base: Path) -> dict:
     (d / "ckpt" / "config.json").write_text("{}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLITE", "RAY_"))}
     env.update(HOME=str(d / "home"), QWEN3_5_35B_MODEL_PATH=str(d / "ckpt"))
+    return env
+
+
+def bringup(prefix, nodes: int, base: Path) -> dict:
+    d = base / f"n{nodes}"
+    env = run_dir_env(d)
     cmd = prefix + [PY, "runner.py", "model=qwen3_5_35b", "mesh=8gpu", f"mesh.nnodes={nodes}", "mesh.gpus_per_node=4",
                     f"mesh.cp={4 * nodes}", "mesh.ep=4", "verl.actor_rollout_ref.rollout.tensor_model_parallel_size=4",
                     "cluster=slurm", "mode=preflight", "cluster.time_min=10", f"hydra.sweep.dir={d}/sweep"]

@@ -4,14 +4,12 @@ the odd rank's node excluded) to the first step the new job prints after resumin
 (tests/support/vrun_standin.py) hanging rank 5 in data loading at step 4. Needs a reachable SLURM (as
 bench/ray_bringup.py)."""
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from ray_bringup import PY, ROOT, wrapper
+from ray_bringup import PY, ROOT, run_dir_env, wrapper
 
 STALL_S = 15
 
@@ -22,15 +20,8 @@ def main():
         print("stall → summary, requeue → resumed step: skipped (no SLURM reachable)")
         return
     d = ROOT / ".slurm-test" / "bench-watch"
-    shutil.rmtree(d, ignore_errors=True)
-    (d / "home" / "data" / "geo3k").mkdir(parents=True)
-    for f in ("train", "test"):
-        (d / "home" / "data" / "geo3k" / f"{f}.parquet").write_bytes(b"")
-    (d / "ckpt").mkdir()
-    (d / "ckpt" / "config.json").write_text("{}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLITE", "RAY_"))}
-    env.update(HOME=str(d / "home"), QWEN3_5_35B_MODEL_PATH=str(d / "ckpt"), VRUN_STATE_DIR=str(d / "state"),
-               PYTHONPATH=str(ROOT / "tests" / "support"))
+    env = run_dir_env(d)
+    env.update(VRUN_STATE_DIR=str(d / "state"), PYTHONPATH=str(ROOT / "tests" / "support"))
     cmd = prefix + [PY, "runner.py", "model=qwen3_5_35b", "mesh=8gpu", "mesh.nnodes=2", "mesh.gpus_per_node=4",
                     "cluster=slurm", "mode=train", "cluster.detach=true", "cluster.time_min=15",
                     "run.task_runner=vrun_standin.StandinTaskRunner", f"run.stall_after_s={STALL_S}",
