@@ -14,6 +14,7 @@ import fcntl
 import os
 from typing import Optional
 
+from vrun.core import fs
 from vrun.core.problems import Problem
 
 LOCK = ".vrun.lock"
@@ -28,7 +29,7 @@ def take(dir_: str, key: str, create: bool = True) -> Optional[Problem]:
     d = os.path.abspath(dir_)
     if d in _held:
         return None
-    if not create and not os.path.isdir(d):
+    if not create and not fs.is_dir(d):
         return Problem(key, d, "no such directory", "give a run dir the runner wrote")
     missing = []
     cur = d
@@ -48,12 +49,8 @@ def take(dir_: str, key: str, create: bool = True) -> Optional[Problem]:
                 return Problem(key, d, f"another process (pid {holder}) is planning or submitting into this dir "
                                f"right now ({LOCK} is locked): two plans in one dir would mix their files",
                                f"wait for pid {holder} to end (or stop it), then run the command again")
-            st = os.fstat(fd)
-            try:
-                same = os.stat(path, follow_symlinks=False).st_ino == st.st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
+            now, _ = fs.stat(path, follow=False)
+            if now is not None and (now.st_dev, now.st_ino) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
                 break
             os.close(fd)
         else:
@@ -61,8 +58,9 @@ def take(dir_: str, key: str, create: bool = True) -> Optional[Problem]:
                            f"{key}=<another directory>")
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-    except OSError as e:
-        why = "is a symbolic link" if e.errno == errno.ELOOP else (e.strerror or type(e).__name__)
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte
+        why = "is a symbolic link" if getattr(e, "errno", None) == errno.ELOOP else \
+            (getattr(e, "strerror", None) or str(e))
         return Problem(key, d, f"cannot lock the dir: {LOCK} {why}", f"{key}=<a writable directory of its own>")
     _held[d] = fd
     _created.extend(reversed(missing))
