@@ -370,10 +370,8 @@ def resubmit(run_dir: str, detach: bool = False, exclude: tuple = (), replacing:
     from elsewhere), the same run dir; the job resumes from the last whole checkpoint (vrun.rundir.checkpoints).
     Refused while any of the run's jobs is queued or running (but `replacing`: the job a stall's requeue is about to
     cancel). exclude: nodes the new job must not get (sbatch --exclude, added to any the plan has)."""
-    from vrun.rundir import state
+    from vrun.rundir import lock, state
     from vrun.rundir.record import PlanRecord
-
-    from vrun.rundir import lock
 
     held = lock.take(run_dir, "run", create=False)
     if held is not None:
@@ -394,9 +392,10 @@ def resubmit(run_dir: str, detach: bool = False, exclude: tuple = (), replacing:
         listed = (jobs.squeue() or {}).get(run.job_id or "")
         why = not_own(run, listed) if listed is not None and listed.active else ""
         if why:
-            raise PlanError([Problem("run", run_dir, f"records job {run.job_id}, which {why}: that job is not "
-                                     "this run's, so the run's state cannot be told", f"check it with squeue -j "
-                                     f"{run.job_id} -O JobID,Name,WorkDir; plan the run again into a new dir")])
+            raise PlanError([Problem("run", run_dir, f"records job {run.job_id}, which SLURM lists as "
+                                     f"{listed.state} but {why}: not confirmed as this run's, nothing submitted",
+                                     f"check it with squeue -j {run.job_id} -O JobID,Name,WorkDir; plan the run "
+                                     "again into a new dir")])
 
         raise PlanError([Problem("run", run_dir, f"job {run.job_id} is still {describe(run)}",
                                  f"python -m vrun cancel {run_dir} first, or wait for it to end")])
@@ -411,8 +410,8 @@ def resubmit(run_dir: str, detach: bool = False, exclude: tuple = (), replacing:
     folder = record.slurm.submitit_folder
     job = executor(sub, folder).submit(RunJob(record.run_dir, record.run_id, attempt))
     rundir.record(run_dir, "submitted", job_id=job.job_id, restart=0, attempt=attempt, nodes=sub.nodes,
-                  gpus_per_node=sub.gpus_per_node, work_dir=os.getcwd(), **({"exclude": list(exclude)} if exclude else {}),
-                  **({"replacing": replacing} if replacing else {}))
+                  gpus_per_node=sub.gpus_per_node, work_dir=os.getcwd(),
+                  **({"exclude": list(exclude)} if exclude else {}), **({"replacing": replacing} if replacing else {}))
     writer.write_text(Path(run_dir) / "slurm_job.json", json.dumps(
         {"job_id": job.job_id, "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr), "folder": folder,
          "spec": sub.saved(), "mode": record.mode, "attempt": attempt}, indent=2, default=str) + "\n", root=run_dir)
