@@ -209,3 +209,35 @@ def test_status_shows_a_stall_and_earlier_attempts_without_controls(run_dir, mon
     assert cli.main(["runs", str(run_dir)]) == 0
     table = capsys.readouterr().out
     assert "↳ running: stalled at step 31" in table and "1 restart(s)" in table
+
+
+@pytest.mark.parametrize("j", ["1", "7", "123456", "12_0", "12_31", 9])
+def test_job_ids_as_sbatch_prints_them(j):
+    assert records.job_id_ok(j)
+
+
+@pytest.mark.parametrize("j", ["0", 0, "00", "007", "-1", -5, "1+0", "12+1", "12_", "_3", "12_01", "1 2", "1;rm -rf",
+                               "", " 1", "1\n", "1e3", "１", "12_[0-3]", True, None, 1.0, "1" * 21])
+def test_what_is_not_a_job_id(j):
+    """Job 0, a het job's component, an array range, spaces, signs, non-ASCII digits: never a job to act on."""
+    assert not records.job_id_ok(j)
+
+
+@pytest.mark.parametrize("name,work_dir,why", [
+    ("qwen_grpo", "/w/a", ""), ("qwen_grpo", "/w/a/", ""), ("qwen_grpo", "/w/./a", ""),
+    ("other", "/w/a", "is named 'other' in squeue, not 'qwen_grpo'"),
+    ("qwen_grpo_", "/w/a", "is named 'qwen_grpo_' in squeue"), ("QWEN_GRPO", "/w/a", "is named 'QWEN_GRPO'"),
+    ("qwen_grpo", "/w/b", "runs in /w/b in squeue, not /w/a"), ("qwen_grpo", "/w/a/b", "runs in /w/a/b"),
+    ("qwen_grpo", "", "runs in (no dir) in squeue")])
+def test_squeue_confirms_a_job_by_name_and_work_dir(name, work_dir, why):
+    """squeue's Name and WorkDir (its `-O ...:|` line, WorkDir last) against the plan's job name and the dir the
+    submission ran sbatch in."""
+    job = jobs.parse_squeue(f"41|RUNNING|None|0|n0|2026-12-05T01:02:21|{name}|{work_dir}|")["41"]
+    got = jobs.not_this_runs(job, "qwen_grpo", "/w/a")
+    assert (got == "") if not why else got.startswith(why), got
+    assert jobs.not_this_runs(job, None, "/w/a").startswith("cannot be matched")
+    assert jobs.not_this_runs(job, "qwen_grpo", None).startswith("cannot be matched")
+
+
+def test_a_work_dir_with_the_separator_in_it_is_read_whole():
+    assert jobs.parse_squeue("5|PENDING|Priority|0||Unknown|n|/w/a|b|\n")["5"].work_dir == "/w/a|b"

@@ -224,3 +224,20 @@ def test_local_ray_run_listed_inspected_and_cancelled(tmp_path, state_dir):
         if proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize("recorded", ["0", "00", "-3", "7+0", "7;id", "７", "12_[0-3]"])
+def test_cancel_refuses_what_is_not_a_job_id(tmp_path, recorded):
+    """A run dir whose record names a job id SLURM never prints (job 0, a het component, an option, a range):
+    one line, nothing cancelled (no squeue or scancel on PATH here: nothing could have been run)."""
+    d = tmp_path / "r"
+    proc = runner("model=glm5_1", "mode=plan", "cluster=slurm", f"hydra.run.dir={d}")
+    assert proc.returncode == 0, proc.stderr
+    (d / "slurm_job.json").write_text(json.dumps({"job_id": recorded, "folder": str(tmp_path / "sub")}))
+    env = {**os.environ, "PATH": os.path.dirname(PY)}
+    line = one_error_line(vrun("cancel", str(d), env=env), str(d / "slurm_job.json"), "not a SLURM job id")
+    assert recorded not in line.replace(str(d), "")
+    (d / "slurm_job.json").write_text(json.dumps({"job_id": "7", "folder": str(tmp_path / "sub")}))
+    (d / "progress.jsonl").write_text(json.dumps({"event": "submitted", "t": time.time(), "job_id": recorded,
+                                                  "work_dir": str(ROOT)}) + "\n")
+    one_error_line(vrun("cancel", str(d), env=env), f"run={d}: squeue cannot be run here", "nothing cancelled")

@@ -199,3 +199,51 @@ def test_waiting_submission_shows_progress_then_resubmit(shared):
     assert again.returncode == 0, again.stdout + again.stderr
     s = status(d)
     assert s["state"] == "completed" and s["attempt"] == 1 and len(s["job_ids"]) == 2
+
+
+def decoy(name: str, chdir) -> str:
+    """A job of this user that is not the run's (or is, when name and dir are the run's): sleeps, cancelled after."""
+    p = slurm("sbatch", "--parsable", "-J", name, f"--chdir={chdir}", "-t", "5", "--wrap", "sleep 300")
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().split(";")[0]
+
+
+def listed(job: str) -> str:
+    return slurm("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
+
+
+def test_cancel_scancels_only_jobs_squeue_confirms_as_the_runs(shared):
+    """A run dir recording a job id (as the submitter records it: slurm_job.json and a `submitted` line with the dir
+    sbatch ran in) that SLURM lists under another job name, another work dir or both: cancel refuses in one line
+    and the job keeps running; a job with the run's name and dir is cancelled."""
+    from vrun.rundir import records
+
+    p = run(shared, "model=qwen3_5_35b", *TWO_NODES, "mode=plan", "hydra.sweep.subdir=a")
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = shared / "sweep" / "a"
+    name = json.loads((d / "plan.json").read_text())["slurm"]["parameters"]["job_name"]
+    elsewhere = shared / "elsewhere"
+    elsewhere.mkdir()
+    cases = {"another name": ("someone_elses_job", ROOT), "another dir": (name, elsewhere),
+             "another name and dir": ("someone_elses_job", elsewhere), "the run's own": (name, ROOT)}
+    for case, (job_name, chdir) in cases.items():
+        job = decoy(job_name, chdir)
+        (d / "slurm_job.json").write_text(json.dumps({"job_id": job, "stdout": "x", "stderr": "y",
+                                                      "folder": str(shared / "sweep" / ".submitit" / job)}))
+        (d / "progress.jsonl").unlink(missing_ok=True)
+        records.record(str(d), "submitted", job_id=job, restart=0, attempt=0, work_dir=str(ROOT))
+        wait_for("the job to be listed", lambda: listed(job) in ("PENDING", "RUNNING"), timeout=60)
+        c = vrun("cancel", str(d), timeout=180)
+        if case == "the run's own":
+            assert c.returncode == 0 and f"cancelled job {job}: {d}" in c.stdout and f"stopped: {d}" in c.stdout, \
+                c.stdout + c.stderr
+            assert listed(job) not in ("PENDING", "RUNNING")
+            continue
+        line = one_error_line(c, f"run={d}: job {job} ", "nothing cancelled", f"squeue -j {job} -O JobID,Name,WorkDir")
+        assert (f"is named 'someone_elses_job' in squeue, not {name!r}" in line) == ("name" in case), (case, line)
+        if case == "another dir":
+            assert f"runs in {elsewhere} in squeue, not {ROOT}" in line, line
+        time.sleep(2)
+        assert listed(job) in ("PENDING", "RUNNING"), f"{case}: a job that is not the run's was cancelled"
+        assert [e["event"] for e in records.events(str(d))] == ["submitted"]
+        slurm("scancel", job)

@@ -2,7 +2,9 @@
 partition as scontrol describes it, a log's decisive line, the storage refusal (before any SLURM client is
 asked), and `python -m vrun` without a verb listing the verbs. The same paths against a real cluster:
 tests/test_slurm_checks.py."""
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -51,15 +53,31 @@ def test_decisive_line_of_a_log():
 
 
 def test_node_local_run_dir_refused_before_any_slurm_client(tmp_path):
-    """pytest's tmp_path is under /tmp: the run dir, and the job's folder in it, are refused in one line each;
-    nothing is written."""
-    proc = runner("model=qwen3_5_35b", "cluster=slurm", "mode=preflight", f"hydra.sweep.dir={tmp_path}/s")
+    """A run dir under /tmp (cluster.node_local_paths' default): the run dir, and the job's folder in it, are
+    refused in one line each, and so are the checkout, the venv and the checkpoint where they are under it too (a
+    clone in /tmp); nothing is written."""
+    import sys
+
+    from vrun.config.schema import Cluster
+
+    local = Cluster().node_local_paths
+
+    def node_local(p) -> bool:
+        return any(str(p) == d or str(p).startswith(d + "/") for d in local)
+
+    base = tmp_path if node_local(tmp_path) else Path("/tmp")  # pytest's tmp_path is under /tmp unless TMPDIR moves it
+    sweep = base / f"vrun-node-local-{os.getpid()}"
+    proc = runner("model=qwen3_5_35b", "cluster=slurm", "mode=preflight", f"hydra.sweep.dir={sweep}")
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert [line.split("=", 1)[0] for line in lines] == ["error: hydra.sweep.dir",
-                                                         "error: hydra.launcher.submitit_folder"], lines
+    keys = [line.split("=", 1)[0].removeprefix("error: ") for line in lines]
+    assert keys[:2] == ["hydra.sweep.dir", "hydra.launcher.submitit_folder"], lines
+    # a checkout under /tmp: its own refusal, and its venv's and its default checkpoint path's where under it too
+    assert ("checkout" in keys) == node_local(Path(ROOT).resolve()), lines
+    assert ("venv" in keys) == node_local(Path(sys.prefix).resolve()), lines
+    assert set(keys[2:]) <= {"checkout", "venv", "QWEN3_5_35B_MODEL_PATH"}, lines
     assert "storage private to each node (cluster.node_local_paths)" in lines[0]
-    assert not (tmp_path / "s").exists()
+    assert not sweep.exists()
 
 
 def test_no_verb_lists_the_verbs():

@@ -1,6 +1,7 @@
 """The sweep's forked workers (hydra_plugins/vrun_sweeper/workers.py): parts in order, the parent's decision seen
 by every worker, and a worker that dies or raises leaves its part to the parent."""
 import os
+import re
 import signal
 
 import pytest
@@ -92,14 +93,79 @@ def test_the_parent_raising_leaves_no_worker():
         os.waitpid(-1, os.WNOHANG)
 
 
-def test_worker_count():
-    assert workers.count(64, {"VRUN_PLAN_WORKERS": "3"}) == 3
-    assert workers.count(2, {"VRUN_PLAN_WORKERS": "3"}) == 2  # never more workers than points
-    assert workers.count(7, {}) == 1  # under 8 points each a fork costs more than it saves
+@pytest.mark.parametrize("points,given,cpus,want", [
+    (64, "3", 8, 3), (64, "3", 2, 2), (64, "47", 2, 2), (64, "47", 1, 1), (2, "3", 8, 2),  # never more than the CPUs
+    (64, None, 64, 8), (64, None, 2, 2), (7, None, 8, 1), (40, None, 8, 5), (64, "1", 8, 1)])
+def test_worker_count(points, given, cpus, want):
+    """VRUN_PLAN_WORKERS or the default (≤ 8, ≥ 8 points each), capped by the usable CPUs and the points: 47
+    workers asked for on 2 CPUs fork 1 (the parent plans a part too)."""
+    env = {} if given is None else {"VRUN_PLAN_WORKERS": given}
+    assert workers.count(points, env, cpus=cpus) == want
+
+
+def test_worker_count_defaults_to_this_process_cpus():
+    assert workers.usable_cpus() == len(os.sched_getaffinity(0))
+    assert workers.count(10_000, {"VRUN_PLAN_WORKERS": "1000"}) == len(os.sched_getaffinity(0))
     assert 1 <= workers.count(64, {}) <= min(workers.MAX_WORKERS, len(os.sched_getaffinity(0)))
-    for bad in ("0", "x", "", "-2", "²", "1.5"):
-        with pytest.raises(ValueError, match="VRUN_PLAN_WORKERS"):
-            workers.count(64, {"VRUN_PLAN_WORKERS": bad})
+
+
+@pytest.mark.parametrize("bad", ["0", "x", "", "-2", "²", "1.5"])
+def test_worker_count_refuses_what_is_not_a_count(bad):
+    with pytest.raises(ValueError, match="VRUN_PLAN_WORKERS"):
+        workers.count(64, {"VRUN_PLAN_WORKERS": bad})
+
+
+def _children(pid: int) -> list:
+    try:
+        return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize("sig,whole_group", [(signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGINT, False),
+                                             (signal.SIGHUP, False)])
+def test_a_signal_while_a_sweep_plans_stops_every_worker(tmp_path, sig, whole_group):
+    """The real runner planning a sweep on a forked worker: SIGTERM to the runner, Ctrl-C (SIGINT to the whole
+    process group, or to the runner alone) or SIGHUP: every worker gone at once (the caller's pipes close with
+    the runner), one line and no traceback, exit 128 + the signal, nothing written."""
+    import subprocess
+    import time
+
+    from conftest import PY, ROOT
+
+    sweep = tmp_path / "s"
+    proc = subprocess.Popen([PY, str(ROOT / "runner.py"), "-m", "model=glm5_1,kimi_k2_6",
+                             "verl.trainer.save_freq=range(1,150)", "mode=plan", "run.allow_memory_overrun=true",
+                             f"hydra.sweep.dir={sweep}"], cwd=ROOT, env={**os.environ, "VRUN_PLAN_WORKERS": "2"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _children(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, "the runner never forked a worker"
+            time.sleep(0.02)
+        kids = _children(proc.pid)
+        time.sleep(0.3)  # the worker planning its part
+        assert proc.poll() is None, "the sweep ended before the signal: give it more points"
+        if whole_group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=30)  # returns once every holder of the pipes is gone
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + sig, err
+    assert took < 5, f"{took:.1f} s from the signal to the pipes closing"
+    assert all(not os.path.exists(f"/proc/{k}") for k in kids)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [line for line in err.splitlines() if not line.startswith("warning: ")]
+    assert len(lines) == 1 and re.fullmatch(rf"sweep: stopped by {signal.Signals(sig).name} while planning \([01] "
+                                            r"planning worker\(s\) stopped\); nothing was written or submitted",
+                                            lines[0]), err
+    assert not sweep.exists()
 
 
 def test_parts_weigh_the_compositions():

@@ -97,8 +97,9 @@ class PlanningSweeper(Sweeper):
         n_workers = 1 if single else n_workers
         items = list(enumerate(points))
         parts = workers.chunks(items, n_workers, key=lambda item: self._group_key(item[1]), setup=self._setup_cost)
-        summaries, shared, results = workers.two_phase(parts, self._check_point, self._sweep_checks,
-                                                       self._plan_points)
+        with workers.stop_on_signals():
+            summaries, shared, results = workers.two_phase(parts, self._check_point, self._sweep_checks,
+                                                           self._plan_points)
         failures = [s["failure"] for s in summaries if s.get("failure")] + shared["failures"]
         planned = []
         for part in results:
@@ -108,7 +109,29 @@ class PlanningSweeper(Sweeper):
         planned.sort(key=lambda p: p.idx)
         if failures:
             refuse(failures, len(points))
+        self._hold(planned, len(points))
         return self.launcher.launch_planned(Sweep(str(sweep_dir), tuple(planned), single=len(planned) == 1))
+
+    def _hold(self, planned: list, n_points: int) -> None:
+        """The run dir (a sweep: the sweep dir) locked for the rest of this process (vrun.rundir.lock), then its
+        checks made again under the lock: another process may have planned into it since they were made."""
+        from vrun.config import cli_errors
+        from vrun.launch.points import refuse
+        from vrun.rundir import lock
+
+        dirs = [(p.idx, p.overrides, p.plan.run_dir, p.resolved["run"].get("resume") is True) for p in planned]
+        target, key = (dirs[0][2], "hydra.run.dir") if self._single else (str(self._sweep_dir), "hydra.sweep.dir")
+        held = lock.take(target, key)
+        if held is not None:
+            cli_errors.emit([held.line()])
+        failures = [] if self._single else [(-1, ["(all points)"], p.line()) for p in check_paths.sweep(
+            str(self._sweep_dir), [(i, d) for i, _, d, _ in dirs], any(r for *_, r in dirs))]
+        for idx, overrides, d, resume in dirs:
+            again = check_paths.run_dir(d, key if self._single else "hydra.sweep.subdir",
+                                        inside=None if self._single else str(self._sweep_dir), resume=resume)
+            failures += [(idx, overrides, p.line()) for p in again if not p.warning]
+        if failures:
+            refuse(failures, n_points)
 
     def _group_key(self, overrides) -> tuple:
         """The point's group overrides: the points that share them share one composition."""

@@ -14,10 +14,12 @@ platform's normal way); elsewhere, serial.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import sys
+import threading
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -29,9 +31,19 @@ MAX_WORKERS = 8
 MIN_POINTS = 8              # points per worker below which a fork costs more than it saves
 
 
-def count(n_points: int, environ: dict = os.environ) -> int:
-    """How many processes plan a sweep of n_points: VRUN_PLAN_WORKERS when set (a whole number ≥ 1), else the CPUs
-    this process may run on, at most 8, with at least 8 points each."""
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask: a cgroup's cpuset, taskset, a SLURM allocation)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return 1
+
+
+def count(n_points: int, environ: dict = os.environ, cpus: int | None = None) -> int:
+    """How many processes plan a sweep of n_points: VRUN_PLAN_WORKERS when set (a whole number ≥ 1), else at most
+    8 with at least 8 points each; never more than the CPUs this process may run on (`cpus`, default usable_cpus:
+    more processes than CPUs only take turns) nor than the points."""
+    cpus = usable_cpus() if cpus is None else cpus
     given = environ.get(ENV)
     if given is not None:
         if not re.fullmatch(r"\s*[0-9]+\s*", given) or int(given) < 1:
@@ -39,14 +51,10 @@ def count(n_points: int, environ: dict = os.environ) -> int:
                              f"fix: {ENV}=1 (no fork) or unset it")
         n = int(given)
     else:
-        try:
-            n = min(len(os.sched_getaffinity(0)), MAX_WORKERS)
-        except AttributeError:  # not Linux
-            n = 1
-        n = min(n, n_points // MIN_POINTS)
+        n = min(MAX_WORKERS, n_points // MIN_POINTS)
     if not hasattr(os, "fork") or sys.platform != "linux":
         return 1
-    return max(1, min(n, n_points))
+    return max(1, min(n, cpus, n_points))
 
 
 def chunks(items: Sequence, n: int, key: Callable[[Any], Any],
@@ -120,6 +128,67 @@ class _Worker:
         self.reaped = True
 
 
+_live: list = []  # the workers of the sweep being planned: what a signal stops
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """While a sweep is planned: SIGTERM, SIGINT (Ctrl-C) or SIGHUP kills every planning worker at once (none
+    outlives the runner holding its caller's pipes), says so in one line and exits 128 + the signal's number; no
+    traceback. Planning writes nothing, so nothing is left half written. Main thread only (Python's rule)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    owner = os.getpid()
+
+    def stop(signum, frame):
+        if os.getpid() != owner:  # a worker between its fork and its own handlers
+            os._exit(128 + signum)
+        n = _kill_all()
+        line = (f"sweep: stopped by {signal.Signals(signum).name} while planning ({n} planning worker(s) stopped); "
+                "nothing was written or submitted\n")
+        try:
+            os.write(2, line.encode())
+        except OSError:
+            pass
+        raise SystemExit(128 + signum)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _kill_all() -> int:
+    """Every live worker killed, then reaped; how many there were."""
+    left = [w for w in _live if not w.reaped]
+    for w in left:
+        try:
+            os.kill(w.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for w in left:
+        w.end()
+    return len(left)
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a worker: default signal actions (Ctrl-C reaches the whole process group: a worker just ends), and
+    killed by the kernel when the parent dies, whatever kills it (Linux's PR_SET_PDEATHSIG)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before the request took
+        os._exit(1)
+
+
 def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide: Callable[[list], Any],
               second: Callable[[list, Any], Any]) -> tuple[list, Any, list]:
     """first(item) → (summary, kept); decide(every summary, in order) → shared; second(a part's kept, shared) →
@@ -128,6 +197,8 @@ def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide
     from multiprocessing.connection import Pipe
 
     workers: list[_Worker] = []
+    _live[:] = []
+    parent = os.getpid()
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -135,12 +206,14 @@ def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide
             here, there = Pipe()
             pid = os.fork()
             if pid == 0:  # the worker: never returns
+                _die_with_parent(parent)
                 here.close()
                 for earlier in workers:  # the parent's ends of earlier workers' pipes are not this worker's
                     earlier.conn.close()
                 _work(there, part, first, second)
             there.close()
             workers.append(_Worker(pid, here, part))
+            _live.append(workers[-1])
         kept = [first(item) for item in parts[0]]
         summaries = [[s for s, _ in kept]]
         taken_back: dict = {}  # a worker's part the parent took back: its phase-one results
@@ -173,6 +246,7 @@ def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide
     finally:  # the parent raised, or returns: no worker outlives the sweep
         for w in workers:
             w.end(kill=True)
+        _live[:] = []
 
 
 def _work(conn: "Connection", part: list, first, second) -> None:

@@ -164,8 +164,11 @@ def _link_below(base: str, path: str) -> Optional[str]:
 
 
 def _entries(path: str) -> list:
+    """What the dir holds, but the lock of the process writing it (vrun.rundir.lock: no run file)."""
+    from vrun.rundir.lock import LOCK
+
     try:
-        return sorted(os.listdir(path))
+        return sorted(e for e in os.listdir(path) if e != LOCK)
     except OSError:
         return []
 

@@ -64,5 +64,6 @@ def slurm_job(d: Path) -> Optional[dict]:
     from vrun.rundir import records as rundir
 
     if not rundir.job_id_ok(data["job_id"]):
-        raise RunDirError(f"{f} job_id", "<not a job id>", "not a SLURM job id (digits)", "submit the run again")
+        raise RunDirError(f"{f} job_id", "<not a job id>", "not a SLURM job id (a positive whole number)",
+                          "submit the run again")
     return data

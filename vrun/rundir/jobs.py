@@ -17,7 +17,7 @@ from typing import Optional
 # states in which a job still holds, or waits for, an allocation (squeue's long names)
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
           "SUSPENDED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
-FIELDS = ("JobID", "State", "Reason", "RestartCnt", "NodeList", "EndTime", "Name")
+FIELDS = ("JobID", "State", "Reason", "RestartCnt", "NodeList", "EndTime", "Name", "WorkDir")
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class Job:
     nodes: str = ""
     end: Optional[float] = None  # unix seconds: the time limit while it runs, the end once ended
     name: str = ""
+    work_dir: str = ""  # the dir sbatch ran in (squeue's WorkDir); "" where sacct is the record
     source: str = "squeue"
 
     @property
@@ -55,9 +56,10 @@ def parse_squeue(text: str) -> dict:
         parts = [p.strip() for p in line.split("|")]
         if len(parts) < len(FIELDS) or not parts[0]:
             continue
-        jid, st, reason, restarts, nodes, end, name = parts[:len(FIELDS)]
+        jid, st, reason, restarts, nodes, end, name = parts[:len(FIELDS) - 1]
+        work_dir = "|".join(parts[len(FIELDS) - 1:-1] or parts[len(FIELDS) - 1:])  # the last field, '|' and all
         out[jid] = Job(jid, st.split()[0] if st else "", "" if reason in ("None", "(null)") else reason,
-                       _int(restarts), nodes, _when(end), name)
+                       _int(restarts), nodes, _when(end), name, work_dir)
     return out
 
 
@@ -72,6 +74,24 @@ def squeue(run=subprocess.run) -> Optional[dict]:
     if p.returncode:
         return None
     return parse_squeue(p.stdout)
+
+
+def not_this_runs(job: Job, name: Optional[str], work_dir: Optional[str]) -> str:
+    """Why SLURM's record of a job id the run dir names is not the run's own job ("" when it is): the job name the
+    plan gave sbatch and the dir it was submitted from, as squeue reports them (`squeue -O JobID,Name,WorkDir`)."""
+    import os
+
+    if not name:
+        return "cannot be matched: the run's plan records no sbatch job name"
+    if not work_dir:
+        return "cannot be matched: the run dir did not record the dir it was submitted from (an earlier vrun)"
+    if job.name != name:
+        return f"is named {job.name!r} in squeue, not {name!r} (the run's sbatch job name)"
+    same = os.path.normpath(job.work_dir) == os.path.normpath(work_dir) or \
+        os.path.realpath(job.work_dir or "/nonexistent-") == os.path.realpath(work_dir)
+    if not same:
+        return f"runs in {job.work_dir or '(no dir)'} in squeue, not {work_dir} (where the run was submitted from)"
+    return ""
 
 
 def parse_sacct(text: str) -> dict:

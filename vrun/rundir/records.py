@@ -52,11 +52,12 @@ def _int(v) -> bool:
 
 
 def job_id_ok(j) -> bool:
-    """A SLURM job id as sbatch prints it (an array task: <job>_<task>); nothing a path or an option could hide in."""
+    """A SLURM job id as sbatch prints it: a positive whole number, without leading zeros (an array task:
+    <job>_<task>); no heterogeneous component (+N), nothing a path or an option could hide in."""
     import re
 
-    return isinstance(j, (str, int)) and not isinstance(j, bool) and re.fullmatch(r"[0-9]{1,20}(_[0-9]{1,10})?",
-                                                                                  str(j)) is not None
+    return isinstance(j, (str, int)) and not isinstance(j, bool) and re.fullmatch(
+        r"[1-9][0-9]{0,19}(_(0|[1-9][0-9]{0,9}))?", str(j)) is not None
 
 
 def valid_event(e) -> bool:

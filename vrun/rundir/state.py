@@ -335,6 +335,17 @@ def refresh(runs: list) -> None:
             r.state, r.phase = "lost", f"process {r.pid} ended without recording an exit"
 
 
+def not_own(run: Run, job) -> str:
+    """Why SLURM's record of a job id this run recorded is not the run's own job ("" when it is): squeue's job name
+    against the plan's sbatch job name, its work dir against the dir the `submitted` line of that id ran sbatch in."""
+    from vrun.rundir import jobs
+
+    name = (run.plan.slurm.parameters or {}).get("job_name") if run.plan.slurm else None
+    work_dir = next((e["work_dir"] for e in reversed(run.events) if e["event"] == "submitted" and
+                     str(e.get("job_id")) == job.id and isinstance(e.get("work_dir"), str)), None)
+    return jobs.not_this_runs(job, name, work_dir)
+
+
 def follow(run: Run, known: dict) -> None:
     """Put SLURM's record (known: job id → vrun.rundir.jobs.Job) over what the run's lines say, attempt by attempt:
     a job SLURM started again is a new attempt (the earlier one ended `requeued`), an ended job's state word says how

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from vrun.core import fs
 from vrun.rundir import records as rundir
@@ -42,10 +43,16 @@ def cmd_cancel(a) -> int:
         if input(question).strip().lower() not in ("y", "yes"):
             print("nothing cancelled")
             return 1
+    ids = {}
+    if any(r.on_slurm for r in live):  # every job confirmed as its run's before any is cancelled
+        from vrun.rundir import jobs
+
+        queue = jobs.squeue()
+        ids = {str(r.dir): own_jobs(r, queue) for r in live if r.on_slurm}
     for r in ended:
         print(f"skipped {r.dir}: {_ended(r)}")
     for r in live:
-        cancel_one(r)
+        cancel_one(r, ids.get(str(r.dir)))
     if a.no_wait:
         return 0
     return wait_stopped(live, a.timeout)
@@ -57,12 +64,33 @@ def _ended(r: state.Run) -> str:
     return f"the run has ended: {state.describe(r)}"
 
 
-def cancel_one(r: state.Run) -> None:
-    if r.on_slurm:
-        from vrun.rundir import jobs
+def own_jobs(r: state.Run, queue: Optional[dict]) -> list:
+    """The run's job ids to scancel: those the run dir recorded that squeue lists as pending or running, each
+    confirmed as this run's by the job name and the dir it was submitted from (vrun.rundir.jobs.not_this_runs).
+    Raises Usage, naming the job, when any recorded id is not a job id, cannot be confirmed or is another's."""
+    if queue is None:
+        raise Usage(f"error: run={r.dir}: squeue cannot be run here, so its jobs cannot be confirmed as this run's: "
+                    "nothing cancelled; fix: cancel from a SLURM login node (where squeue works)")
+    bad = [j for j in r.job_ids if not rundir.job_id_ok(j)]
+    if bad:
+        raise Usage(f"error: run={r.dir}: records job id {bad[0]!r}, not a SLURM job id (a positive whole number, "
+                    f"or <job>_<task>): nothing cancelled; fix: check the run's jobs with squeue --me -O "
+                    "JobID,Name,WorkDir and scancel the run's own by hand")
+    ids = [j for j in r.job_ids if j in queue and queue[j].active]
+    if not ids:
+        raise Usage(f"error: run={r.dir}: SLURM lists none of its jobs ({','.join(r.job_ids) or 'none recorded'}) "
+                    f"as pending or running: nothing cancelled; fix: python -m vrun status {r.dir}")
+    for j in ids:
+        why = state.not_own(r, queue[j])
+        if why:
+            raise Usage(f"error: run={r.dir}: job {j} {why}: nothing cancelled; fix: check it with squeue -j {j} "
+                        "-O JobID,Name,WorkDir, and scancel it by hand only if it is this run's")
+    return ids
 
-        queue = jobs.squeue() or {}
-        ids = [j for j in r.job_ids if j in queue and queue[j].active] or [r.job_id]
+
+def cancel_one(r: state.Run, ids: Optional[list] = None) -> None:
+    """Stop one run: on SLURM, scancel ids (own_jobs: confirmed as the run's); locally, SIGTERM its process."""
+    if r.on_slurm:
         try:
             p = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.SubprocessError) as e:

@@ -351,9 +351,12 @@ def submit(items: list, detach: bool) -> list:
              "folder": folder, "spec": sub.saved(), "mode": str(mode), "attempt": 0}, indent=2,
             default=str) + "\n", root=plan.run_dir)
         rundir.record(plan.run_dir, "submitted", job_id=job.job_id, restart=0, attempt=0, nodes=sub.nodes,
-                      gpus_per_node=sub.gpus_per_node)
+                      gpus_per_node=sub.gpus_per_node, work_dir=os.getcwd())
         print(f"submitted job {job.job_id}: {plan.run_dir}  logs {job.paths.stdout}", flush=True)
         jobs.append(job)
+    from vrun.rundir import lock
+
+    lock.release_all()  # submitted: the wait writes nothing, and a job's own requeue resubmits into its run dir
     if detach:
         print(f"detached: {len(jobs)} job(s); watch with: python -m vrun runs "
               f"{' '.join(plan.run_dir for plan, *_ in items)}", flush=True)
@@ -367,9 +370,12 @@ def resubmit(run_dir: str, detach: bool = False, exclude: tuple = (), replacing:
     from elsewhere), the same run dir; the job resumes from the last whole checkpoint (vrun.rundir.checkpoints).
     Refused while any of the run's jobs is queued or running (but `replacing`: the job a stall's requeue is about to
     cancel). exclude: nodes the new job must not get (sbatch --exclude, added to any the plan has)."""
-    from vrun.rundir import state
+    from vrun.rundir import lock, state
     from vrun.rundir.record import PlanRecord
 
+    held = lock.take(run_dir, "run", create=False)
+    if held is not None:
+        raise PlanError([held])
     record = PlanRecord.load(run_dir)
     if record.slurm is None:
         raise PlanError([Problem(f"{run_dir}/plan.json", "slurm", "holds no SLURM job to submit again (planned for "
@@ -380,7 +386,16 @@ def resubmit(run_dir: str, detach: bool = False, exclude: tuple = (), replacing:
     # the run's own state, SLURM's record on top: a queued, running or requeued attempt is in the way (not the job a
     # stall's requeue replaces, nor a job whose end the run recorded while SLURM still lists it leaving)
     if run.active and run.job_id != replacing:
-        from vrun.rundir.state import describe
+        from vrun.rundir import jobs
+        from vrun.rundir.state import describe, not_own
+
+        listed = (jobs.squeue() or {}).get(run.job_id or "")
+        why = not_own(run, listed) if listed is not None and listed.active else ""
+        if why:
+            raise PlanError([Problem("run", run_dir, f"records job {run.job_id}, which SLURM lists as "
+                                     f"{listed.state} but {why}: not confirmed as this run's, nothing submitted",
+                                     f"check it with squeue -j {run.job_id} -O JobID,Name,WorkDir; plan the run "
+                                     "again into a new dir")])
 
         raise PlanError([Problem("run", run_dir, f"job {run.job_id} is still {describe(run)}",
                                  f"python -m vrun cancel {run_dir} first, or wait for it to end")])
@@ -395,13 +410,14 @@ def resubmit(run_dir: str, detach: bool = False, exclude: tuple = (), replacing:
     folder = record.slurm.submitit_folder
     job = executor(sub, folder).submit(RunJob(record.run_dir, record.run_id, attempt))
     rundir.record(run_dir, "submitted", job_id=job.job_id, restart=0, attempt=attempt, nodes=sub.nodes,
-                  gpus_per_node=sub.gpus_per_node, **({"exclude": list(exclude)} if exclude else {}),
-                  **({"replacing": replacing} if replacing else {}))
+                  gpus_per_node=sub.gpus_per_node, work_dir=os.getcwd(),
+                  **({"exclude": list(exclude)} if exclude else {}), **({"replacing": replacing} if replacing else {}))
     writer.write_text(Path(run_dir) / "slurm_job.json", json.dumps(
         {"job_id": job.job_id, "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr), "folder": folder,
          "spec": sub.saved(), "mode": record.mode, "attempt": attempt}, indent=2, default=str) + "\n", root=run_dir)
     without = f" (without {','.join(exclude)})" if exclude else ""
     print(f"resubmitted job {job.job_id}{without}: {run_dir}  logs {job.paths.stdout}", flush=True)
+    lock.release_all()
     if not detach:
         from vrun.launch.slurm import wait as slurm_wait
 
