@@ -25,7 +25,7 @@ OVERVIEW = "overview.svg"
 PICTURE_FAILED = "plan.svg.failed"  # the reason a background drawing failed
 TRAIN_PARTS = ("weights", "grads", "optimizer", "activations", "logits", "transient")
 ROLLOUT_PARTS = ("vllm", "residents")
-# GPUs drawn one cell each; a larger mesh is drawn a block per pipeline stage (plan.svg stays ~100 kB)
+# GPUs drawn one cell each (plan.svg ~850 kB at this many); a larger mesh is drawn a block per pipeline stage
 MAX_CELLS = 4096
 COLOURS = {"weights": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52",
            "logits": "#8172b3", "transient": "#937860", "vllm": "#64b5cd", "residents": "#8c8c8c"}
