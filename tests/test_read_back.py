@@ -440,7 +440,6 @@ CHECKPOINT_CASES = {
         ("vocab_size", 0), ("num_attention_heads", "many"), ("moe_intermediate_size", [4]))},
     "Infinity": (json.dumps(CONFIG).replace('"hidden_size": 8', '"hidden_size": Infinity'), None, "Infinity"),
     "truncated config": (json.dumps(CONFIG)[:40], None, "not valid JSON"),
-    "no weights": (CONFIG, {}, "weights=0"),
     "only a buffer": (CONFIG, {"model.position_ids": ("I64", (4,))}, "weights=0"),
     "negative shape": (CONFIG, {"model.embed_tokens.weight": ("BF16", (-32, 8))}, "shape"),
     "lying quantization": (dict(CONFIG, quantization_config={"quant_method": "gptq", "bits": 4}), None,
@@ -472,6 +471,15 @@ def test_a_hostile_checkpoint_file_is_refused_without_hanging(tmp_path, door, na
     with within(10), pytest.raises(CheckpointError) as e:
         read_checkpoint(d)
     assert "\n" not in str(e.value) and e.value.fix
+
+
+def test_a_config_json_without_weights_plans_from_the_facts_not_zero(tmp_path):
+    from conftest import plan
+
+    d = checkpoint(tmp_path / "ckpt", tensors={})
+    p = plan(["model=qwen3_5_35b", "mode=plan"], environ=dict(os.environ, QWEN3_5_35B_MODEL_PATH=str(d)))
+    assert p.params is not None and p.params.total > 1e9
+    assert any("no safetensors weights" in w.line() for w in p.warnings)
 
 
 def test_a_plan_from_a_lying_checkpoint_is_one_error_line(tmp_path):

@@ -211,7 +211,7 @@ def read_checkpoint(path: str) -> Optional[CheckpointFacts]:
         problems.append(f"{path}: no safetensors weights (model.safetensors[.index.json] or *.safetensors)")
     c = counter
     problems += c.problems
-    _facts_agree(path, cfg_path, qcfg, cfg.get("expert_dtype"), c, problems)
+    _facts_agree(path, cfg_path, qcfg, cfg.get("expert_dtype"), c, problems, bool(files))
     if c.odd_experts:
         problems.append(f"warning: {len(c.odd_experts)} routed-expert weight(s) do not hold hidden_size × "
                         f"moe_intermediate_size = {c.hidden} × {c.moe_inter} values, e.g. {c.odd_experts[0]} "
@@ -466,10 +466,12 @@ def _numbers_are_numbers(cfg_path: str, cfg: dict) -> None:
                                "as its upstream config.json has it")
 
 
-def _facts_agree(path: str, cfg_path: str, qcfg: Any, expert_dtype: Any, c: "_Counter", problems: list) -> None:
-    """The checkpoint's facts checked against each other: a checkpoint holds some parameters, and a quantization
-    config.json declares (quantization_config, expert_dtype) is one its weight tensors are stored in."""
-    if not c.unknown and sum(c.totals.values()) == 0:
+def _facts_agree(path: str, cfg_path: str, qcfg: Any, expert_dtype: Any, c: "_Counter", problems: list,
+                 has_shards: bool) -> None:
+    """The checkpoint's facts checked against each other: shards hold some parameters, and a quantization
+    config.json declares (quantization_config, expert_dtype) is one its weight tensors are stored in. (A dir with a
+    config.json and no shard at all is not refused here: the plan counts from the model group's facts then.)"""
+    if has_shards and not c.unknown and sum(c.totals.values()) == 0:
         first = next((p for p in problems if not p.startswith("warning:")), None)
         raise _refused(path, "weights", 0, f"no weight tensor read, 0 parameters ({first or 'the headers hold none'})",
                        "point at the checkpoint's directory with its *.safetensors weights (complete)")

@@ -324,6 +324,11 @@ def model_params(config: RunConfig, entrypoint: Entrypoint, path: Optional[str],
             facts = None
             problems.append(Problem(m.path_env, path, f"checkpoint headers unreadable ({e})",
                                     "check the checkpoint files", warning=True))
+        if facts is not None and facts.shards == 0:  # a config.json alone: never a count of 0 parameters
+            problems.append(Problem(m.path_env, path, "no safetensors weights beside config.json; the parameter "
+                                    "counts come from the model group's facts", "point at the checkpoint's "
+                                    "directory with its *.safetensors weights", warning=True))
+            facts = None
         if facts is not None:
             for line in checkpoint.cross_check(facts, arch):
                 problems.append(Problem("model.arch", m.name, line, "the checkpoint is the truth: "
