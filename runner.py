@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from hydra_plugins.vrun_launcher.vrun_launcher import register
 from vrun.config import cli_errors
 from vrun.core import writer
+from vrun.rundir import records
 
 register()
 
@@ -23,4 +24,8 @@ if __name__ == "__main__":
     writer.install()
     cli_errors.one_line_hydra_errors()
     cli_errors.mode_from_run_yaml()
+    # a state dir at / or a system dir, or one of another user's, is refused before anything is written
+    state_dir_refused = records.state_dir_problem()
+    if state_dir_refused:
+        cli_errors.emit([state_dir_refused])
     main()

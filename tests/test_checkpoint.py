@@ -13,7 +13,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from vrun.estimate.checkpoint import cross_check, read_checkpoint
+from vrun.estimate.checkpoint import CheckpointError, cross_check, read_checkpoint
 
 pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
 
@@ -393,11 +393,12 @@ def test_header_read_stops_at_the_header(dsv3, monkeypatch):
 
 
 def test_git_lfs_pointer_is_reported(tmp_path):
-    """A shard that is a Git LFS pointer is a problem line, and the count is incomplete."""
+    """A checkpoint whose only shard is a Git LFS pointer holds no weights: refused, saying why and how to fix."""
     d = write_config(tmp_path / "lfs", num_hidden_layers=1)
     (d / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 9\n")
-    f = read_checkpoint(d)
-    assert f.complete is False and any("Git LFS pointer" in p for p in f.problems)
+    with pytest.raises(CheckpointError, match="Git LFS pointer") as e:
+        read_checkpoint(d)
+    assert e.value.fix
 
 
 def test_hand_written_files_are_real_safetensors(dsv3):

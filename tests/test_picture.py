@@ -98,7 +98,8 @@ def test_a_drawing_that_fails_leaves_its_reason_and_show_draws_it_again(tmp_path
                            input=json.dumps({"plan": str(d / "plan.json"), "out": str(d / "plan.svg")}) + "\n",
                            timeout=120)
     assert child.returncode == 1 and not (d / "plan.svg").exists()
-    assert (d / picture.PICTURE_FAILED).read_text().startswith("JSONDecodeError: ")
+    reason = (d / picture.PICTURE_FAILED).read_text()
+    assert reason.startswith("RunDirError: ") and "plan.json=not JSON" in reason, reason
     (d / "plan.json").write_text(good)
     assert cli.main(["show", str(d)]) == 0
     check_picture(d / "plan.svg", json.loads(good))

@@ -87,8 +87,12 @@ def test_a_composed_tree_is_kept_after_a_written_plan_and_read_back(own_state_di
     assert texts[0] == texts[1]
 
     record["tree"]["trainer"]["kept_tree_probe"] = 1  # verl's composition has no such key: only the kept tree
-    kept[0].write_text(json.dumps(record))
+    kept[0].write_text(json.dumps(record))  # edited, its fingerprint not: composed again, saying so
     probe = ("verl.trainer.kept_tree_probe=2", f"hydra.run.dir={tmp_path / 'read'}")
+    edited = runner(*groups, probe[0], f"hydra.run.dir={tmp_path / 'edited'}")
+    assert edited.returncode == 2 and "no longer matches its fingerprint" in edited.stderr, edited.stderr
+    record["digest"] = verl_tree.content_digest(record["tree"])
+    kept[0].write_text(json.dumps(record))
     read = runner(*groups, *probe)
     assert read.returncode == 0, read.stderr
     assert "kept_tree_probe: 2" in (tmp_path / "read" / "verl_config.yaml").read_text()

@@ -133,7 +133,9 @@ MAX_SWEEP_POINTS = 10_000
 
 
 def sweep_size_problems(parsed: list, limit: int = MAX_SWEEP_POINTS) -> list:
-    """The number of points a sweep's parsed overrides expand to (counted, never expanded), refused over `limit`."""
+    """The number of points a sweep's parsed overrides expand to as Hydra's basic sweeper expands them (a product
+    over the swept keys; range by arithmetic, choice by its values, glob by the group options it matches), counted
+    without building the points, refused over `limit`."""
     import math
 
     from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
@@ -149,7 +151,11 @@ def sweep_size_problems(parsed: list, limit: int = MAX_SWEEP_POINTS) -> list:
         elif isinstance(v, ChoiceSweep):
             k = len(v.list)
         elif isinstance(v, Glob):
-            k = max(1, len(v.include))
+            # as Hydra expands it: the group's options the patterns match (the parser's config loader lists them)
+            try:
+                k = sum(1 for _ in o.sweep_string_iterator())
+            except Exception:  # noqa: BLE001 - no config loader: the patterns, at least one value each
+                k = max(1, len(v.include))
         else:
             k = 1
         if widest is None or k > widest[1]:

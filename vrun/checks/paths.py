@@ -226,9 +226,12 @@ def same_plan(run_dir_: str, verl_text: str) -> list:
     f = Path(run_dir_) / "verl_config.yaml"
     if not fs.is_file(f) or fs.is_link(f):
         return []
+    from vrun.rundir.files import LIMIT
+
+    raw, _ = fs.read_checked(f, LIMIT, own=True, binary=True)
     try:
-        old = f.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        old = raw.decode("utf-8") if raw is not None else None
+    except UnicodeDecodeError:
         old = None
     if old == verl_text or (old is not None and _same_yaml(old, verl_text)):
         return []

@@ -19,7 +19,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from vrun.core import digest, writer
 from vrun.core.dotted import MISSING
@@ -28,7 +28,8 @@ from vrun.rundir import records
 
 # 2: the tree kept in Hydra's key order (1 sorted it, so a kept tree wrote verl_config.yaml in another order than
 # a composed one)
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 3: the kept tree carries its content's digest
+KEPT_LIMIT = 32 << 20  # bytes: a kept tree is ~100 kB
 
 
 @dataclass(frozen=True)
@@ -67,23 +68,56 @@ def _key(config_name: str, groups: tuple[str, ...]) -> dict:
             "tree": fingerprint()}
 
 
-def _cache_file(key: dict) -> Path:
+def _cache_file(key: dict) -> Optional[Path]:
     import hashlib
 
+    d = records.state_dir()
+    if d is None:
+        return None
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return records.state_dir() / "cache" / f"verl-tree-{name}.json"
+    return d / "cache" / f"verl-tree-{name}.json"
+
+
+def content_digest(tree: dict) -> str:
+    """The kept tree's own fingerprint: its content, so a tree edited after it was kept is composed again."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()
+
+
+def kept_tree(path: Optional[Path], key: dict) -> Optional[dict]:
+    """The tree kept for `key`, or None: not kept, or refused (not the user's own file, a link, a FIFO, too large,
+    not JSON, kept for another key, or its content no longer what its fingerprint says), said in one line."""
+    from vrun.core import fs
+
+    if path is None:
+        return None
+    text, why = fs.read_checked(path, KEPT_LIMIT, own=True)
+    if text is None:
+        if why != "no such file":
+            fs.ignored(path, why, "composed again")
+        return None
+    try:
+        kept = json.loads(text)
+    except (ValueError, RecursionError):
+        kept = None
+    if not (isinstance(kept, dict) and kept.get("key") == key and isinstance(kept.get("tree"), dict)):
+        fs.ignored(path, "not a tree kept for this verl and these groups", "composed again")
+        return None
+    if kept.get("digest") != content_digest(kept["tree"]):
+        fs.ignored(path, "its content no longer matches its fingerprint (edited after it was kept)",
+                   "composed again")
+        return None
+    return kept["tree"]
 
 
 @functools.lru_cache(maxsize=32)
 def _base(config_name: str, groups: tuple[str, ...], config_dir: str) -> dict:
     key = _key(config_name, groups)
     path = _cache_file(key)
-    try:
-        kept = json.loads(path.read_text())
-        if isinstance(kept, dict) and kept.get("key") == key and isinstance(kept.get("tree"), dict):
-            return kept["tree"]
-    except (OSError, ValueError):
-        pass  # none kept yet, or unreadable: composed below
+    kept = kept_tree(path, key)
+    if kept is not None:
+        return kept
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_config_search_path
     from hydra.types import RunMode
@@ -115,8 +149,11 @@ def keep_composed() -> None:
     while _COMPOSED:
         kept = _COMPOSED.pop()
         path = _cache_file(kept["key"])
+        if path is None:
+            continue
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            kept = {**kept, "digest": content_digest(kept["tree"])}
             writer.write_text(path, json.dumps(kept) + "\n", root=str(path.parent),
                               verbatim=True)
         except (OSError, ValueError):

@@ -79,7 +79,22 @@ _BITS_IN_NAME = re.compile(r"(?:fp|int|nf|uint)(\d+)|w(\d+)a", re.I)
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file that cannot be read (names the file and why)."""
+    """A checkpoint file that cannot be read (names the file and why). With a fix: the checkpoint's own facts
+    disagree (a word for a number, a negative shape, no weights, a quantization its tensors do not hold), and the
+    plan is refused rather than sized from them."""
+
+    def __init__(self, message: str, fix: Optional[str] = None):
+        super().__init__(message)
+        self.fix = fix
+
+
+def _refused(file: str, key: str, value: Any, why: str, fix: str) -> CheckpointError:
+    return CheckpointError(f"{file} {key}={str(value)[:80]}: {why}", fix)
+
+
+from vrun.estimate.rollout import CONFIG_JSON_LIMIT as JSON_LIMIT  # noqa: E402 - config.json, the index
+# dtypes that store a weight narrower than 16 bits: what a quantization_config promises the tensors hold
+NARROW_DTYPES = INT_DTYPES | {"F8_E4M3", "F8_E5M2", "F4", "F6_E2M3", "F6_E3M2"}
 
 
 class UnknownTensor(NamedTuple):
@@ -125,7 +140,12 @@ class CheckpointFacts:
 
 def read_safetensors_header(path: str) -> tuple[dict, int]:
     """The header's JSON and the byte length of the data section the file holds; reads nothing past the header."""
-    with open(path, "rb") as f:
+    import stat as _stat
+
+    # opened without blocking: a FIFO named like a shard is refused, never waited on
+    with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+        if not _stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise CheckpointError(f"{path}: not a regular file (a FIFO or device); not safetensors")
         size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) < 8:
@@ -137,8 +157,8 @@ def read_safetensors_header(path: str) -> tuple[dict, int]:
             raise CheckpointError(f"{path}: header length {n} does not fit a {size}-byte file; not safetensors")
         raw = f.read(n)
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as e:
+        header = json.loads(raw, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CheckpointError(f"{path}: header is not JSON ({e})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: header is not a JSON object")
@@ -153,11 +173,12 @@ def read_checkpoint(path: str) -> Optional[CheckpointFacts]:
     """
     path = os.fspath(path)
     cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
+    if not os.path.exists(cfg_path):
         return None
-    top = _load_json(cfg_path)
+    top = load_json(cfg_path)
     text = top.get("text_config") if isinstance(top.get("text_config"), dict) else {}
     cfg = {**top, **text}
+    _numbers_are_numbers(cfg_path, cfg)
     arch = {key: _first_int(cfg, names) for key, names in ARCH_KEYS.items()}
     qcfg = top.get("quantization_config") or text.get("quantization_config") or {}
     qbits, quant_method = _quant_bits(qcfg if isinstance(qcfg, dict) else {})
@@ -190,6 +211,7 @@ def read_checkpoint(path: str) -> Optional[CheckpointFacts]:
         problems.append(f"{path}: no safetensors weights (model.safetensors[.index.json] or *.safetensors)")
     c = counter
     problems += c.problems
+    _facts_agree(path, cfg_path, qcfg, cfg.get("expert_dtype"), c, problems, bool(files))
     if c.odd_experts:
         problems.append(f"warning: {len(c.odd_experts)} routed-expert weight(s) do not hold hidden_size × "
                         f"moe_intermediate_size = {c.hidden} × {c.moe_inter} values, e.g. {c.odd_experts[0]} "
@@ -238,6 +260,7 @@ class _Counter:
         self.problems: List[str] = []
         self.seen: set = set()
         self.odd_experts: List[str] = []
+        self.weight_dtypes: set = set()   # dtypes of the tensors counted as parameters
 
     def add_shard(self, shard: str, header: dict, data_bytes: int) -> None:
         end, bad_size, seen, dtypes, add = 0, [], self.seen, self.dtypes, self._add
@@ -254,6 +277,9 @@ class _Counter:
             if type(numel) is not int or type(length) is not int or type(dtype) is not str:
                 self.problems.append(f"{shard}: tensor {name} has no valid dtype/shape/data_offsets in the header")
                 continue
+            if not all(type(d) is int and d >= 0 for d in shape) or type(begin) is not int or not 0 <= begin <= stop:
+                raise _refused(shard, f"{name}.shape", shape, "a negative or non-integer dimension or byte "
+                               "range: not a safetensors header", "download the shard again")
             if stop > end:
                 end = stop
             bits = DTYPE_BITS.get(dtype)
@@ -297,6 +323,7 @@ class _Counter:
         else:
             self.unknown.append(UnknownTensor(name, dtype, tuple(shape)))
             return
+        self.weight_dtypes.add(dtype)
         # a float shape is logical as stored; an unpacked integer weight is checked against the config's sizes
         if routed and dtype in INT_DTYPES and self.hidden and self.moe_inter and len(shape) == 2 \
                 and n != self.hidden * self.moe_inter and _PER_EXPERT_WEIGHT.search(name):
@@ -393,7 +420,7 @@ def _shard_files(path: str) -> tuple[List[str], Optional[dict]]:
     """Shard file names, and the index's weight_map when there is one."""
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        weight_map = _load_json(index).get("weight_map")
+        weight_map = load_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index}: no weight_map object")
         return sorted(set(weight_map.values())), weight_map
@@ -402,15 +429,65 @@ def _shard_files(path: str) -> tuple[List[str], Optional[dict]]:
     return sorted(f for f in os.listdir(path) if f.endswith(".safetensors")), None
 
 
-def _load_json(path: str) -> dict:
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a checkpoint holds")
+
+
+def load_json(path: str) -> dict:
+    """A checkpoint's JSON file: a regular file (a link to one, as the Hugging Face cache makes, is fine) of at
+    most JSON_LIMIT bytes, read without blocking; NaN/Infinity refused."""
+    from vrun.core import fs
+
+    fix = f"restore {os.path.basename(path)} from the model's upstream repository (a regular JSON file)"
+    text, why = fs.read_checked(path, JSON_LIMIT)
+    if text is None:
+        raise CheckpointError(f"{path}: {why}", fix)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except ValueError as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+        data = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})", fix) from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: not a JSON object")
+        raise CheckpointError(f"{path}: not a JSON object", fix)
     return data
+
+
+def _numbers_are_numbers(cfg_path: str, cfg: dict) -> None:
+    """Every architecture number config.json gives (ARCH_KEYS) is a positive integer (first_k_dense_replace and the
+    MTP layer counts may be 0): a word, a float, a negative count is refused, never skipped for a guess."""
+    zero_ok = set(ARCH_KEYS["mtp_layers"] + ARCH_KEYS["dense_layers"])
+    for names in ARCH_KEYS.values():
+        for n in names:
+            v = cfg.get(n)
+            if v is None:
+                continue
+            if not _is_int(v) or v < (0 if n in zero_ok else 1):
+                raise _refused(cfg_path, n, v, f"not a {'non-negative' if n in zero_ok else 'positive'} integer "
+                               f"({type(v).__name__})", f"write {n} as the model's integer in {cfg_path}, "
+                               "as its upstream config.json has it")
+
+
+def _facts_agree(path: str, cfg_path: str, qcfg: Any, expert_dtype: Any, c: "_Counter", problems: list,
+                 has_shards: bool) -> None:
+    """The checkpoint's facts checked against each other: shards hold some parameters, and a quantization
+    config.json declares (quantization_config, expert_dtype) is one its weight tensors are stored in. (A dir with a
+    config.json and no shard at all is not refused here: the plan counts from the model group's facts then.)"""
+    if has_shards and not c.unknown and sum(c.totals.values()) == 0:
+        first = next((p for p in problems if not p.startswith("warning:")), None)
+        raise _refused(path, "weights", 0, f"no weight tensor read, 0 parameters ({first or 'the headers hold none'})",
+                       "point at the checkpoint's directory with its *.safetensors weights (complete)")
+    declared = []
+    if isinstance(qcfg, dict) and qcfg:
+        bits, method = _quant_bits(qcfg)
+        if bits and min(bits) < 16:
+            declared.append(("quantization_config", method or f"{min(bits)}-bit"))
+    if _bits_of(expert_dtype) and _bits_of(expert_dtype) < 16:
+        declared.append(("expert_dtype", expert_dtype))
+    stored = set(c.weight_dtypes)
+    if declared and stored and not stored & NARROW_DTYPES:
+        key, said = declared[0]
+        raise _refused(cfg_path, key, said, f"declares weights narrower than 16 bits, but every weight tensor is "
+                       f"stored as {'/'.join(sorted(stored))}", f"remove {key} from {cfg_path}, or point at the "
+                       "quantized checkpoint it describes")
 
 
 def _first_int(cfg: dict, names: tuple) -> Optional[int]:

@@ -161,8 +161,8 @@ def formats_from_config(cfg: dict) -> Optional[Formats]:
     bits = set()
     for g in (q.get("config_groups") or {}).values():
         w = g.get("weights") if isinstance(g, dict) else None
-        if isinstance(w, dict) and w.get("num_bits"):
-            bits.add(int(w["num_bits"]))
+        if isinstance(w, dict) and isinstance(w.get("num_bits"), int) and not isinstance(w["num_bits"], bool):
+            bits.add(w["num_bits"])
     if method == "mxfp4":
         dense, experts = "bf16", "fp4"
     elif method == "compressed-tensors" and bits == {4}:
@@ -175,20 +175,28 @@ def formats_from_config(cfg: dict) -> Optional[Formats]:
     return Formats(dense, expert or experts, "checkpoint config.json quantization_config")
 
 
+# a checkpoint's config.json and index are read up to this many bytes (a 1T-parameter index is ~10 MB)
+CONFIG_JSON_LIMIT = 64 << 20
+
+
 def checkpoint_formats(path: Optional[str]) -> Optional[Formats]:
-    """Formats from the config.json of a checkpoint directory; None without one."""
+    """Formats from the config.json of a checkpoint directory; None without one, or when it cannot be read (the
+    plan's checkpoint read, vrun.estimate.checkpoint, says why and refuses a config.json its tensors contradict)."""
     import json
     import os
 
+    from vrun.core import fs
+
     if not path:
         return None
-    f = os.path.join(os.path.expanduser(path), "config.json")
+    text, _ = fs.read_checked(os.path.join(os.path.expanduser(path), "config.json"), CONFIG_JSON_LIMIT)
     try:
-        with open(f) as fh:
-            cfg = json.load(fh)
-    except (OSError, ValueError):
+        cfg = json.loads(text or "", parse_constant=lambda c: None)  # NaN/Infinity: no format
+    except (ValueError, RecursionError):
         return None
-    return formats_from_config(cfg) if isinstance(cfg, dict) else None
+    if not isinstance(cfg, dict):
+        return None
+    return formats_from_config(cfg)
 
 
 @dataclass(frozen=True)

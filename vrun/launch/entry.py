@@ -55,7 +55,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from omegaconf import OmegaConf
 
-    config = OmegaConf.load(args.config)
+    from vrun.core import fs
+    from vrun.rundir.files import LIMIT
+
+    text, why = fs.read_checked(args.config, LIMIT, own=True)  # the run dir's file: the user's own, never a FIFO
+    if text is None:
+        print(f"error: --config={args.config}: {why}; fix: plan the run again", file=sys.stderr)
+        return 2
+    config = OmegaConf.create(text)
     missing = [n for n in args.pass_env if not os.environ.get(n)]
     if missing:
         print(f"entry: pass_env {', '.join(missing)} not set in this environment: the workers will not see them",

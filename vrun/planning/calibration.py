@@ -17,10 +17,26 @@ from vrun.rundir import records as rundir
 
 FILE = "calibration.json"
 KEEP = 20          # runs kept per kind (the newest)
+LIMIT = 1 << 20    # bytes: the record holds at most KEEP entries per kind
+STEP_S = (0.01, 1e6)   # a step time that is a measurement (seconds), measured and predicted alike
+RATIO = (0.02, 50.0)   # measured / predicted a calibration may apply; outside, the entry is not believed
 
 
-def path(environ: Optional[dict] = None) -> Path:
-    return rundir.state_dir(environ) / FILE
+def path(environ: Optional[dict] = None) -> Optional[Path]:
+    d = rundir.state_dir(environ)
+    return None if d is None else d / FILE
+
+
+def sane(measured_s, predicted_s) -> Optional[str]:
+    """Why an entry is not a calibration (not a number, not finite, outside STEP_S, a ratio outside RATIO), or None."""
+    for name, x in (("measured_s", measured_s), ("predicted_s", predicted_s)):
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            return f"{name} is {type(x).__name__}, not a number"
+        if not STEP_S[0] <= x <= STEP_S[1]:  # NaN and inf fail too
+            return f"{name}={x} is outside {STEP_S[0]}–{STEP_S[1]:.0e} s"
+    if not RATIO[0] <= measured_s / predicted_s <= RATIO[1]:
+        return f"measured/predicted={measured_s / predicted_s:.3g} is outside {RATIO[0]}–{RATIO[1]:g}"
+    return None
 
 
 def key(kind: dict) -> str:
@@ -28,28 +44,49 @@ def key(kind: dict) -> str:
 
 
 def load() -> dict:
-    try:
-        data = json.loads(path().read_text())
-    except (OSError, json.JSONDecodeError):
+    """The record; {} when there is none, or it is refused (not the user's own, a link, a FIFO, too large, not a
+    JSON object: said in one line)."""
+    from vrun.core import fs
+
+    p = path()
+    if p is None:
         return {}
-    return data if isinstance(data, dict) else {}
+    text, why = fs.read_checked(p, LIMIT, own=True)
+    if text is None:
+        if why != "no such file":
+            fs.ignored(p, why, "no calibration")
+        return {}
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        fs.ignored(p, "not a JSON object", "no calibration")
+        return {}
+    return data
 
 
 def entries(kind: dict) -> list:
+    """The kind's entries that are measurements; one outside sane bounds (sane) is ignored, saying so."""
+    from vrun.core import fs
+
     out = []
-    for e in load().get(key(kind)) or []:
-        try:
-            m, p = float(e["measured_s"]), float(e["predicted_s"])
-        except (KeyError, TypeError, ValueError):
+    es = load().get(key(kind))
+    for e in es if isinstance(es, list) else []:
+        if not isinstance(e, dict):
             continue
-        if m > 0 and p > 0:
-            out.append({**e, "measured_s": m, "predicted_s": p})
+        why = sane(e.get("measured_s"), e.get("predicted_s"))
+        if why:
+            fs.ignored(path(), f"{key(kind)} entry of run {e.get('run_dir')!s:.200}: {why}", "not a calibration",
+                       f"remove the entry, or the file (rm {path()})")
+            continue
+        out.append({**e, "measured_s": float(e["measured_s"]), "predicted_s": float(e["predicted_s"])})
     return out
 
 
 def record(kind: dict, run_dir: str, measured_s: float, predicted_s: float, steps: int) -> bool:
     """Add (or replace) a run's entry; never fails the caller. Returns whether the record changed."""
-    if not (measured_s > 0 and predicted_s > 0):
+    if sane(measured_s, predicted_s):
         return False
     data = load()
     k = key(kind)
@@ -61,6 +98,8 @@ def record(kind: dict, run_dir: str, measured_s: float, predicted_s: float, step
         return False
     data[k] = ([e for e in old if e.get("run_dir") != str(run_dir)] + [{**entry, "t": round(time.time(), 1)}])[-KEEP:]
     p = path()
+    if p is None:
+        return False
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         writer.write_text(p, json.dumps(data, indent=1) + "\n", root=str(p.parent))  # whole, masked, no link

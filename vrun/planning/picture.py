@@ -25,6 +25,8 @@ OVERVIEW = "overview.svg"
 PICTURE_FAILED = "plan.svg.failed"  # the reason a background drawing failed
 TRAIN_PARTS = ("weights", "grads", "optimizer", "activations", "logits", "transient")
 ROLLOUT_PARTS = ("vllm", "residents")
+# GPUs drawn one cell each (plan.svg ~850 kB at this many); a larger mesh is drawn a block per pipeline stage
+MAX_CELLS = 4096
 COLOURS = {"weights": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52",
            "logits": "#8172b3", "transient": "#937860", "vllm": "#64b5cd", "residents": "#8c8c8c"}
 
@@ -84,7 +86,9 @@ def _figure():
     if "MPLCONFIGDIR" not in os.environ:
         from vrun.rundir import records
 
-        os.environ["MPLCONFIGDIR"] = str(records.state_dir() / "matplotlib")
+        d = records.state_dir()
+        if d is not None:
+            os.environ["MPLCONFIGDIR"] = str(d / "matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,20 +150,17 @@ def render(plan: dict, out: str) -> str:
         title += f" ({t['calibration']['from']})"
     ax_time.set_title(title, fontsize=9)
 
-    nodes, gpn, stage, replica = gpu_layout(plan)
+    nodes, gpn, stage, replica, boxes, note = _gpu_grid(plan)
     cmap = _stage_colours(max(stage) + 1 if stage else 1)
-    cells = [Rectangle((r % gpn, r // gpn), 0.92, 0.92) for r in range(nodes * gpn)]
-    grid_cells = PatchCollection(cells, facecolors=[cmap[s] for s in stage], edgecolors="none")
-    grid_cells.set_gid("gpu-cells")   # one path per GPU, rank order (node-major)
+    if note:  # a mesh too large to draw GPU by GPU: one block per pipeline stage
+        cells = [_span(first, last, gpn) for first, last in boxes]
+        boxes = []
+    else:
+        cells = [Rectangle((r % gpn, r // gpn), 0.92, 0.92) for r in range(nodes * gpn)]
+        boxes = [_span(first, last, gpn) for first, last in _runs(replica)]
+    grid_cells = PatchCollection(cells, facecolors=[cmap[s % len(cmap)] for s in stage], edgecolors="none")
+    grid_cells.set_gid("gpu-cells")   # one path per GPU, rank order (node-major); per stage when aggregated
     ax_gpu.add_collection(grid_cells)
-    boxes = []
-    for first, last in _runs(replica):
-        n0, g0 = divmod(first, gpn)
-        n1, g1 = divmod(last, gpn)
-        if n0 == n1:
-            boxes.append(Rectangle((g0 - 0.03, n0 - 0.03), g1 - g0 + 0.98, 0.98))
-        else:
-            boxes.append(Rectangle((-0.03, n0 - 0.03), gpn + 0.02, n1 - n0 + 0.98))
     if boxes:
         outlines = PatchCollection(boxes, facecolors="none", edgecolors="black", linewidths=0.8)
         outlines.set_gid("rollout-replicas")   # one path per replica
@@ -170,9 +171,10 @@ def render(plan: dict, out: str) -> str:
     ax_gpu.set_ylabel("node")
     ax_gpu.set_aspect("auto")
     r = ((plan.get("batch") or {}).get("rollout")) or {}
-    ax_gpu.set_title(f"GPUs coloured by pipeline stage; rollout replicas (TP{r.get('tp')}·DP{r.get('dp')}) "
-                     "outlined" if replica else "GPUs coloured by pipeline stage", fontsize=9)
-    ax_gpu.legend(handles=[Patch(color=cmap[s], label=f"PP{s}") for s in sorted(set(stage))][:16], fontsize=7,
+    ax_gpu.set_title(note or (f"GPUs coloured by pipeline stage; rollout replicas (TP{r.get('tp')}·DP{r.get('dp')}) "
+                     "outlined" if replica else "GPUs coloured by pipeline stage"), fontsize=9)
+    ax_gpu.legend(handles=[Patch(color=cmap[s % len(cmap)], label=f"PP{s}") for s in sorted(set(stage))[:16]],
+                  fontsize=7,
                   loc="upper right", ncol=2)
     _save(fig, out)
     return out
@@ -188,6 +190,42 @@ def _save(fig, out: str) -> None:
     buf = io.StringIO()
     fig.savefig(buf, format="svg")
     writer.write_text(out, buf.getvalue(), root=str(Path(out).parent))
+
+
+def _span(first: int, last: int, gpn: int):
+    """The rectangle of ranks first..last on the node × GPU grid (a row's part, or whole rows)."""
+    from matplotlib.patches import Rectangle
+
+    n0, g0 = divmod(first, gpn)
+    n1, g1 = divmod(last, gpn)
+    if n0 == n1:
+        return Rectangle((g0 - 0.03, n0 - 0.03), g1 - g0 + 0.98, 0.98)
+    return Rectangle((-0.03, n0 - 0.03), gpn + 0.02, n1 - n0 + 0.98)
+
+
+def _gpu_grid(plan: dict) -> tuple:
+    """What the GPU panel draws: (nodes, GPUs per node, colour per cell, replica per rank, stage spans, note). Up
+    to MAX_CELLS GPUs, a cell per GPU (gpu_layout); beyond, a block per pipeline stage (at most MAX_CELLS of them)
+    and no replica outlines, said in the note: the picture's size and drawing time stay bounded at any mesh."""
+    m = plan.get("mesh") or {}
+    nodes, gpn = _count(m.get("nnodes")), _count(m.get("gpus_per_node"))
+    world = nodes * gpn
+    if world <= MAX_CELLS:
+        nodes, gpn, stage, replica = gpu_layout(plan)
+        return nodes, gpn, stage, replica, [], ""
+    pp = min(_count(m.get("pp")), world)
+    per = max(world // pp, 1)
+    spans = [(s * per, min((s + 1) * per, world) - 1) for s in range(min(pp, MAX_CELLS))]
+    if pp > MAX_CELLS:
+        spans = [(0, world - 1)]
+    note = (f"{world:,} GPUs: too many to draw one by one (over {MAX_CELLS:,}); a block per pipeline stage"
+            if len(spans) > 1 else f"{world:,} GPUs in {pp:,} pipeline stages: drawn as one block")
+    return nodes, gpn, list(range(len(spans))), [], spans, note
+
+
+def _count(v) -> int:
+    """A count from plan.json for drawing: a positive integer, else 1."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 1
 
 
 def _stage_colours(n: int) -> list:
@@ -295,7 +333,9 @@ def _serve() -> int:
         return 0
     req = json.loads(line)
     try:
-        render(json.loads(Path(req["plan"]).read_text()), req["out"])
+        from vrun.rundir import files
+
+        render(files.read_object(Path(req["plan"]), {}), req["out"])
     except Exception as e:  # noqa: BLE001 - the reason is left beside the plan, never raised into nothing
         from vrun.core import writer
 

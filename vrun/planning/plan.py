@@ -42,8 +42,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 # first on the run's PYTHONPATH: every process of the run can dump its own stack on a stall where py-spy may not
 # attach (vrun/launch/stackhook/sitecustomize.py, read by vrun.launch.stacks); it imports the next sitecustomize
 STACK_HOOK = PROJECT_ROOT / "vrun" / "launch" / "stackhook"
-# a larger world is a typo; refusing it up front keeps every answer (and the mesh suggestions) about a second
-MAX_WORLD = 1_000_000
+# a larger world is a typo; refusing it up front keeps every answer (and the mesh suggestions) about a second (the
+# run dir's readers hold a plan.json to it too)
+from vrun.rundir.files import MAX_WORLD  # noqa: E402
 
 
 @dataclass
@@ -318,9 +319,16 @@ def model_params(config: RunConfig, entrypoint: Entrypoint, path: Optional[str],
         try:
             facts = checkpoint.read_checkpoint(os.path.expanduser(path))
         except (OSError, ValueError) as e:
+            if getattr(e, "fix", None):  # the checkpoint's facts disagree: refused, never sized from them
+                raise PlanError(problems + [Problem(m.path_env, path, str(e), e.fix)]) from None
             facts = None
             problems.append(Problem(m.path_env, path, f"checkpoint headers unreadable ({e})",
                                     "check the checkpoint files", warning=True))
+        if facts is not None and facts.shards == 0:  # a config.json alone: never a count of 0 parameters
+            problems.append(Problem(m.path_env, path, "no safetensors weights beside config.json; the parameter "
+                                    "counts come from the model group's facts", "point at the checkpoint's "
+                                    "directory with its *.safetensors weights", warning=True))
+            facts = None
         if facts is not None:
             for line in checkpoint.cross_check(facts, arch):
                 problems.append(Problem("model.arch", m.name, line, "the checkpoint is the truth: "

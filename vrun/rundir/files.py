@@ -23,18 +23,39 @@ SLURM_FIELDS = {"job_id": (str, int), "stdout": str, "stderr": str, "folder": st
 SLURM_REQUIRED = ("job_id", "folder")
 
 
+# the most a run dir's JSON file holds (plan.json of a large plan is ~100 kB)
+LIMIT = 16 << 20
+# the most GPUs (and so nodes) a run dir may claim: the planner's own limit (vrun.planning.plan refuses a larger
+# mesh), so a file claiming more was not written by it
+MAX_WORLD = 1_000_000
+
+
+class _NotFinite(ValueError):
+    pass
+
+
+def _no_constant(name: str):
+    raise _NotFinite(name)
+
+
 def read_object(path: Path, fields: dict, required: tuple = ()) -> dict:
-    """The JSON object in `path`, its known fields type-checked; RunDirError naming the file otherwise."""
+    """The JSON object in `path`, its known fields type-checked; RunDirError naming the file otherwise. Read as the
+    state dir's files are (vrun.core.fs.read_checked): a regular file of the user's own, at most LIMIT bytes, never a
+    link, FIFO or device; NaN and Infinity, which the runner never writes, are refused."""
+    raw, why = fs.read_checked(path, LIMIT, own=True, binary=True)
+    if raw is None:
+        if why == "no such file":
+            raise RunDirError(str(path), "missing", "no such file", "plan the run again")
+        raise RunDirError(str(path), "refused", why, "plan the run again into a dir of your own")
     try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise RunDirError(str(path), "missing", "no such file", "plan the run again") from None
-    except OSError as e:
-        raise RunDirError(str(path), "unreadable", e.strerror or str(e), "check the file's permissions") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise RunDirError(str(path), "not UTF-8", "not text the runner writes", "plan the run again") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_no_constant)
+    except _NotFinite as e:
+        raise RunDirError(str(path), str(e), "not a finite number (the runner never writes one)",
+                          "plan the run again") from None
     except (json.JSONDecodeError, RecursionError) as e:
         raise RunDirError(str(path), "not JSON", f"{getattr(e, 'msg', 'too deeply nested')}", "plan the run "
                           "again") from None
@@ -48,6 +69,15 @@ def read_object(path: Path, fields: dict, required: tuple = ()) -> dict:
         if v is not None and (not isinstance(v, t) or isinstance(v, bool) and t is int):
             raise RunDirError(f"{path} {k}", type(v).__name__, f"not a {_name(t)}", "plan the run again")
     return data
+
+
+def optional_object(path: Path) -> Optional[dict]:
+    """A run dir's optional JSON object (manifest.json, preflight.json): None when it is missing or anything
+    read_object refuses."""
+    try:
+        return read_object(path, {})
+    except RunDirError:
+        return None
 
 
 def _name(t) -> str:
@@ -66,4 +96,13 @@ def slurm_job(d: Path) -> Optional[dict]:
     if not rundir.job_id_ok(data["job_id"]):
         raise RunDirError(f"{f} job_id", "<not a job id>", "not a SLURM job id (a positive whole number)",
                           "submit the run again")
+    nodes = (data.get("spec") or {}).get("nodes", 1)
+    if not count_ok(nodes):
+        raise RunDirError(f"{f} spec.nodes", str(nodes)[:40], f"not a node count (an integer 1–{MAX_WORLD:,})",
+                          "submit the run again")
     return data
+
+
+def count_ok(n) -> bool:
+    """A count of nodes or GPUs a run dir may hold: an integer from 1 to MAX_WORLD."""
+    return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_WORLD

@@ -24,6 +24,12 @@ NUMBER = re.compile(r"^(?:(?:np|numpy)\.[a-z0-9_]+\()?\s*([-+]?(?:\d+(?:\.\d*)?|
 # the metrics kept (the rest of a step's line is not needed)
 KEYS = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights",
         "timing_s/step", "timing_s/reward", "perf/throughput", "perf/time_per_step", "perf/mfu/actor", "train/mfu")
+# a value verl could print: a time of at most ~11.6 days a step, a throughput or MFU below 1e9; anything else
+# (1e400 reads as inf, a negative time) is not a measurement and is skipped
+VALUE_MAX = 1e6
+VALUE_MAX_OF = {"perf/throughput": 1e9}
+# a job log is read from its last LOG_TAIL bytes (the recent steps): a huge log costs no more than that
+LOG_TAIL = 8 << 20
 # the plan's phases each verl timer measures (rollout = gen; sync = update_weights)
 PHASES = {"rollout": ("timing_s/gen",), "log_prob": ("timing_s/old_log_prob", "timing_s/ref"),
           "train": ("timing_s/update_actor",), "sync": ("timing_s/update_weights",)}
@@ -42,9 +48,11 @@ def parse_line(line: str) -> Optional[tuple[int, dict]]:
         n = NUMBER.match(v.strip())
         if n:
             try:
-                out[k.strip()] = float(n.group(1))
+                x = float(n.group(1))
             except ValueError:
                 continue
+            if 0 <= x <= VALUE_MAX_OF.get(k.strip(), VALUE_MAX):  # NaN and inf fail too
+                out[k.strip()] = x
     return int(m.group(1)), out
 
 
@@ -100,12 +108,13 @@ def parse(lines: Iterable[str]) -> Measured:
 
 
 def read(paths: Iterable[Path]) -> Measured:
-    """Every step line of these files (missing or unreadable files are skipped)."""
+    """Every step line of these files' last LOG_TAIL bytes (missing or unreadable files, FIFOs and devices are
+    skipped; never blocks)."""
+    from vrun.core import fs
+
     lines: list = []
     for p in paths:
-        try:
-            with open(p, errors="replace") as f:
-                lines.extend(f)
-        except OSError:
-            continue
+        data, _ = fs.read_checked(p, LOG_TAIL, binary=True, tail=True)
+        got = (data or b"").decode("utf-8", errors="replace").splitlines()
+        lines.extend(got[1:] if len(data or b"") >= LOG_TAIL else got)  # a cut first line is not a step line
     return parse(lines)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from vrun.rundir.files import RunDirError, read_object
+from vrun.rundir.files import MAX_WORLD, RunDirError, count_ok, read_object
 
 # plan.json's "format": what this vrun reads. Raise it when plan.json's fields change meaning.
 FORMAT = 2
@@ -139,7 +139,27 @@ class PlanRecord:
                               "read it with the vrun that wrote it" + (f" (git commit {commit[:12]})" if commit
                                                                        else "") + ", or plan the run again with "
                               "this one")
-        return typed(cls, data, str(path))
+        rec = typed(cls, data, str(path))
+        _bounded(rec, str(path))
+        return rec
+
+
+def _bounded(rec: "PlanRecord", where: str) -> None:
+    """The counts the verbs loop over or draw (the mesh, the nodes SLURM was asked for) within what the planner
+    writes: an integer 1–MAX_WORLD, the mesh's world its nodes × GPUs per node."""
+    m = rec.mesh
+    counts = {f"mesh.{f.name}": getattr(m, f.name) for f in dataclasses.fields(m)}
+    counts["torchrun.nproc_per_node"] = rec.torchrun.nproc_per_node
+    if rec.slurm is not None:
+        counts["slurm.parameters.nodes"] = rec.slurm.parameters.get("nodes", 1)
+        counts["slurm.parameters.gpus_per_node"] = rec.slurm.parameters.get("gpus_per_node", 1)
+    for k, n in counts.items():
+        if not count_ok(n):
+            raise RunDirError(f"{where} {k}", str(n)[:40], f"not a count the planner writes (an integer "
+                              f"1–{MAX_WORLD:,})", "plan the run again")
+    if m.world != m.nnodes * m.gpus_per_node:
+        raise RunDirError(f"{where} mesh.world", m.world, f"not mesh.nnodes × mesh.gpus_per_node "
+                          f"({m.nnodes}×{m.gpus_per_node})", "plan the run again")
 
 
 def typed(cls: Any, data: Any, where: str, key: str = "") -> Any:

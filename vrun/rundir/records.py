@@ -18,6 +18,7 @@ from typing import Optional
 from vrun.core import writer
 
 PROGRESS = "progress.jsonl"
+PROGRESS_LIMIT = 16 << 20  # bytes of progress lines read (the newest): a run writes a few kB
 
 
 def record(run_dir: str, event: str, **fields) -> None:
@@ -32,12 +33,16 @@ def record(run_dir: str, event: str, **fields) -> None:
 def events(run_dir: str) -> list:
     """Every well-formed event recorded so far: a line cut short by a crash, or one that is not an event (no
     name, no finite time, a non-integer attempt or pid), is skipped."""
-    try:
-        text = (Path(run_dir) / PROGRESS).read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    from vrun.core import fs
+
+    p = Path(run_dir) / PROGRESS
+    raw, why = fs.read_checked(p, PROGRESS_LIMIT, own=True, binary=True, tail=True)
+    if raw is None:
+        if why != "no such file":
+            fs.ignored(p, why, "no progress read")
         return []
     out = []
-    for line in text.splitlines():
+    for line in raw.decode("utf-8", errors="replace").splitlines():
         try:
             e = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
@@ -93,22 +98,61 @@ def run_id(run_dir: str) -> str:
     return hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:20]
 
 
-def state_dir(environ: Optional[dict] = None) -> Path:
-    """Where the index lives: $VRUN_STATE_DIR, else $XDG_STATE_HOME/vrun, else ~/.local/state/vrun."""
+# dirs the state dir never is: the system's own (and /tmp, shared by every user)
+SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media", "/mnt", "/opt",
+               "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/tmp")
+
+
+def resolve_state_dir(environ: Optional[dict] = None) -> tuple[Optional[Path], Optional[str]]:
+    """(the state dir, None), or (None, one line saying why it is refused). $VRUN_STATE_DIR (`~` expanded; an
+    absolute path), else $XDG_STATE_HOME/vrun when XDG_STATE_HOME is absolute (the XDG spec: a relative one is
+    ignored), else ~/.local/state/vrun. Refused: a system dir (/, /etc, /tmp, ...) and a dir that exists but is not
+    the user's own or is writable by every user."""
+    from vrun.core import fs
+
     e = os.environ if environ is None else environ
-    if e.get("VRUN_STATE_DIR"):
-        return Path(e["VRUN_STATE_DIR"])
-    base = e.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "vrun"
+    given = e.get("VRUN_STATE_DIR")
+    if given:
+        key, raw = "VRUN_STATE_DIR", os.path.expanduser(given)
+        if not os.path.isabs(raw):
+            return None, (f"error: VRUN_STATE_DIR={given}: not an absolute path (it would depend on the current "
+                          f"dir); fix: VRUN_STATE_DIR={os.path.join(os.path.expanduser('~'), '.local', 'state', 'vrun')}")
+    else:
+        xdg = e.get("XDG_STATE_HOME") or ""
+        base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".local", "state")
+        key, given, raw = ("XDG_STATE_HOME", xdg, base) if base == xdg else ("HOME", os.path.expanduser("~"), base)
+        raw = os.path.join(raw, "vrun")
+    fix = f"{key}=a dir of your own, e.g. {os.path.join(os.path.expanduser('~'), '.local', 'state')}"
+    real = os.path.realpath(raw)
+    if real in SYSTEM_DIRS or os.path.normpath(raw) in SYSTEM_DIRS:
+        return None, f"error: {key}={given}: the state dir would be {real}, a system dir; fix: {fix}"
+    info = fs.stat(real)[0]
+    if info is not None:
+        why = fs.untrusted(info)
+        if why:
+            return None, f"error: {key}={given}: the state dir {real} is {why}; fix: {fix}"
+    return Path(raw), None
 
 
-def index_path(environ: Optional[dict] = None) -> Path:
-    return state_dir(environ) / "runs.jsonl"
+def state_dir(environ: Optional[dict] = None) -> Optional[Path]:
+    """Where the index, the calibration record and the kept trees live (resolve_state_dir); None when refused."""
+    return resolve_state_dir(environ)[0]
+
+
+def state_dir_problem(environ: Optional[dict] = None) -> Optional[str]:
+    return resolve_state_dir(environ)[1]
+
+
+def index_path(environ: Optional[dict] = None) -> Optional[Path]:
+    d = state_dir(environ)
+    return None if d is None else d / "runs.jsonl"
 
 
 def index_add(run_dir: str) -> None:
     """Remember a run dir the project wrote (any hydra.run.dir / hydra.sweep.dir); never fails the caller."""
     p = index_path()
+    if p is None:
+        return
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         writer.append_line(p, json.dumps({"run_dir": str(Path(run_dir).absolute()), "t": round(time.time(), 3)}))

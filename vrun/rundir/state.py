@@ -6,7 +6,6 @@ library only, and one `squeue` call for any number of runs: `python -m vrun runs
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -535,7 +534,8 @@ def _mtime(p: Path) -> float:
 
 
 def _manifest_commit(d: Path) -> Optional[str]:
-    try:
-        return json.loads((d / "manifest.json").read_text()).get("git", {}).get("commit")
-    except (OSError, ValueError, AttributeError):
-        return None
+    from vrun.rundir import files
+
+    git = (files.optional_object(d / "manifest.json") or {}).get("git")
+    commit = git.get("commit") if isinstance(git, dict) else None
+    return commit if isinstance(commit, str) else None

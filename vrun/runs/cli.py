@@ -67,11 +67,12 @@ def cmd_show(a) -> int:
 
     ps = state.points(a.run)
     plans = []
+    from vrun.rundir import files
+    from vrun.rundir.record import PlanRecord
+
     for p in ps:
-        try:
-            plans.append((p.name, json.loads((p / "plan.json").read_text())))
-        except (OSError, json.JSONDecodeError) as e:
-            raise Usage(f"error: run={p}: plan.json is unreadable ({e}); fix: plan the run again") from None
+        PlanRecord.load(p)  # typed and bounded (a mesh no planner writes is one line, never drawn)
+        plans.append((p.name, files.read_object(p / "plan.json", {})))
     single = len(ps) == 1 and fs.is_file(Path(a.run) / "plan.json")
     out = a.output or str((ps[0] / picture.PICTURE) if single else (Path(a.run) / picture.OVERVIEW))
     try:

@@ -35,8 +35,13 @@ def _read(d: Path, name: str):
         return None
     from vrun.rundir.state import RunDirError
 
+    from vrun.rundir.files import LIMIT
+
+    raw, why = fs.read_checked(p, LIMIT, own=True, binary=True)
+    if raw is None:
+        raise RunDirError(str(p), "refused", why, "plan the run again")
     try:
-        text = p.read_bytes().decode("utf-8")
+        text = raw.decode("utf-8")
         if name.endswith(".json"):
             data = json.loads(text)
         else:

@@ -21,7 +21,12 @@ SFT_ENTRY = ["verl_mlite.launch", "verl.trainer.sft_trainer"]
 
 def script(run: Run) -> str:
     p = run.plan
-    config = (run.dir / "verl_config.yaml").read_bytes().decode("utf-8", errors="replace")
+    from vrun.core import fs
+    from vrun.rundir.files import LIMIT, RunDirError
+
+    config, why = fs.read_checked(run.dir / "verl_config.yaml", LIMIT, own=True)
+    if config is None:
+        raise RunDirError(str(run.dir / "verl_config.yaml"), "refused", why, "plan the run again")
     mark = delimiter(config)
     m = {k: c(v) for k, v in asdict(p.mesh).items()}
     b = p.batch
@@ -154,15 +159,17 @@ def _ray_address(d: Path):
     import yaml
 
     try:
-        cfg = yaml.load((d / "verl_config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        from vrun.core import fs
+        from vrun.rundir.files import LIMIT
+
+        text, _ = fs.read_checked(d / "verl_config.yaml", LIMIT, own=True)
+        cfg = yaml.load(text or "", Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         return (((cfg.get("ray_kwargs") or {}).get("ray_init") or {}).get("address"))
     except (OSError, AttributeError, ValueError, yaml.YAMLError):
         return None
 
 
 def _manifest(d: Path) -> dict:
-    try:
-        data = json.loads((d / "manifest.json").read_bytes().decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    from vrun.rundir import files
+
+    return files.optional_object(d / "manifest.json") or {}

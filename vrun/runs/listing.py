@@ -15,6 +15,8 @@ from vrun.rundir.state import RunDirError
 from vrun.runs.common import Usage, dur as _dur, one_run
 from vrun.runs.logs import log_files
 
+INDEX_LIMIT = 16 << 20  # bytes of the runs index read (its newest lines): ~150,000 runs
+
 
 def print(*parts, **kw) -> None:  # noqa: A001 - every line this module prints passes through visible()
     import builtins
@@ -33,11 +35,17 @@ def collect(dirs: list) -> tuple[list, list]:
                 found.setdefault(str(p), None)
     else:
         idx = rundir.index_path()
-        if not fs.is_file(idx):
+        if idx is None:
+            raise Usage(rundir.state_dir_problem() or "error: state dir: refused; fix: set VRUN_STATE_DIR")
+        text, why = fs.read_checked(idx, INDEX_LIMIT, own=True, tail=True)
+        if text is None and why != "no such file":
+            raise Usage(f"error: index={idx}: {why}; fix: remove it (rm {idx}) and give run/sweep dirs: "
+                        "python -m vrun runs DIR...")
+        if text is None:
             raise Usage(f"error: index={idx}: no runs recorded yet; fix: plan or submit a run "
                         "(python runner.py ...), or give run/sweep dirs: python -m vrun runs DIR...")
         gone = set()
-        for line in idx.read_text(encoding="utf-8", errors="replace").splitlines():
+        for line in text.splitlines():
             try:
                 e = json.loads(line)
             except (json.JSONDecodeError, RecursionError):
@@ -160,10 +168,13 @@ def cmd_status(a) -> int:
 
 def _preflight_lines(r: state.Run) -> list:
     """The problems the nodes' preflight found (preflight.json)."""
-    try:
-        found = json.loads((r.dir / "preflight.json").read_text()).get("problems") or []
-    except (OSError, json.JSONDecodeError, AttributeError):
+    from vrun.rundir import files
+
+    report = files.optional_object(r.dir / "preflight.json")
+    if report is None:
         return []
+    found = report.get("problems") or []
+    found = found if isinstance(found, list) else [found]
     return [f"preflight {len(found)} problem(s)" + (":" if found else "")] + [f"  {p}" for p in found]
 
 

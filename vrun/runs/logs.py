@@ -11,19 +11,55 @@ from vrun.core import fs
 from vrun.rundir import state
 from vrun.runs.common import Usage, one_run
 
+LIST_LIMIT = 100_000  # entries of a job's submitit folder looked at
+PRINT_LIMIT = 64 << 20  # bytes of one log printed (its end); -f reads at most this much per poll
+
+
+def _read_from(path: Path, offsets: dict) -> bytes:
+    """What a regular file holds past the offset last read (at most PRINT_LIMIT); b"" for a FIFO or device
+    (opened without blocking, never read) or a file that went away."""
+    import os
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        os.lseek(fd, offsets.get(path, 0), os.SEEK_SET)
+        data = os.read(fd, PRINT_LIMIT)
+        offsets[path] = offsets.get(path, 0) + len(data)
+        return data
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
 def log_files(r: state.Run, job_id: str | None = None) -> list:
-    """submitit's per-task files of the run's jobs: (job id, task, stream, path), task = node index."""
+    """submitit's per-task files of the run's jobs: (job id, task, stream, path), task = node index. Found by
+    listing each job's folder once (at most LIST_LIMIT entries), not by probing every node the job asked for."""
+    import os
+    import re
+
     if not r.on_slurm:
         return []
     folder = str(r.slurm.get("folder"))
+    nodes = (r.slurm.get("spec") or {}).get("nodes") or 1
     out = []
     for j in ([job_id] if job_id else r.job_ids or [r.job_id]):
         d = Path(folder.replace("%j", str(j)))
-        nodes = int((r.slurm.get("spec") or {}).get("nodes") or 1)
-        for t in range(nodes):
-            for stream, suffix in (("out", "log.out"), ("err", "log.err")):
-                out.append((str(j), t, stream, d / f"{j}_{t}_{suffix}"))
-    return [x for x in out if fs.exists(x[3])]
+        name = re.compile(re.escape(str(j)) + r"_([0-9]{1,7})_log\.(out|err)")
+        try:
+            with os.scandir(d) as it:
+                names = [e.name for _, e in zip(range(LIST_LIMIT), it)]
+        except (OSError, ValueError):
+            continue
+        found = [(str(j), int(m.group(1)), m.group(2), d / n) for n in names for m in [name.fullmatch(n)]
+                 if m and int(m.group(1)) < nodes]
+        out += sorted(found, key=lambda x: (x[1], x[2] != "out"))
+    return out
 
 
 def cmd_logs(a) -> int:
@@ -31,9 +67,11 @@ def cmd_logs(a) -> int:
     if not r.on_slurm and fs.is_file(r.dir / "job.log"):  # a local run's output, teed by vrun.launch.local
         from vrun.core.text import visible
 
-        with open(r.dir / "job.log", errors="replace") as f:
-            for line in f:
-                print(visible(line.rstrip("\n"), colours=sys.stdout.isatty()))
+        data, why = fs.read_checked(r.dir / "job.log", PRINT_LIMIT, binary=True, tail=True)
+        if data is not None and len(data) >= PRINT_LIMIT:
+            print(f"note: {r.dir / 'job.log'}: printing its last {PRINT_LIMIT >> 20} MiB only", file=sys.stderr)
+        for line in (data or b"").decode("utf-8", errors="replace").splitlines():
+            print(visible(line, colours=sys.stdout.isatty()))
         return 0
     if not r.on_slurm:
         raise Usage(f"error: run={r.dir}: a run on this machine (cluster={r.plan.cluster}) writes no log "
@@ -63,7 +101,13 @@ def cmd_logs(a) -> int:
                      if never and r.slurm and r.slurm.get("stdout") else ""), file=sys.stderr)
         for j, t, s, path in files:
             prefix = label(t, s)
-            for line in path.read_text(errors="replace").splitlines():
+            data, why = fs.read_checked(path, PRINT_LIMIT, binary=True, tail=True)
+            if data is None:
+                print(f"warning: file={path}: {why}; not printed; fix: remove it", file=sys.stderr)
+                continue
+            if len(data) >= PRINT_LIMIT:
+                print(f"note: {path}: printing its last {PRINT_LIMIT >> 20} MiB only", file=sys.stderr)
+            for line in data.decode("utf-8", errors="replace").splitlines():
                 print(prefix + plain(line))
         return 0
     offsets: dict = {}
@@ -72,10 +116,7 @@ def cmd_logs(a) -> int:
     try:
         while True:
             for j, t, s, path in selected():
-                with path.open("rb") as f:
-                    f.seek(offsets.get(path, 0))
-                    data = f.read()
-                    offsets[path] = f.tell()
+                data = _read_from(path, offsets)
                 if data:
                     text = partial.pop(path, "") + data.decode(errors="replace")
                     *whole, rest = text.split("\n")

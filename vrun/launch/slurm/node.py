@@ -239,7 +239,7 @@ class Node:
             if self.released():
                 return None
             self.pause()
-        return (self.ctl / name).read_text().strip()
+        return (fs.read_checked(self.ctl / name, 1 << 16, own=True)[0] or "").strip()
 
     def released(self) -> bool:
         return fs.exists(self.ctl / "released")
@@ -259,7 +259,7 @@ class Node:
         """Another node's error line, once one has failed."""
         for f in sorted(self.ctl.glob("failed-*")):
             if f.name != f"failed-{self.rank}":
-                return f.read_text().strip()
+                return (fs.read_checked(f, 1 << 16, own=True)[0] or f"{f}: unreadable").strip()
         return None
 
     def wait_unless_failed(self, proc: subprocess.Popen) -> int:

@@ -7,7 +7,6 @@ in one line (the jobs keep running). Accounting missing is said once, in words.
 """
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -110,11 +109,13 @@ def next_command(r) -> str:
 
 def preflight_lines(r) -> list:
     """A preflight job's problems (preflight.json, written by the nodes' probe), one line each."""
-    try:
-        report = json.loads((Path(r.dir) / "preflight.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    from vrun.rundir import files
+
+    report = files.optional_object(Path(r.dir) / "preflight.json")
+    if report is None:
         return []
     found = report.get("problems") or []
+    found = found if isinstance(found, list) else [found]
     if not found:
         return [f"preflight: all checks passed on {len(report.get('nodes') or [])} node(s)"]
     return [f"preflight: {len(found)} problem(s) on the nodes:"] + [f"  {p}" for p in found]
