@@ -113,8 +113,10 @@ def describe(ex: BaseException) -> str:
     first = " ".join(line.strip() for line in msg.splitlines() if line.strip())
     m = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", msg)
     if m:
-        return (f"error: {m.group(1)}={m.group(2)}: a comma in a value is a list or a sweep to Hydra; fix: quote it "
-                f"({m.group(1)}='a,b'), write a list ({m.group(1)}=[a,b]) or sweep with -m")
+        from vrun.checks.secret import shown_override
+
+        return (f"error: {shown_override(f'{m.group(1)}={m.group(2)}')}: a comma in a value is a list or a sweep to "
+                f"Hydra; fix: quote it ({m.group(1)}='a,b'), write a list ({m.group(1)}=[a,b]) or sweep with -m")
     if any(x in msg for x in ("no viable alternative", "mismatched input", "extraneous input", "LexerNoViableAlt",
                               "token recognition error")):
         hidden = _unparsed_secret()
