@@ -231,3 +231,17 @@ def test_error_lines_quoting_a_file_are_text(tmp_path):
     for verb in ("status", "runs", "logs"):
         q = vrun(verb, str(run_dir), env=env)
         assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]", q.stdout + q.stderr), (verb, repr(q.stderr))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_cut_line_is_masked_before_the_cut(seed, monkeypatch):
+    """A job log's failure line is cut to 300 characters for status: the secret it holds is masked first, so no
+    piece of it survives the cut, wherever the cut falls."""
+    from vrun.rundir import cause
+
+    rng = random.Random(seed)
+    secret = "hf_" + awkward_value(rng, long=True)
+    monkeypatch.setenv("HF_TOKEN", secret)
+    for at in rng.sample(range(0, 280), 12):
+        line = cause.decisive_line([f"RuntimeError: {'x' * at}{secret} tail"])
+        assert line is not None and secret[:8] not in line and "<hid" in line, (at, line)
