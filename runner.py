@@ -22,7 +22,7 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     import sys
 
-    from vrun.checks.secret import typed_secrets
+    from vrun.config.overrides import typed_secrets
 
     writer.install()
     writer.hide(typed_secrets(sys.argv[1:]))  # a value typed for a secret key: masked in every line and file

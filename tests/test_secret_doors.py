@@ -17,7 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from conftest import PY, ROOT, runner
 from test_guards import PLAIN_SEGMENTS, SECRET_SEGMENTS, spell
-from vrun.checks import secret as check_secret
+from vrun.config import overrides as check_secret
 from vrun.core import writer
 
 SEEDS = (5, 71, 2024)
@@ -165,7 +165,7 @@ def test_override_that_does_not_parse(seed, tmp_path):
     name = secret_name(rng)
     core = "".join(rng.choice(string.ascii_letters) for _ in range(14))
     for i, (key, given) in enumerate([(f"+env.{name}", f"[{core}"), (f"hydra.job.env_set.{name}", f"{core}]x"),
-                                      (f"+verl.trainer.hf_token", f"'{core}"), (f"+env.{name}", f"{core}\"q'")]):
+                                      ("+verl.trainer.hf_token", f"'{core}"), (f"+env.{name}", f"{core}\"q'")]):
         p = runner("model=qwen3_5_35b", "mode=plan", "run.experiment_name=x", f"{key}={given}",
                    f"hydra.run.dir={tmp_path}/r{i}", env=env_of(tmp_path), cwd=tmp_path)
         assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-1500:]

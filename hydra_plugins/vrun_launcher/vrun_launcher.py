@@ -22,7 +22,7 @@ from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 
 
-SWEEPER = "hydra_plugins.vrun_sweeper.vrun_sweeper.PlanningSweeper"
+SWEEPER = "vrun"  # the hydra/sweeper option that plans the points these launchers launch
 
 
 class PlannedLauncher(Launcher):
@@ -34,12 +34,11 @@ class PlannedLauncher(Launcher):
         anything (Hydra's basic sweeper writes multirun.yaml, overrides and all, before launching)."""
         from omegaconf import OmegaConf
 
-        target = OmegaConf.select(config, "hydra.sweeper._target_", default=None)
-        if target != SWEEPER:
+        choice = (OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}).get("hydra/sweeper")
+        if choice != SWEEPER:
             from vrun.config import cli_errors
             from vrun.core.problems import Problem
 
-            choice = OmegaConf.select(config, "hydra.runtime.choices", default={}).get("hydra/sweeper") or target
             cli_errors.emit([Problem("hydra/sweeper", choice, "the project's sweeper plans and checks every point "
                                      "before anything is written or run; another sweeper would skip that",
                                      "drop hydra/sweeper=... (conf/run.yaml selects vrun)").line()])

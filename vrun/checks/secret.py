@@ -6,12 +6,8 @@ value anywhere in it (raw or resolved), a value under a key that names a secret,
 variable names or whose value is too short to be masked, `model.path_env` naming a secret, and setup lines that
 carry a literal secret (`export HF_TOKEN=...`, `--token ...`). The rule for what is secret is vrun.core.writer's.
 Entry point: `check(raw, resolved, environ)`.
-
-Command-line overrides (`typed_secrets`, `shown_override`): a value typed for a secret key (`names_secret`: under
-an env map, `+env.*`, `hydra.job.env_set.*`, a variable's name by the broad rule; elsewhere a secret's name), or a
-map holding one (`+env={HF_TOKEN:...}`), is a secret whether it parses or not and whatever sweep holds it: the entry
-points register it with the writer (masked in every line and file) and every line that quotes an override shows
-`key=<hidden>`.
+A key that names a secret: vrun.core.problems.names_secret (the same rule for the command line's overrides,
+vrun.config.overrides).
 """
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ import re
 import shlex
 from typing import Any, Iterator, Optional
 
-from vrun.core.problems import SECRETISH, Problem
+from vrun.core.problems import Problem, names_secret
 from vrun.core.writer import MIN_SECRET, URL_USERINFO, is_secret_name, secret_values, short_secrets
 
 # the default names passed to workers (conf/run.yaml pass_env) are secrets even before the config is read
@@ -29,8 +25,6 @@ IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ENV_RESOLVERS = ("oc.env", "env")
 # a resolver name holding an interpolation (`${oc.${x}:NAME}`): the only way to reach oc.env without writing "env"
 DYNAMIC = re.compile(r"\$\{[^:}]*\$\{")
-# keys whose children are environment variable names (the broad name rule applies to them)
-ENV_MAPS = re.compile(r"(^|\.)(env|env_vars|env_set)$")
 SETUP_KEYS = ("cluster.setup", "cluster.node_setup")
 
 
@@ -114,15 +108,6 @@ def leaves(d: Any, prefix: str = "") -> Iterator[tuple]:
             yield from leaves(v, f"{prefix}[{i}]")
     else:
         yield prefix, d
-
-
-def names_secret(key: str) -> bool:
-    """A config key whose value would be a secret: a variable name under an env map (broad rule), else a key
-    that is a secret's name (the narrow rule: max_token_len and experts_per_token are knobs)."""
-    parent, _, last = key.rpartition(".")
-    if "[" in last:
-        return False
-    return is_secret_name(last) if ENV_MAPS.search(parent) else bool(SECRETISH.search(last))
 
 
 def _hide_fix(name: str) -> str:
@@ -237,60 +222,3 @@ def setup_literal(line: str) -> Optional[str]:
 def _literal_value(value: str) -> bool:
     return bool(value) and not value.startswith("$") and not value.startswith("-")
 
-
-OVERRIDE_KEY = re.compile(r"^(?:\+\+|\+|~)?([^=@]+?)(?:@[^=]*)?=(.*)$", re.S)
-NAME_BEFORE_COLON = re.compile(r"([A-Za-z_][A-Za-z0-9_.-]*)\s*:")
-PIECES = re.compile(r"[^,\[\]{}()'\"\s:]+")
-
-
-def _override_secret(arg: str) -> Optional[list]:
-    """The values `arg` (an override as typed) gives a secret key, or None when it gives none. A value that does
-    not parse counts whole, with its pieces."""
-    m = OVERRIDE_KEY.match(str(arg))
-    if not m:
-        return None
-    key, value = m.group(1).strip(), m.group(2)
-    if not names_secret(key):
-        # a map assigned whole: a secret name among its keys
-        inner = [n for n in NAME_BEFORE_COLON.findall(value) if names_secret(f"{key}.{n}")]
-        if not inner or "{" not in value:
-            return None
-    out = [value]
-    try:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        o = OverridesParser.create().parse_override(f"{key}={value}")
-        out += [str(x) for x in _parsed_leaves(o.value())]
-    except Exception:  # noqa: BLE001 - a value that does not parse: every piece of it is the secret's
-        out += PIECES.findall(value)
-    return out
-
-
-def _parsed_leaves(v: Any) -> Iterator[Any]:
-    from hydra.core.override_parser.types import ChoiceSweep, Glob, IntervalSweep, RangeSweep
-
-    if isinstance(v, ChoiceSweep):
-        for x in v.list:
-            yield from _parsed_leaves(x)
-    elif isinstance(v, (RangeSweep, IntervalSweep, Glob)):
-        return
-    elif isinstance(v, dict):
-        for x in v.values():
-            yield from _parsed_leaves(x)
-    elif isinstance(v, (list, tuple)):
-        for x in v:
-            yield from _parsed_leaves(x)
-    elif v is not None:
-        yield v
-
-
-def typed_secrets(args) -> list:
-    """Every value the command line gives a secret key (see the module's docstring)."""
-    return [v for a in args for v in (_override_secret(a) or [])]
-
-
-def shown_override(arg: str) -> str:
-    """The override as a line may quote it: `key=<hidden>` where it gives a secret key a value."""
-    if _override_secret(arg) is None:
-        return str(arg)
-    return str(arg).split("=", 1)[0] + "=<hidden>"

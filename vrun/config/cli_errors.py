@@ -71,7 +71,7 @@ def describe(ex: BaseException) -> str:
     cause = ex.__cause__ or ex.__context__
     m = re.search(r"Sweeping over Hydra's configuration is not supported : '([^=']+)=(.*)'$", msg)
     if m:
-        from vrun.checks.secret import shown_override
+        from vrun.config.overrides import shown_override
 
         given = shown_override(f"{m.group(1)}={m.group(2)}")
         if given.endswith("=<hidden>"):
@@ -113,7 +113,7 @@ def describe(ex: BaseException) -> str:
     first = " ".join(line.strip() for line in msg.splitlines() if line.strip())
     m = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", msg)
     if m:
-        from vrun.checks.secret import shown_override
+        from vrun.config.overrides import shown_override
 
         return (f"error: {shown_override(f'{m.group(1)}={m.group(2)}')}: a comma in a value is a list or a sweep to "
                 f"Hydra; fix: quote it ({m.group(1)}='a,b'), write a list ({m.group(1)}=[a,b]) or sweep with -m")
@@ -163,7 +163,8 @@ def _is_map(path: str) -> bool:
 
 
 def _value_of(key: str) -> str:
-    from vrun.checks.secret import names_secret, shown_override
+    from vrun.config.overrides import shown_override
+    from vrun.core.problems import names_secret
     from vrun.core.problems import SECRETISH
 
     if SECRETISH.search(key) or names_secret(key):
@@ -182,7 +183,7 @@ def _unparsed_secret():
     (Hydra's message would quote the value, or a piece of it), or None."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from vrun.checks.secret import shown_override
+    from vrun.config.overrides import shown_override
 
     parser = OverridesParser.create()
     for arg in sys.argv[1:]:

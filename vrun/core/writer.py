@@ -5,7 +5,7 @@ whose name looks secret (`is_secret_name`: a broad, case-insensitive rule on the
 allow-list of known non-secrets) becomes <hidden>, as does the userinfo of any URL (`https://user:pass@host`).
 Values shorter than MIN_SECRET characters cannot be masked without masking ordinary words: the plan refuses to
 use them (vrun.checks.secret). A value typed on the command line for a secret key is as secret (`hide`: the entry
-points register them, vrun.checks.secret.typed_secrets). Each value is masked in every encoding the project prints
+points register them, vrun.config.overrides.typed_secrets). Each value is masked in every encoding the project prints
 or writes (`forms`: JSON escapes, Python's repr, YAML's quoting, control characters shown as escapes).
 
 Files (`write_text`, `append_line`): never through a link — a symlink in place of the file is refused, the file

@@ -45,7 +45,7 @@ def write(point: Point, **fields) -> None:
 def refuse(failures: list, n_points: int, what: str = "do not plan; nothing was run") -> None:
     """failures: (point index or -1 for the whole sweep, overrides, lines). One line per problem and exit 2; a
     sweep's lines name their point, a single run's do not."""
-    from vrun.checks.secret import shown_override
+    from vrun.config.overrides import shown_override
 
     if n_points == 1:
         cli_errors.emit([line for _, _, why in failures for line in why.splitlines()])

@@ -124,7 +124,7 @@ def table(plan: Plan) -> str:
 
 
 def one_line(idx: int, overrides, plan: Plan) -> str:
-    from vrun.checks.secret import shown_override
+    from vrun.config.overrides import shown_override
 
     m = plan.mesh
     return (f"point {idx} [{' '.join(shown_override(o) for o in overrides)}]: {m.world} GPUs TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} "
