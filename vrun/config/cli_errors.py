@@ -164,8 +164,7 @@ def _is_map(path: str) -> bool:
 
 def _value_of(key: str) -> str:
     from vrun.config.overrides import shown_override
-    from vrun.core.problems import names_secret
-    from vrun.core.problems import SECRETISH
+    from vrun.core.problems import SECRETISH, names_secret
 
     if SECRETISH.search(key) or names_secret(key):
         return "<hidden>"

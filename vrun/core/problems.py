@@ -40,7 +40,7 @@ class Problem:
     def line(self) -> str:
         kind = "warning" if self.warning else "error"
         why, fix = self.why, self.fix
-        if SECRETISH.search(self.key) and self.value not in (None, ""):
+        if (SECRETISH.search(self.key) or names_secret(self.key)) and self.value not in (None, ""):
             value = "<hidden>"
             shown = show(self.value)
             if len(shown) >= 3:  # never repeated further on the line either
