@@ -21,7 +21,12 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
+    from vrun.config.overrides import typed_secrets
+
     writer.install()
+    writer.hide(typed_secrets(sys.argv[1:]))  # a value typed for a secret key: masked in every line and file
     cli_errors.one_line_hydra_errors()
     cli_errors.mode_from_run_yaml()
     # a state dir at / or a system dir, or one of another user's, is refused before anything is written

@@ -22,11 +22,26 @@ from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 
 
+SWEEPER = "vrun"  # the hydra/sweeper option that plans the points these launchers launch
+
+
 class PlannedLauncher(Launcher):
     """A launcher of planned points. `cluster`: the cluster group (cluster.name) whose runs it launches."""
     cluster: ClassVar[str] = ""
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        """Another sweeper (hydra/sweeper=basic) is refused here, where it sets up its launcher: before it writes
+        anything (Hydra's basic sweeper writes multirun.yaml, overrides and all, before launching)."""
+        from omegaconf import OmegaConf
+
+        choice = (OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}).get("hydra/sweeper")
+        if choice != SWEEPER:
+            from vrun.config import cli_errors
+            from vrun.core.problems import Problem
+
+            cli_errors.emit([Problem("hydra/sweeper", choice, "the project's sweeper plans and checks every point "
+                                     "before anything is written or run; another sweeper would skip that",
+                                     "drop hydra/sweeper=... (conf/run.yaml selects vrun)").line()])
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:

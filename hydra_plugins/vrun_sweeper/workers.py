@@ -99,8 +99,10 @@ class _Worker:
             kind, body = "failed", f"{type(e).__name__}: {e}"
         if kind == "ok":
             return body
+        from vrun.core.writer import mask
+
         last = str(body).strip().splitlines()[-1] if str(body).strip() else "no reason given"
-        print(f"warning: sweep: planning worker {self.pid} failed ({last[:300]}); its {len(self.part)} point(s) "
+        print(f"warning: sweep: planning worker {self.pid} failed ({mask(last)[:300]}); its {len(self.part)} point(s) "
               "are planned by the runner itself; fix: none needed (VRUN_PLAN_WORKERS=1 plans in one process)",
               file=sys.stderr)
         return None

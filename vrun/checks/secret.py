@@ -6,6 +6,8 @@ value anywhere in it (raw or resolved), a value under a key that names a secret,
 variable names or whose value is too short to be masked, `model.path_env` naming a secret, and setup lines that
 carry a literal secret (`export HF_TOKEN=...`, `--token ...`). The rule for what is secret is vrun.core.writer's.
 Entry point: `check(raw, resolved, environ)`.
+A key that names a secret: vrun.core.problems.names_secret (the same rule for the command line's overrides,
+vrun.config.overrides).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import re
 import shlex
 from typing import Any, Iterator, Optional
 
-from vrun.core.problems import SECRETISH, Problem
+from vrun.core.problems import Problem, names_secret
 from vrun.core.writer import MIN_SECRET, URL_USERINFO, is_secret_name, secret_values, short_secrets
 
 # the default names passed to workers (conf/run.yaml pass_env) are secrets even before the config is read
@@ -23,8 +25,6 @@ IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ENV_RESOLVERS = ("oc.env", "env")
 # a resolver name holding an interpolation (`${oc.${x}:NAME}`): the only way to reach oc.env without writing "env"
 DYNAMIC = re.compile(r"\$\{[^:}]*\$\{")
-# keys whose children are environment variable names (the broad name rule applies to them)
-ENV_MAPS = re.compile(r"(^|\.)(env|env_vars)$")
 SETUP_KEYS = ("cluster.setup", "cluster.node_setup")
 
 
@@ -108,15 +108,6 @@ def leaves(d: Any, prefix: str = "") -> Iterator[tuple]:
             yield from leaves(v, f"{prefix}[{i}]")
     else:
         yield prefix, d
-
-
-def names_secret(key: str) -> bool:
-    """A config key whose value would be a secret: a variable name under an env map (broad rule), else a key
-    that is a secret's name (the narrow rule: max_token_len and experts_per_token are knobs)."""
-    parent, _, last = key.rpartition(".")
-    if "[" in last:
-        return False
-    return is_secret_name(last) if ENV_MAPS.search(parent) else bool(SECRETISH.search(last))
 
 
 def _hide_fix(name: str) -> str:
@@ -230,3 +221,4 @@ def setup_literal(line: str) -> Optional[str]:
 
 def _literal_value(value: str) -> bool:
     return bool(value) and not value.startswith("$") and not value.startswith("-")
+

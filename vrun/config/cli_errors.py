@@ -71,6 +71,12 @@ def describe(ex: BaseException) -> str:
     cause = ex.__cause__ or ex.__context__
     m = re.search(r"Sweeping over Hydra's configuration is not supported : '([^=']+)=(.*)'$", msg)
     if m:
+        from vrun.config.overrides import shown_override
+
+        given = shown_override(f"{m.group(1)}={m.group(2)}")
+        if given.endswith("=<hidden>"):
+            return (f"error: {given}: a comma makes the value a list to sweep, and Hydra sweeps no value of its own "
+                    f"config; fix: quote the value: '{m.group(1)}=\"...\"'")
         return (f"error: {m.group(1)}={m.group(2)}: a comma makes the value a list to sweep, and Hydra sweeps no "
                 f"value of its own config; fix: quote the value: '{m.group(1)}=\"{m.group(2)}\"'")
     m = re.search(r"Could not find '([^']+)'", msg)
@@ -107,10 +113,16 @@ def describe(ex: BaseException) -> str:
     first = " ".join(line.strip() for line in msg.splitlines() if line.strip())
     m = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", msg)
     if m:
-        return (f"error: {m.group(1)}={m.group(2)}: a comma in a value is a list or a sweep to Hydra; fix: quote it "
-                f"({m.group(1)}='a,b'), write a list ({m.group(1)}=[a,b]) or sweep with -m")
+        from vrun.config.overrides import shown_override
+
+        return (f"error: {shown_override(f'{m.group(1)}={m.group(2)}')}: a comma in a value is a list or a sweep to "
+                f"Hydra; fix: quote it ({m.group(1)}='a,b'), write a list ({m.group(1)}=[a,b]) or sweep with -m")
     if any(x in msg for x in ("no viable alternative", "mismatched input", "extraneous input", "LexerNoViableAlt",
                               "token recognition error")):
+        hidden = _unparsed_secret()
+        if hidden:
+            return (f"error: {hidden}: the override does not parse; fix: quote the value (key='...') or balance its "
+                    "brackets (Hydra's override grammar)")
         return (f"error: {first.split(' See https')[0]}: the override does not parse; fix: quote the value "
                 "(key='...') or balance its brackets (Hydra's override grammar)")
     if "Could not detect" in first and "srun" in first:
@@ -151,17 +163,36 @@ def _is_map(path: str) -> bool:
 
 
 def _value_of(key: str) -> str:
-    from vrun.core.problems import SECRETISH
+    from vrun.config.overrides import shown_override
+    from vrun.core.problems import SECRETISH, names_secret
 
-    if SECRETISH.search(key):
+    if SECRETISH.search(key) or names_secret(key):
         return "<hidden>"
     from vrun.core.problems import show as shown
 
     for arg in sys.argv[1:]:
         k, _, v = arg.lstrip("+~").partition("=")
         if k == key:
-            return shown(v)
+            return "<hidden>" if shown_override(arg) != arg else shown(v)
     return "?"
+
+
+def _unparsed_secret():
+    """The first command-line override that does not parse and gives a secret key a value, as `key=<hidden>`
+    (Hydra's message would quote the value, or a piece of it), or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from vrun.config.overrides import shown_override
+
+    parser = OverridesParser.create()
+    for arg in sys.argv[1:]:
+        if arg.startswith("-") or "=" not in arg or shown_override(arg) == arg:
+            continue
+        try:
+            parser.parse_override(arg)
+        except Exception:  # noqa: BLE001 - Hydra's grammar refused it
+            return shown_override(arg)
+    return None
 
 
 def _key_with(text: str) -> str:

@@ -13,6 +13,20 @@ SECRETISH = re.compile(r"(?i:api_?key|secret|passw(?:or)?d|access_key|private_ke
 
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# keys whose children are environment variable names (the broad name rule applies to them)
+ENV_MAPS = re.compile(r"(^|\.)(env|env_vars|env_set)$")
+
+
+def names_secret(key: str) -> bool:
+    """A config key whose value would be a secret: a variable name under an env map (`env`, `env_vars`,
+    `hydra.job.env_set`; the writer's broad rule), else a key that is a secret's name (the narrow rule:
+    max_token_len and experts_per_token are knobs)."""
+    from vrun.core.writer import is_secret_name
+
+    parent, _, last = key.rpartition(".")
+    if "[" in last:
+        return False
+    return is_secret_name(last) if ENV_MAPS.search(parent) else bool(SECRETISH.search(last))
 
 
 @dataclass(frozen=True)
@@ -26,7 +40,7 @@ class Problem:
     def line(self) -> str:
         kind = "warning" if self.warning else "error"
         why, fix = self.why, self.fix
-        if SECRETISH.search(self.key) and self.value not in (None, ""):
+        if (SECRETISH.search(self.key) or names_secret(self.key)) and self.value not in (None, ""):
             value = "<hidden>"
             shown = show(self.value)
             if len(shown) >= 3:  # never repeated further on the line either

@@ -1,7 +1,7 @@
 """Text from a job's output or a run dir's files, made safe for a terminal: every control character and escape
 sequence shown as visible text (`\\x1b]52;…` — a clipboard write, a cursor move, a screen clear — prints as the
 characters it is made of, never acts), except colours (SGR `ESC[…m`), which may stay on a terminal and are dropped
-elsewhere. Tabs stay. Standard library only."""
+elsewhere. Tabs stay. `install`: every line `python -m vrun` prints passes through it. Standard library only."""
 from __future__ import annotations
 
 import re
@@ -27,3 +27,35 @@ def visible(text: str, colours: bool = False) -> str:
             out.append(code + CONTROL.sub(_shown, part))
         return "".join(out)
     return CONTROL.sub(_shown, SGR.sub("", text))
+
+
+def visible_lines(text: str, colours: bool = False) -> str:
+    """visible() line by line: newlines stay newlines."""
+    return "\n".join(visible(line, colours) for line in str(text).split("\n"))
+
+
+class VisibleStream:
+    """A text stream that passes on only visible text (visible_lines; colours kept on a terminal): every line a
+    `python -m vrun` verb prints, whatever file or job output it quotes (vrun/__main__.py installs it)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self._colours = bool(getattr(inner, "isatty", lambda: False)())
+
+    def write(self, s: str) -> int:
+        self._inner.write(visible_lines(s, self._colours))
+        return len(s)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def install() -> None:
+    """sys.stdout and sys.stderr pass on only visible text (idempotent; before vrun.core.writer.install, so that
+    secrets are masked in the raw text first)."""
+    import sys
+
+    for name in ("stdout", "stderr"):
+        s = getattr(sys, name)
+        if not isinstance(s, VisibleStream):
+            setattr(sys, name, VisibleStream(s))

@@ -4,7 +4,9 @@ Masking (`mask`): every occurrence (a substring, not only an equal value) of the
 whose name looks secret (`is_secret_name`: a broad, case-insensitive rule on the name's segments, with an
 allow-list of known non-secrets) becomes <hidden>, as does the userinfo of any URL (`https://user:pass@host`).
 Values shorter than MIN_SECRET characters cannot be masked without masking ordinary words: the plan refuses to
-use them (vrun.checks.secret).
+use them (vrun.checks.secret). A value typed on the command line for a secret key is as secret (`hide`: the entry
+points register them, vrun.config.overrides.typed_secrets). Each value is masked in every encoding the project prints
+or writes (`forms`: JSON escapes, Python's repr, YAML's quoting, control characters shown as escapes).
 
 Files (`write_text`, `append_line`): never through a link — a symlink in place of the file is refused, the file
 is replaced by a rename (a hard link planted there is not written through), and with `root` (the run or sweep
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import os
 import re
 import sys
@@ -80,13 +83,43 @@ def short_secrets(environ: Optional[dict], names: Iterable[str]) -> list:
             and environ[n].strip().lower() not in TRIVIAL]
 
 
+# values typed on the command line for secret keys (hide): masked like the environment's
+_TYPED: set = set()
+
+
+def hide(values: Iterable[str]) -> None:
+    """Mask these values too, from now on in this process (and the processes it forks): values given for secret
+    keys on the command line. Those shorter than MIN_SECRET are hidden where their key is shown, not as text."""
+    for v in values:
+        if isinstance(v, str) and len(v) >= MIN_SECRET and v.strip().lower() not in TRIVIAL:
+            _TYPED.add(v)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x80-\x9f]")
+
+
+@functools.lru_cache(maxsize=1024)
+def forms(value: str) -> tuple:
+    """The value as each encoding the project writes or prints spells it: raw, JSON (ASCII or not), Python's repr
+    (either quote), YAML's single and double quoting, and control characters shown as escapes (vrun.core.text,
+    vrun.core.problems.show)."""
+    out = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1], repr(value)[1:-1],
+           value.replace("\\", "\\\\").replace("'", "\\'"), value.replace("\\", "\\\\").replace('"', '\\"'),
+           value.replace("'", "''"), value.encode("unicode_escape").decode("ascii"),
+           _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), value),
+           _CONTROL.sub(lambda m: repr(m.group(0))[1:-1], value)}
+    return tuple(sorted(out, key=len, reverse=True))
+
+
 def mask(text: str, environ: Optional[dict] = None) -> str:
-    """The text with every secret value (longest first) and every URL's userinfo replaced by <hidden>."""
+    """The text with every secret value (longest first, in each of its forms) and every URL's userinfo replaced
+    by <hidden>."""
     if not text:
         return text
-    for v in sorted(secret_values(environ), key=len, reverse=True):
-        if v in text:
-            text = text.replace(v, HIDDEN)
+    values = set(secret_values(environ)) | _TYPED
+    for f in sorted({f for v in values for f in forms(v)}, key=len, reverse=True):
+        if f in text:
+            text = text.replace(f, HIDDEN)
     if "://" in text:
         text = URL_USERINFO.sub(lambda m: m.group(1) + HIDDEN + "@", text)
     return text

@@ -45,10 +45,13 @@ def write(point: Point, **fields) -> None:
 def refuse(failures: list, n_points: int, what: str = "do not plan; nothing was run") -> None:
     """failures: (point index or -1 for the whole sweep, overrides, lines). One line per problem and exit 2; a
     sweep's lines name their point, a single run's do not."""
+    from vrun.config.overrides import shown_override
+
     if n_points == 1:
         cli_errors.emit([line for _, _, why in failures for line in why.splitlines()])
     lines = [f"sweep: {len(failures)} of {n_points} point(s) {what}"]
     for idx, overrides, why in sorted(failures, key=lambda f: f[0]):
+        shown = " ".join(shown_override(o) for o in overrides)
         for line in why.splitlines():
-            lines.append(f"point {idx} [{' '.join(overrides)}]: {line}" if idx >= 0 else f"sweep: {line}")
+            lines.append(f"point {idx} [{shown}]: {line}" if idx >= 0 else f"sweep: {line}")
     cli_errors.emit(lines)

@@ -25,8 +25,11 @@ def redact(obj: Any) -> Any:
 
 
 def redact_arg(arg: str) -> str:
+    """An override with a secret key's value (vrun.config.overrides.shown_override's rule) redacted."""
+    from vrun.config.overrides import shown_override
+
     key, eq, _ = arg.partition("=")
-    return f"{key}=<redacted>" if eq and SECRETISH.search(key) else arg
+    return f"{key}=<redacted>" if eq and (SECRETISH.search(key) or shown_override(arg) != arg) else arg
 
 
 @functools.lru_cache(maxsize=1)

@@ -124,8 +124,10 @@ def table(plan: Plan) -> str:
 
 
 def one_line(idx: int, overrides, plan: Plan) -> str:
+    from vrun.config.overrides import shown_override
+
     m = plan.mesh
-    return (f"point {idx} [{' '.join(overrides)}]: {m.world} GPUs TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} "
+    return (f"point {idx} [{' '.join(shown_override(o) for o in overrides)}]: {m.world} GPUs TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} "
             f"EP{m.ep} ETP{m.etp} EDP{m.edp} → {plan.run_dir}")
 
 

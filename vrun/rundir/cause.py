@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 from typing import Iterable, Optional
 
+from vrun.core.writer import mask
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # strongest first: a line matching an earlier pattern wins over an earlier line matching a later one
 DECISIVE = [
@@ -46,7 +48,7 @@ def ending(lines: Iterable[str]) -> Optional[tuple[str, str]]:
     for kind, pattern in ENDINGS:
         for line in lines:
             if pattern.search(line):
-                return kind, line[:300]
+                return kind, mask(line)[:300]  # masked before cut: a cut secret would not mask
     return None
 
 
@@ -69,7 +71,7 @@ def decisive_line(lines: Iterable[str]) -> Optional[str]:
                 continue
             m = pattern.search(line)
             if m:
-                return m.group(1).strip()[:300]
+                return mask(m.group(1).strip())[:300]
     return None
 
 

@@ -166,7 +166,9 @@ def main(argv: list | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - never a traceback: one line naming the verb and what failed
         if os.environ.get("VRUN_FULL_ERROR") == "1":
             raise
-        first = (str(e).splitlines() or [""])[0][:300]
+        from vrun.core.writer import mask
+
+        first = mask((str(e).splitlines() or [""])[0])[:300]  # masked before cut: a cut secret would not mask
         print(f"error: {a.verb}: {type(e).__name__}: {first}; fix: check the run dir's files (python -m vrun status "
               "RUN), or plan the run again", file=sys.stderr)
         return EXIT_USAGE
