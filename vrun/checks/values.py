@@ -73,6 +73,8 @@ def _types(v: Any, b: Any, path: str, out: list) -> None:
 # verl keys with a range verl (or its first step) enforces in every tree; each entrypoint's record lists its own
 # (Entrypoint.positive_ints, .fractions), and its optimizer block's offload_fraction is a fraction too
 NON_NEGATIVE_INT = ("trainer.total_epochs", "trainer.save_freq", "trainer.test_freq")
+# read by both entrypoints when set (null: verl counts the steps from the data and epochs)
+POSITIVE_INT = ("trainer.total_training_steps",)
 RAY_ADDRESS = re.compile(r"^(local|auto|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$")
 
 
@@ -82,7 +84,7 @@ def range_problems(verl: dict, entrypoint) -> list[Problem]:
     from vrun.core.dotted import MISSING, get
 
     out = []
-    positive = tuple(entrypoint.positive_ints)
+    positive = tuple(entrypoint.positive_ints) + POSITIVE_INT
     for key in positive + NON_NEGATIVE_INT:
         v = get(verl, key, MISSING)
         if v is MISSING or v is None:
