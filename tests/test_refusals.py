@@ -64,6 +64,7 @@ CASES = [
     ("mesh-bool", ["mesh.tp=true"], REFUSED, "mesh.tp", None),
     ("huge-world", ["mesh.nnodes=100000000", "mesh.cp=3"], REFUSED, "mesh.nnodes", "1,000,000"),
     ("logger-backend", ["verl.trainer.logger=[console,wandbb]"], REFUSED, "verl.trainer.logger", "wandb"),
+    ("gae-without-critic", ["verl.algorithm.adv_estimator=gae"], REFUSED, "algorithm.adv_estimator", "critic"),
     ("adv-estimator", ["verl.algorithm.adv_estimator=grpoo"], REFUSED, "verl.algorithm.adv_estimator", "grpo"),
     ("loss-agg-mode", ["verl.actor_rollout_ref.actor.loss_agg_mode=mean"], REFUSED,
      "verl.actor_rollout_ref.actor.loss_agg_mode", "token-mean"),
