@@ -58,6 +58,7 @@ CASES = [
     ("negative-training-steps-sft", ["algo=sft", "verl.trainer.total_training_steps=-5"], REFUSED,
      "verl.trainer.total_training_steps", "positive"),
     ("zero-response", ["verl.data.max_response_length=0"], REFUSED, "verl.data.max_response_length", None),
+    ("ray-zero-gpus", ["cluster.ray.num_gpus=0"], REFUSED, "cluster.ray.num_gpus", "no GPU"),
     ("ray-address-form", ["cluster.ray.address=nowhere"], REFUSED, "cluster.ray.address", "host:port"),
     ("gpu-mem-zero", ["cluster.gpu_mem_gib=0"], REFUSED, "cluster.gpu_mem_gib", None),
     ("slurm-time-zero", ["cluster=slurm", "cluster.time_min=0"], REFUSED, "cluster.time_min", "no time limit"),
@@ -90,6 +91,12 @@ CASES = [
      "recipe.ppo.trainer.foo", "read by nothing"),
     ("dump-rollouts-sft", ["model=deepseek_v4_flash", "algo=sft", "run.dump_rollouts=true"], OK,
      "run.dump_rollouts", None),
+    ("dynamic-sampling-sft", ["model=deepseek_v4_flash", "algo=sft", "algo.dynamic_sampling=true"], OK,
+     "algo.dynamic_sampling", "read by nothing"),
+    *[(f"ray-under-sft-{k}", ["model=deepseek_v4_flash", "algo=sft", *door, f"cluster.ray.{k}={v}"], OK,
+       f"cluster.ray.{k}", "torchrun") for door in ([], ["cluster=slurm"])
+      for k, v in (("num_gpus", 4), ("num_cpus", 8), ("address", "auto" if not door else "local"),
+                   ("join_timeout_s", 60), ("interface", "ib0"))],
     # --- Hydra's own syntax
     ("launcher-without-cluster", ["-m", "hydra/launcher=submitit_slurm"], REFUSED, "hydra/launcher",
      "cluster=slurm"),

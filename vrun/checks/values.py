@@ -129,20 +129,21 @@ def run_problems(config) -> list[Problem]:
     if not isinstance(c.ray.address, str) or not RAY_ADDRESS.match(c.ray.address):
         out.append(Problem("cluster.ray.address", _short(c.ray.address), "Ray joins 'local' (a fresh instance), "
                            "'auto' (the running one) or host:port", "cluster.ray.address=local|auto|<host>:<port>"))
-    elif slurm and c.ray.address == "local":
+    elif slurm and c.ray.address == "local" and str(config.algo.entrypoint) != "sft":  # SFT: warned as unread
         out.append(Problem("cluster.ray.address", "local", "cluster=slurm brings up one Ray cluster over the job's "
                            "nodes; 'local' would start a separate one-node instance on the head",
                            "cluster.ray.address=auto (the default for cluster=slurm)"))
     for key, v, low in (("cluster.time_min", c.time_min, 1), ("cluster.ray.join_timeout_s", c.ray.join_timeout_s, 1),
                         ("cluster.max_requeues", c.max_requeues, 0), ("cluster.master_port", c.master_port, 1),
                         ("cluster.cpus_per_task", c.cpus_per_task, 1), ("cluster.mem_gb", c.mem_gb, 1),
-                        ("cluster.ray.num_cpus", c.ray.num_cpus, 0), ("cluster.ray.num_gpus", c.ray.num_gpus, 0),
+                        ("cluster.ray.num_cpus", c.ray.num_cpus, 0), ("cluster.ray.num_gpus", c.ray.num_gpus, 1),
                         ("cluster.signal_delay_s", c.signal_delay_s, 1)):
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             why = "0 means no time limit to sbatch (and no GPU-hours to confirm)" if key == "cluster.time_min" and \
-                v == 0 else f"must be an integer ≥ {low}"
+                v == 0 else ("Ray would offer verl's workers no GPU (null: the mesh's gpus_per_node)"
+                             if key == "cluster.ray.num_gpus" and v == 0 else f"must be an integer ≥ {low}")
             out.append(Problem(key, v, why, f"{key}=<integer ≥ {low}>"))
     if all(isinstance(x, int) and x > 0 for x in (c.time_min, c.signal_delay_s)) and c.signal_delay_s >= c.time_min * 60:
         out.append(Problem("cluster.signal_delay_s", c.signal_delay_s, f"the requeue signal would come at the start "
