@@ -181,6 +181,19 @@ def test_slurm_plan_writes_where_hydra_run_dir_says(tmp_path):
     assert "hydra.sweep.dir=" in proc.stderr and not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize("door", [[], ["-m"], ["cluster=slurm"]], ids=["run", "multirun-flag", "slurm"])
+def test_one_run_given_both_dirs_writes_to_run_dir(tmp_path, door):
+    """One point given hydra.run.dir and hydra.sweep.dir is a run: it lands in hydra.run.dir, and the sweep dir
+    is never made."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    proc = runner(*door, "model=qwen3_5_35b", "mode=plan", f"hydra.run.dir={tmp_path}/r",
+                  f"hydra.sweep.dir={tmp_path}/s", cwd=cwd, env=_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "r" / "plan.json").is_file()
+    assert not (tmp_path / "s").exists() and list(cwd.iterdir()) == []
+
+
 def test_sbatch_script_bytes(tmp_path):
     """The values that reach sbatch.sh come out as one line each: one --nodes, the partition as given."""
     proc = runner("model=qwen3_5_35b", "cluster=slurm", "mode=plan", "cluster.partition=gpu-a_1",
