@@ -7,7 +7,7 @@ point and nothing is written or run, with that point named. Then it hands the pl
 (hydra_plugins/vrun_launcher: vrun_local for cluster=local, submitit_slurm for cluster=slurm), which launches
 them; the sweeper launches nothing.
 
-Where a point lands: a run (one point, no sweep syntax, no hydra.sweep.dir given) in hydra.run.dir; a sweep's
+Where a point lands: a run (one point, no sweep syntax, hydra.run.dir given or no hydra.sweep.dir) in hydra.run.dir; a sweep's
 points in hydra.sweep.dir/<hydra.sweep.subdir>.
 """
 
