@@ -53,13 +53,19 @@ CASES = [
      "verl.actor_rollout_ref.rollout.gpu_memory_utilization", "(0, 1]"),
     ("bool-as-int", ["verl.data.train_batch_size=true"], REFUSED, "verl.data.train_batch_size", "positive"),
     ("negative-epochs", ["verl.trainer.total_epochs=-1"], REFUSED, "verl.trainer.total_epochs", None),
+    ("zero-training-steps", ["verl.trainer.total_training_steps=0"], REFUSED, "verl.trainer.total_training_steps",
+     "positive"),
+    ("negative-training-steps-sft", ["algo=sft", "verl.trainer.total_training_steps=-5"], REFUSED,
+     "verl.trainer.total_training_steps", "positive"),
     ("zero-response", ["verl.data.max_response_length=0"], REFUSED, "verl.data.max_response_length", None),
+    ("ray-zero-gpus", ["cluster.ray.num_gpus=0"], REFUSED, "cluster.ray.num_gpus", "no GPU"),
     ("ray-address-form", ["cluster.ray.address=nowhere"], REFUSED, "cluster.ray.address", "host:port"),
     ("gpu-mem-zero", ["cluster.gpu_mem_gib=0"], REFUSED, "cluster.gpu_mem_gib", None),
     ("slurm-time-zero", ["cluster=slurm", "cluster.time_min=0"], REFUSED, "cluster.time_min", "no time limit"),
     ("mesh-bool", ["mesh.tp=true"], REFUSED, "mesh.tp", None),
     ("huge-world", ["mesh.nnodes=100000000", "mesh.cp=3"], REFUSED, "mesh.nnodes", "1,000,000"),
     ("logger-backend", ["verl.trainer.logger=[console,wandbb]"], REFUSED, "verl.trainer.logger", "wandb"),
+    ("gae-without-critic", ["verl.algorithm.adv_estimator=gae"], REFUSED, "algorithm.adv_estimator", "critic"),
     ("adv-estimator", ["verl.algorithm.adv_estimator=grpoo"], REFUSED, "verl.algorithm.adv_estimator", "grpo"),
     ("loss-agg-mode", ["verl.actor_rollout_ref.actor.loss_agg_mode=mean"], REFUSED,
      "verl.actor_rollout_ref.actor.loss_agg_mode", "token-mean"),
@@ -85,6 +91,12 @@ CASES = [
      "recipe.ppo.trainer.foo", "read by nothing"),
     ("dump-rollouts-sft", ["model=deepseek_v4_flash", "algo=sft", "run.dump_rollouts=true"], OK,
      "run.dump_rollouts", None),
+    ("dynamic-sampling-sft", ["model=deepseek_v4_flash", "algo=sft", "algo.dynamic_sampling=true"], OK,
+     "algo.dynamic_sampling", "read by nothing"),
+    *[(f"ray-under-sft-{k}", ["model=deepseek_v4_flash", "algo=sft", *door, f"cluster.ray.{k}={v}"], OK,
+       f"cluster.ray.{k}", "torchrun") for door in ([], ["cluster=slurm"])
+      for k, v in (("num_gpus", 4), ("num_cpus", 8), ("address", "auto" if not door else "local"),
+                   ("join_timeout_s", 60), ("interface", "ib0"))],
     # --- Hydra's own syntax
     ("launcher-without-cluster", ["-m", "hydra/launcher=submitit_slurm"], REFUSED, "hydra/launcher",
      "cluster=slurm"),
@@ -167,6 +179,19 @@ def test_slurm_plan_writes_where_hydra_run_dir_says(tmp_path):
                   f"hydra.run.dir={tmp_path}/s", cwd=cwd, env=_env(tmp_path))
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: hydra.run.dir={tmp_path}/s:")
     assert "hydra.sweep.dir=" in proc.stderr and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("door", [[], ["-m"], ["cluster=slurm"]], ids=["run", "multirun-flag", "slurm"])
+def test_one_run_given_both_dirs_writes_to_run_dir(tmp_path, door):
+    """One point given hydra.run.dir and hydra.sweep.dir is a run: it lands in hydra.run.dir, and the sweep dir
+    is never made."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    proc = runner(*door, "model=qwen3_5_35b", "mode=plan", f"hydra.run.dir={tmp_path}/r",
+                  f"hydra.sweep.dir={tmp_path}/s", cwd=cwd, env=_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "r" / "plan.json").is_file()
+    assert not (tmp_path / "s").exists() and list(cwd.iterdir()) == []
 
 
 def test_sbatch_script_bytes(tmp_path):

@@ -7,7 +7,7 @@ point and nothing is written or run, with that point named. Then it hands the pl
 (hydra_plugins/vrun_launcher: vrun_local for cluster=local, submitit_slurm for cluster=slurm), which launches
 them; the sweeper launches nothing.
 
-Where a point lands: a run (one point, no sweep syntax, no hydra.sweep.dir given) in hydra.run.dir; a sweep's
+Where a point lands: a run (one point, no sweep syntax, hydra.run.dir given or no hydra.sweep.dir) in hydra.run.dir; a sweep's
 points in hydra.sweep.dir/<hydra.sweep.subdir>.
 """
 
@@ -78,8 +78,9 @@ class PlanningSweeper(Sweeper):
         hydra_overrides = OmegaConf.to_container(self.config.hydra.overrides.hydra, resolve=False)
         given = {o.lstrip("+~").split("=", 1)[0] for o in hydra_overrides}
         run_dir_given = [o.split("=", 1)[1] for o in hydra_overrides if o.startswith("hydra.run.dir=")]
+        # one point given hydra.run.dir is a run, whatever hydra.sweep.dir says (Hydra's own reading)
         single = len(points) == 1 and not any(o.is_sweep_override() for o in parsed) and \
-            "hydra.sweep.dir" not in given
+            ("hydra.sweep.dir" not in given or bool(run_dir_given))
         problems = self._sweep_problems(len(points), single, run_dir_given)
         if problems:
             cli_errors.emit([p.line() for p in problems])

@@ -74,6 +74,8 @@ def _types(v: Any, b: Any, path: str, out: list) -> None:
 # verl keys with a range verl (or its first step) enforces in every tree; each entrypoint's record lists its own
 # (Entrypoint.positive_ints, .fractions), and its optimizer block's offload_fraction is a fraction too
 NON_NEGATIVE_INT = ("trainer.total_epochs", "trainer.save_freq", "trainer.test_freq")
+# read by both entrypoints when set (null: verl counts the steps from the data and epochs)
+POSITIVE_INT = ("trainer.total_training_steps",)
 RAY_ADDRESS = re.compile(r"^(local|auto|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$")
 
 
@@ -83,7 +85,7 @@ def range_problems(verl: dict, entrypoint) -> list[Problem]:
     from vrun.core.dotted import MISSING, get
 
     out = []
-    positive = tuple(entrypoint.positive_ints)
+    positive = tuple(entrypoint.positive_ints) + POSITIVE_INT
     for key in positive + NON_NEGATIVE_INT:
         v = get(verl, key, MISSING)
         if v is MISSING or v is None:
@@ -128,20 +130,21 @@ def run_problems(config) -> list[Problem]:
     if not isinstance(c.ray.address, str) or not RAY_ADDRESS.match(c.ray.address):
         out.append(Problem("cluster.ray.address", _short(c.ray.address), "Ray joins 'local' (a fresh instance), "
                            "'auto' (the running one) or host:port", "cluster.ray.address=local|auto|<host>:<port>"))
-    elif slurm and c.ray.address == "local":
+    elif slurm and c.ray.address == "local" and str(config.algo.entrypoint) != "sft":  # SFT: warned as unread
         out.append(Problem("cluster.ray.address", "local", "cluster=slurm brings up one Ray cluster over the job's "
                            "nodes; 'local' would start a separate one-node instance on the head",
                            "cluster.ray.address=auto (the default for cluster=slurm)"))
     for key, v, low in (("cluster.time_min", c.time_min, 1), ("cluster.ray.join_timeout_s", c.ray.join_timeout_s, 1),
                         ("cluster.max_requeues", c.max_requeues, 0), ("cluster.master_port", c.master_port, 1),
                         ("cluster.cpus_per_task", c.cpus_per_task, 1), ("cluster.mem_gb", c.mem_gb, 1),
-                        ("cluster.ray.num_cpus", c.ray.num_cpus, 0), ("cluster.ray.num_gpus", c.ray.num_gpus, 0),
+                        ("cluster.ray.num_cpus", c.ray.num_cpus, 0), ("cluster.ray.num_gpus", c.ray.num_gpus, 1),
                         ("cluster.signal_delay_s", c.signal_delay_s, 1)):
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             why = "0 means no time limit to sbatch (and no GPU-hours to confirm)" if key == "cluster.time_min" and \
-                v == 0 else f"must be an integer ≥ {low}"
+                v == 0 else ("Ray would offer verl's workers no GPU (null: the mesh's gpus_per_node)"
+                             if key == "cluster.ray.num_gpus" and v == 0 else f"must be an integer ≥ {low}")
             out.append(Problem(key, v, why, f"{key}=<integer ≥ {low}>"))
     if all(isinstance(x, int) and x > 0 for x in (c.time_min, c.signal_delay_s)) and c.signal_delay_s >= c.time_min * 60:
         out.append(Problem("cluster.signal_delay_s", c.signal_delay_s, f"the requeue signal would come at the start "

@@ -264,6 +264,10 @@ def algorithm_problems(verl: dict, algo: str, dynamic_sampling: Optional[bool] =
     if est in ("grpo", "rloo", "grpo_passk") and isinstance(n, int) and n < 2:
         out.append(Problem(f"{ROLLOUT}.n", n, f"{est} compares samples within a group: with n={n} every advantage is 0",
                            f"{ROLLOUT}.n=8 (any n >= 2)"))
+    if est == "gae" and not get(verl, "critic.enable"):
+        out.append(Problem("algorithm.adv_estimator", est, "GAE takes its advantages from a critic's values and "
+                           "critic.enable is off (Megatron Lite builds no critic): verl would fail at the first step",
+                           "verl.algorithm.adv_estimator=grpo (or reinforce_plus_plus: no critic)"))
     if get(verl, f"{ROLLOUT}.name") not in ("vllm", "sglang", "trtllm"):
         out.append(Problem(f"{ROLLOUT}.name", get(verl, f"{ROLLOUT}.name"), "verl rolls out with vllm, sglang or trtllm",
                            f"{ROLLOUT}.name=vllm"))

@@ -50,10 +50,26 @@ class SFT(Entrypoint):
         return int(get(verl, "data.train_batch_size") or 0) * float(get(verl, "data.max_length") or 0) * MEAN_FRACTION
 
     def run_problems(self, config: RunConfig) -> list[Problem]:
+        """Run-config keys SFT never reads: rollouts, DAPO's dynamic sampling, and Ray (SFT runs under torchrun)."""
+        from dataclasses import fields
+
+        from vrun.config.schema import RayCfg
+
+        out = []
         if config.run.dump_rollouts:
-            return [Problem("run.dump_rollouts", True, "SFT has no rollouts: read by nothing",
-                            "drop it, or algo=grpo|dapo", warning=True)]
-        return []
+            out.append(Problem("run.dump_rollouts", True, "SFT has no rollouts: read by nothing",
+                               "drop it, or algo=grpo|dapo", warning=True))
+        if config.algo.dynamic_sampling is not None:
+            out.append(Problem("algo.dynamic_sampling", config.algo.dynamic_sampling, "SFT samples nothing: read by "
+                               "nothing", "drop it, or algo=dapo", warning=True))
+        default = RayCfg()
+        address = "auto" if str(config.cluster.name) == "slurm" else "local"  # the cluster group's own value
+        for f in fields(RayCfg):
+            v = getattr(config.cluster.ray, f.name)
+            if v != (address if f.name == "address" else getattr(default, f.name)):
+                out.append(Problem(f"cluster.ray.{f.name}", v, "SFT runs under torchrun, not Ray: read by nothing",
+                                   f"drop cluster.ray.{f.name}, or algo=grpo|dapo", warning=True))
+        return out
 
     def batch_summary(self, verl: dict, mesh: Mesh) -> dict:
         v = verl
