@@ -188,7 +188,12 @@ def test_a_job_reaches_the_entry_and_the_verbs_work(ray_cluster, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     job = json.loads((run / "ray_job.json").read_text())
     assert job["address"] == ray_cluster and job["job_id"] in proc.stdout
-    wait(lambda: (run / "probe.json").exists(), 240, "the probe's report")
+    vr = lambda *a: subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True,
+                                   timeout=120)
+    try:
+        wait(lambda: (run / "probe.json").exists(), 240, "the probe's report")
+    except AssertionError:
+        raise AssertionError(vr("status", str(run)).stdout + vr("logs", str(run)).stdout[-4000:]) from None
     report = json.loads((run / "probe.json").read_text())
     assert report["in_ray_worker"] and report["config"]["ray_kwargs"]["ray_init"]["address"] == "auto"
     assert report["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"

@@ -177,6 +177,9 @@ def runtime_env(plan) -> dict:
     # PYTHONPATH names this checkout's paths, which do not travel: py_modules puts vrun on the job's path
     env = {k: str(v) for k, v in plan.env.items() if k != "PYTHONPATH"}
     env["VRUN_RUN_ID"] = run_id(plan.run_dir)
+    # verl's run_ppo calls ray.init with the config's runtime env (the same variables): inside a job Ray refuses
+    # the repeated keys unless told to merge them
+    env["RAY_OVERRIDE_JOB_RUNTIME_ENV"] = "1"
     return {"working_dir": str(plan.run_dir), "py_modules": [str(Path(vrun.__file__).parent)], "env_vars": env}
 
 
