@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from vrun.core import fs
 from vrun.launch import rayjobs
 from vrun.runs.common import Usage
 
@@ -20,7 +21,7 @@ ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 def job_of(path: str) -> Optional[tuple]:
     """(run dir, ray_job.json) where `path` is one cluster=ray run dir; None otherwise."""
     d = Path(path)
-    job = rayjobs.load(d) if d.is_dir() else None
+    job = rayjobs.load(d) if fs.is_dir(d) else None
     return (d, job) if job and job.get("job_id") and job.get("address") else None
 
 
