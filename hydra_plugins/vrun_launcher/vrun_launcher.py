@@ -2,6 +2,8 @@
 and checked; none composes or plans again.
 
 - hydra/launcher=vrun_local (what cluster=local selects): this machine (vrun.launch.local).
+- hydra/launcher=vrun_ray (what cluster=ray selects): a standing Ray cluster's Job Submission API
+  (vrun.launch.rayjobs).
 - hydra/launcher=submitit_slurm (what cluster=slurm selects) is VrunSlurmLauncher, a subclass of Hydra's submitit
   SlurmLauncher stored under the stock name, so the command users type resolves to it: one sbatch job per point,
   each with its own nodes, detached or waited on (vrun.launch.slurm.submit).
@@ -89,6 +91,20 @@ class VrunLocalLauncher(PlannedLauncher):
 
 
 @dataclass
+class VrunRayConf:
+    _target_: str = "hydra_plugins.vrun_launcher.vrun_launcher.VrunRayLauncher"
+
+
+class VrunRayLauncher(PlannedLauncher):
+    cluster = "ray"
+
+    def launch_planned(self, sweep: Any) -> Any:
+        from vrun.launch import rayjobs
+
+        return rayjobs.launch(sweep)
+
+
+@dataclass
 class VrunSlurmConf(SlurmQueueConf):
     _target_: str = "hydra_plugins.vrun_launcher.vrun_launcher.VrunSlurmLauncher"
 
@@ -125,4 +141,5 @@ def register() -> None:
     schema.register()
     Plugins.instance()
     ConfigStore.instance().store(group="hydra/launcher", name="vrun_local", node=VrunLocalConf, provider="vrun")
+    ConfigStore.instance().store(group="hydra/launcher", name="vrun_ray", node=VrunRayConf, provider="vrun")
     ConfigStore.instance().store(group="hydra/launcher", name="submitit_slurm", node=VrunSlurmConf, provider="vrun")

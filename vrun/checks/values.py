@@ -77,6 +77,8 @@ NON_NEGATIVE_INT = ("trainer.total_epochs", "trainer.save_freq", "trainer.test_f
 # read by both entrypoints when set (null: verl counts the steps from the data and epochs)
 POSITIVE_INT = ("trainer.total_training_steps",)
 RAY_ADDRESS = re.compile(r"^(local|auto|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$")
+# cluster=ray: the dashboard the Job Submission API answers on
+RAY_DASHBOARD = re.compile(r"^(auto|(https?://)?[A-Za-z0-9._-]+:[0-9]{1,5})/?$")
 
 
 def range_problems(verl: dict, entrypoint) -> list[Problem]:
@@ -127,7 +129,16 @@ def run_problems(config) -> list[Problem]:
     c = config.cluster
     out = []
     slurm = str(c.name) == "slurm"
-    if not isinstance(c.ray.address, str) or not RAY_ADDRESS.match(c.ray.address):
+    if str(c.name) == "ray":
+        if not isinstance(c.ray.address, str) or not RAY_DASHBOARD.match(c.ray.address):
+            out.append(Problem("cluster.ray.address", _short(c.ray.address), "cluster=ray submits to a running "
+                               "cluster's dashboard ('auto': RAY_ADDRESS)",
+                               "cluster.ray.address=http://<head>:8265 (or auto with RAY_ADDRESS set)"))
+        t = c.ray.dashboard_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 600:
+            out.append(Problem("cluster.ray.dashboard_timeout_s", t, "must be seconds in (0, 600]: a lost dashboard "
+                               "is reported after it", "cluster.ray.dashboard_timeout_s=15"))
+    elif not isinstance(c.ray.address, str) or not RAY_ADDRESS.match(c.ray.address):
         out.append(Problem("cluster.ray.address", _short(c.ray.address), "Ray joins 'local' (a fresh instance), "
                            "'auto' (the running one) or host:port", "cluster.ray.address=local|auto|<host>:<port>"))
     elif slurm and c.ray.address == "local" and str(config.algo.entrypoint) != "sft":  # SFT: warned as unread

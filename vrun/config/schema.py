@@ -53,6 +53,7 @@ class EntrypointName(Choice):
 class ClusterName(Choice):
     local = "local"  # this machine
     slurm = "slurm"  # submitted through submitit, one task per node
+    ray = "ray"      # submitted to a standing Ray cluster through its Job Submission API
 
 
 @dataclass
@@ -196,6 +197,8 @@ class RayCfg:
     join_timeout_s: int = 300
     # RAY_AUTH_MODE, set identically on every node (a head with token auth rejects token-less workers)
     auth_mode: str = "disabled"
+    # cluster=ray: seconds any request to the cluster's dashboard may take (a lost connection is one line)
+    dashboard_timeout_s: float = 15.0
 
 
 @dataclass

@@ -51,7 +51,9 @@ class PPO(Entrypoint):
         out += [(f"ray_kwargs.ray_init.runtime_env.env_vars.{k}", str(v)) for k, v in env.items()]
         ray = config.cluster.ray
         # a fresh local instance ("local") or a deliberate join, never an accidental one
-        out.append(("ray_kwargs.ray_init.address", ray.address))
+        # cluster=ray: cluster.ray.address is the dashboard the job is submitted to; the job's driver joins the
+        # cluster it runs on
+        out.append(("ray_kwargs.ray_init.address", "auto" if str(config.cluster.name) == "ray" else ray.address))
         for k in ("num_cpus", "num_gpus"):
             if getattr(ray, k) is not None:
                 out.append((f"ray_kwargs.ray_init.{k}", getattr(ray, k)))

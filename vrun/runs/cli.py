@@ -155,7 +155,10 @@ def main(argv: list | None = None) -> int:
         return EXIT_USAGE
     a = parser().parse_args(argv)
     try:
-        return a.fn(a)
+        from vrun.runs import rayjobs  # cluster=ray run dirs: their verbs go through Ray's Job Submission API
+
+        code = rayjobs.dispatch(a)
+        return a.fn(a) if code is None else code
     except (Usage, RunDirError) as e:
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
