@@ -33,6 +33,13 @@ pytestmark = [needs_real_mlite, pytest.mark.skipif(
 
 TOLERANCE = 0.20
 MEASURED = ["qwen3_5_35b"]
+# not measured yet, and what blocks each (the step must get past these on CPU under fake tensors)
+BLOCKED = {
+    "glm5_1": "not tried: DSA indexer / sparse MLA attention needs a stand-in (fused sparse kernel)",
+    "kimi_k2_6": "not tried: MLA attention through TE DotProductAttention with CP; PP stage inputs",
+    "deepseek_v4_flash": "not tried: its attention calls megatron-core's csa* modules, absent in 0.16.1",
+    "deepseek_v4_pro": "not tried: its attention calls megatron-core's csa* modules, absent in 0.16.1",
+}
 
 
 def run_oracle(cases: list[dict]) -> list[dict]:
@@ -55,11 +62,13 @@ def measured(model: str) -> tuple:
 
 
 @pytest.mark.parametrize("model", MEASURED)
-def test_the_step_runs_on_the_real_model(model):
+def test_the_step_runs_and_recompute_is_applied(model):
+    """Both steps run on the real model; the launchers' full recompute keeps a fraction of what no recompute
+    keeps (Qwen3.5-35B, 40 layers: 6.4 against 45 GiB), so the recompute spec reached Megatron Lite's layers."""
     _, _, runs = measured(model)
     assert all(r["ok"] for r in runs), [r.get("error") for r in runs]
     full, none = runs
-    assert full["above_state_bytes"] > 0 and none["above_state_bytes"] > full["above_state_bytes"]
+    assert 0 < 4 * full["above_state_bytes"] < none["above_state_bytes"], (full, none)
 
 
 @pytest.mark.parametrize("model", MEASURED)
