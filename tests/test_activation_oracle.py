@@ -33,12 +33,14 @@ pytestmark = [needs_real_mlite, pytest.mark.skipif(
 
 TOLERANCE = 0.20
 MEASURED = ["qwen3_5_35b"]
-# not measured yet, and what blocks each (the step must get past these on CPU under fake tensors)
+# not measured yet, and what stops each (tried once, full recompute, the busiest stage)
 BLOCKED = {
-    "glm5_1": "not tried: DSA indexer / sparse MLA attention needs a stand-in (fused sparse kernel)",
-    "kimi_k2_6": "not tried: MLA attention through TE DotProductAttention with CP; PP stage inputs",
-    "deepseek_v4_flash": "not tried: its attention calls megatron-core's csa* modules, absent in 0.16.1",
-    "deepseek_v4_pro": "not tried: its attention calls megatron-core's csa* modules, absent in 0.16.1",
+    "glm5_1": "DSA indexer: dsa_kernels._indexer_topk_bshd needs cudnn-frontend's DSA namespace (CUDA); "
+              "no stand-in yet",
+    "kimi_k2_6": "the step runs but measures ~12 TB above the state (TEMP 8.8 TB): some attention path "
+                 "materialises T x T scores outside te.DotProductAttention; not traced",
+    "deepseek_v4_flash": "the oracle passes MRoPE-style (3, B, S) position ids; csa.build_rope_cos_sin wants (B, S)",
+    "deepseek_v4_pro": "as deepseek_v4_flash",
 }
 
 
