@@ -23,8 +23,9 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     import sys
 
-    from vrun.config.overrides import typed_secrets
+    from vrun.config.overrides import typed_secrets, with_cluster_of_launcher
 
+    sys.argv[1:] = with_cluster_of_launcher(sys.argv[1:])  # hydra/launcher=submitit_slurm is cluster=slurm
     writer.install()
     writer.hide(typed_secrets(sys.argv[1:]))  # a value typed for a secret key: masked in every line and file
     cli_errors.one_line_hydra_errors()

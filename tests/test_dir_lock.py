@@ -12,6 +12,8 @@ import pytest
 from conftest import PY, ROOT
 from test_runs import one_error_line
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 DOORS = {  # what plans into dir d: (runner arguments, the key the refusal names, the run dirs it writes)
     "run": (lambda d, tag: ["model=glm5_1", "mode=plan", f"verl.trainer.save_freq={tag}", f"hydra.run.dir={d}"],
             "hydra.run.dir", lambda d, tag: [d]),

@@ -98,9 +98,11 @@ CASES = [
       for k, v in (("num_gpus", 4), ("num_cpus", 8), ("address", "auto" if not door else "local"),
                    ("join_timeout_s", 60), ("interface", "ib0"))],
     # --- Hydra's own syntax
-    ("launcher-without-cluster", ["-m", "hydra/launcher=submitit_slurm"], REFUSED, "hydra/launcher",
-     "cluster=slurm"),
-    ("launcher-single-run", ["hydra/launcher=submitit_slurm"], REFUSED, "hydra/launcher", "cluster=slurm"),
+    # the design card's command: choosing the launcher chooses the cluster group that carries its knobs
+    ("launcher-without-cluster", ["-m", "hydra/launcher=submitit_slurm"], OK, None, None),
+    ("launcher-single-run", ["hydra/launcher=submitit_slurm"], OK, None, None),
+    ("launcher-and-other-cluster", ["-m", "hydra/launcher=submitit_slurm", "cluster=local"], REFUSED,
+     "hydra/launcher", "cluster=slurm in place of cluster=local"),
     ("bad-interpolation", ["run.experiment_name=${foo.bar}"], REFUSED, "run.experiment_name", "foo.bar"),
     # --- errors that help: the fix is the one that works
     ("verl-section-at-top", ["trainer.save_freq=10"], REFUSED, "trainer.save_freq", "verl.trainer.save_freq=10"),

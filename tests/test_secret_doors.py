@@ -20,6 +20,8 @@ from test_guards import PLAIN_SEGMENTS, SECRET_SEGMENTS, spell
 from vrun.config import overrides as check_secret
 from vrun.core import writer
 
+pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
+
 SEEDS = (5, 71, 2024)
 AWKWARD = ['"', "\\", "'", "é", "ß", "日", ",", "[", "]", "=", " ", "{", "}", ":", "(", ")", "\\'", "\\\\"]
 

@@ -39,10 +39,21 @@ def test_big_submission_needs_a_yes(tmp_path):
     assert not list((tmp_path / "s").glob(".submitit"))
 
 
-def test_slurm_launcher_on_a_plain_run_never_trains_locally(tmp_path):
-    """hydra/launcher=submitit_slurm without cluster=slurm would run here: refused, pointing at cluster=slurm."""
-    proc = runner("model=qwen3_5_35b", "hydra/launcher=submitit_slurm", "mode=train", f"hydra.run.dir={tmp_path}/r")
-    assert proc.returncode == 2 and "add cluster=slurm" in proc.stderr and "Traceback" not in proc.stderr
+def test_the_design_cards_launcher_choice_is_the_slurm_cluster(tmp_path):
+    """`python runner.py -m hydra/launcher=submitit_slurm model=glm5_1 mesh=256gpu algo=grpo` plans exactly as
+    cluster=slurm does (the same sbatch job), and never trains here."""
+    common = ["model=glm5_1", "mesh=256gpu", "algo=grpo", "mode=plan"]
+    a = runner("-m", "hydra/launcher=submitit_slurm", *common, f"hydra.sweep.dir={tmp_path}/a")
+    b = runner("-m", "cluster=slurm", *common, f"hydra.sweep.dir={tmp_path}/b")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr[-1500:] + b.stderr[-1500:]
+    pa, pb = (json.loads(next((tmp_path / d).glob("*/plan.json")).read_text()) for d in "ab")
+    folder = lambda p: {k: v for k, v in p["slurm"].items() if k != "submitit_folder"}  # noqa: E731 - under its dir
+    assert pa["cluster"] == "slurm" and folder(pa) == folder(pb)
+    from vrun.config.overrides import with_cluster_of_launcher as w
+    assert w(["hydra/launcher=submitit_slurm"]) == ["hydra/launcher=submitit_slurm", "cluster=slurm"]
+    assert w(["hydra/launcher=submitit_slurm", "cluster=local"]) == ["hydra/launcher=submitit_slurm", "cluster=local"]
+    assert w(["hydra/launcher=submitit_slurm,vrun_local"]) == ["hydra/launcher=submitit_slurm,vrun_local"]
+    assert w(["hydra/launcher=vrun_ray"])[-1] == "cluster=ray" and w(["model=glm5_1"]) == ["model=glm5_1"]
 
 
 def one_error_line(stderr: str) -> str:

@@ -239,8 +239,10 @@ class PlanningSweeper(Sweeper):
 
     def _wrong_cluster(self, choices: dict) -> Problem:
         if self.launcher.cluster == "slurm":
-            return Problem("hydra/launcher", choices.get("hydra/launcher"), "the submitit launcher takes its nodes, "
-                           "GPUs and time from the cluster group", "add cluster=slurm (it selects the launcher itself)")
+            return Problem("hydra/launcher", choices.get("hydra/launcher"), f"the submitit launcher takes its nodes, "
+                           f"GPUs and time from the cluster group, and cluster={choices.get('cluster')} was given",
+                           f"cluster=slurm in place of cluster={choices.get('cluster')} (it selects the launcher "
+                           "itself), or drop hydra/launcher=...")
         return Problem("hydra/launcher", choices.get("hydra/launcher"), f"cluster={choices.get('cluster')} "
                        f"launches through its own launcher (this one runs on {self.launcher.cluster})",
                        "drop hydra/launcher=... (the cluster group selects it)")

@@ -67,3 +67,27 @@ def shown_override(arg: str) -> str:
     if _override_secret(arg) is None:
         return str(arg)
     return str(arg).split("=", 1)[0] + "=<hidden>"
+
+
+# the launcher each cluster group selects (conf/cluster/*.yaml): a Hydra user who picks the launcher gets its group
+CLUSTER_OF_LAUNCHER = {"submitit_slurm": "slurm", "vrun_ray": "ray", "vrun_local": "local"}
+
+
+def with_cluster_of_launcher(args: list) -> list:
+    """The command line with `cluster=<group>` added when it selects a launcher (`hydra/launcher=submitit_slurm`)
+    and no cluster group: the cluster group carries the launcher's knobs (nodes, GPUs and time come from it), so
+    choosing the launcher is choosing the cluster. A sweep over launchers, or a cluster given too, is left as typed
+    (the sweeper says what is wrong with a mismatch)."""
+    launcher, cluster_given = None, False
+    for a in args:
+        m = OVERRIDE_KEY.match(str(a))
+        if not m:
+            continue
+        key = m.group(1).strip()
+        if key == "hydra/launcher":
+            launcher = m.group(2).strip()
+        elif key == "cluster":
+            cluster_given = True
+    if cluster_given or launcher not in CLUSTER_OF_LAUNCHER:
+        return list(args)
+    return list(args) + [f"cluster={CLUSTER_OF_LAUNCHER[launcher]}"]
