@@ -209,8 +209,9 @@ def test_sbatch_script_bytes(tmp_path):
 
 
 def test_checkpoint_without_weights_fails_preflight(tmp_path):
-    """A directory with config.json and no weights plans, and preflight refuses it naming the variable."""
-    from conftest import plan
+    """A directory with config.json and no weights plans, and preflight refuses it naming the variable; an empty
+    shard is refused by the plan itself."""
+    from conftest import plan, problems_of
     from vrun.launch import preflight
 
     ckpt = tmp_path / "ckpt"
@@ -219,9 +220,11 @@ def test_checkpoint_without_weights_fails_preflight(tmp_path):
     p = plan(["model=qwen3_5_35b", f"model.path={ckpt}", "mode=preflight"], run_dir=str(tmp_path / "r"))
     (problem,) = preflight.model_path_problems(p)
     assert problem.key == "QWEN3_5_35B_MODEL_PATH" and "no weights" in problem.why and not problem.warning
+    # an empty shard is no longer found only on the allocation: the plan reads it and refuses it in one line
     (ckpt / "model.safetensors").write_bytes(b"")
-    assert preflight.model_path_problems(plan(["model=qwen3_5_35b", f"model.path={ckpt}"],
-                                              run_dir=str(tmp_path / "r"))) == []
+    lines = problems_of(["model=qwen3_5_35b", f"model.path={ckpt}"], run_dir=str(tmp_path / "r"))
+    assert len(lines) == 1 and lines[0].startswith("error: QWEN3_5_35B_MODEL_PATH=") and \
+        "too short for a safetensors header" in lines[0] and "fix: " in lines[0], lines
 
 
 def test_hydra_mode_is_read_from_run_yaml_without_a_composition(monkeypatch):

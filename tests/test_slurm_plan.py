@@ -212,7 +212,7 @@ def test_node_control_files(tmp_path, monkeypatch):
     from vrun.rundir import record
 
     data = record_json(tmp_path, mode="train", cluster="slurm")
-    data["mesh"]["gpus_per_node"] = 4
+    data["mesh"].update(gpus_per_node=4, nnodes=2)  # the same 8 ranks on two nodes (world = nodes × GPUs)
     (tmp_path / "plan.json").write_text(json.dumps(data))
     job = RunJob(str(tmp_path), data["run_id"], 1)
     plan = job.plan()
