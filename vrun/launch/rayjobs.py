@@ -29,6 +29,8 @@ from typing import Optional
 from vrun.core.problems import Problem
 
 RAY_JOB = "ray_job.json"
+# a dashboard answer larger than this is not read whole (a node summary of thousands of nodes is a few MB)
+DASHBOARD_MAX_BYTES = 64 << 20
 ADDRESS_KEY = "cluster.ray.address"
 
 
@@ -47,7 +49,7 @@ def dashboard(address: str) -> str:
 def get_json(url: str, path: str, timeout: float) -> dict:
     try:
         with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout) as r:
-            return json.loads(r.read().decode())
+            return json.loads(r.read(DASHBOARD_MAX_BYTES).decode())
     except (urllib.error.URLError, OSError, ValueError) as e:
         why = getattr(e, "reason", None) or e
         raise DashboardError(f"the Ray dashboard at {url} did not answer {path} within {timeout:g}s ({why})") from None
@@ -228,11 +230,16 @@ def submit(plan, url: str, timeout: float) -> str:
 
 
 def load(run_dir) -> Optional[dict]:
-    f = Path(run_dir) / RAY_JOB
+    """ray_job.json through the bounded reader (a FIFO, a link or another user's file is not a job); None when it
+    is not there or not a JSON object."""
+    from vrun.core import fs
+
+    text, _ = fs.read_checked(Path(run_dir) / RAY_JOB, 1 << 20, own=True)
     try:
-        return json.loads(f.read_text())
-    except (OSError, ValueError):
+        data = json.loads(text) if text is not None else None
+    except ValueError:
         return None
+    return data if isinstance(data, dict) else None
 
 
 # ==================================================================== the launcher

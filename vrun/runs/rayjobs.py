@@ -26,11 +26,16 @@ def job_of(path: str) -> Optional[tuple]:
 
 
 def timeout_of(d: Path) -> float:
+    """The plan's cluster.ray.dashboard_timeout_s, read through the bounded reader; 15 s where plan.json does not say
+    a finite one within the plan's own bounds (0, 600]."""
+    import math
+
+    text, _ = fs.read_checked(d / "plan.json", 16 << 20, own=True)
     try:
-        plan = json.loads((d / "plan.json").read_text())
-        return float(plan["cluster_group"]["ray"]["dashboard_timeout_s"])
-    except (OSError, ValueError, KeyError, TypeError):
+        t = float(json.loads(text)["cluster_group"]["ray"]["dashboard_timeout_s"])
+    except (ValueError, KeyError, TypeError):
         return 15.0
+    return t if math.isfinite(t) and 0 < t <= 600 else 15.0
 
 
 def dispatch(a) -> Optional[int]:
