@@ -203,7 +203,7 @@ def test_waiting_submission_shows_progress_then_resubmit(shared):
 
 def decoy(name: str, chdir) -> str:
     """A job of this user that is not the run's (or is, when name and dir are the run's): sleeps, cancelled after."""
-    p = slurm("sbatch", "--parsable", "-J", name, f"--chdir={chdir}", "-t", "5", "--wrap", "sleep 300")
+    p = slurm("sbatch", "--parsable", "-J", name, f"--chdir={chdir}", "--output=/dev/null", "-t", "5", "--wrap", "sleep 300")
     assert p.returncode == 0, p.stderr
     return p.stdout.strip().split(";")[0]
 
