@@ -170,27 +170,33 @@ NAME_CHARS = string.ascii_letters + string.digits + "._+-/" + "[]='#,{}~ é%$:@"
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_run_dir_names_accepted_only_if_verl_parses_them(seed, tmp_path):
-    """A run-dir name is accepted only when Hydra's own override parser reads it back unchanged (verl's command
-    line), and it has no comma or control character."""
+def test_run_dir_names_of_any_character_are_run_dirs(seed, tmp_path):
+    """Any name without a control character is a run dir (RL never puts it on a command line); SFT's command line
+    takes it as a quoted literal, and SFT refuses it only when Hydra's parser and OmegaConf give back another
+    string (a backslash right before `${`)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from vrun import entrypoints
+    from vrun.core import hydra_text
 
     rng = rng_of(seed)
     parser = OverridesParser.create()
+    sft = entrypoints.SFT()
+    chars = NAME_CHARS + "\\\"'"
     for _ in range(120):
-        name = "".join(rng.choice(NAME_CHARS) for _ in range(rng.randint(1, 12))).strip("/") or "x"
-        path = str(tmp_path / name)
-        problems = check_paths.run_dir(path, "hydra.run.dir")
-        norm = os.path.normpath(path)
+        name = "".join(rng.choice(chars) for _ in range(rng.randint(1, 12))).strip("/") or "x"
+        if name in (".", "..") or name.startswith("../") or "/../" in f"/{name}/" or name.startswith("~"):
+            continue
+        path = os.path.normpath(str(tmp_path / name))
+        assert not check_paths.run_dir(path, "hydra.run.dir"), (path, check_paths.run_dir(path, "hydra.run.dir"))
         try:
-            o = parser.parse_override(f"k={norm}")
-            parses = not o.is_sweep_override() and o.value() == norm
+            back = OmegaConf.create({"v": parser.parse_override(f"k={hydra_text.literal(path + '/sft')}").value()}).v
         except Exception:  # noqa: BLE001
-            parses = False
-        if not problems:
-            assert parses and "," not in path, path
-        elif parses and "," not in path and not path.startswith(str(tmp_path) + "/..") and ".." not in name:
-            assert False, (path, [p.line() for p in problems])
+            back = None
+        assert (back == path + "/sft") == (not sft.run_dir_problems(path, "hydra.run.dir")), path
+        if "\\${" not in path:
+            assert back == path + "/sft", (path, back)
 
 
 def test_run_dir_roots_and_empty(tmp_path):

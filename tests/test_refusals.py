@@ -41,7 +41,7 @@ CASES = [
     ("model-name-dotdot", ["model.name=x/../../esc"], REFUSED, "model.name", "model=<option>"),
     ("algo-name-dotdot", ["algo.name=../../esc"], REFUSED, "algo.name", "algo=<option>"),
     ("sweep-model-name-dotdot", ["-m", "model.name=x/../../esc"], REFUSED, "model.name", None),
-    ("comma-run-dir", ["hydra.run.dir='R,x'"], REFUSED, "hydra.run.dir", "comma"),
+    ("comma-run-dir-plans", ["hydra.run.dir='R,x'"], OK, None, None),  # legal: no command line splits it
     # --- owned keys through any door
     ("owned-engine-tp", ["engine.tp=2"], REFUSED, "engine.tp", "mesh.tp"),
     ("owned-impl-optimizer", ["engine.impl_cfg.optimizer=dist_opt"], REFUSED, "engine.impl_cfg.optimizer",

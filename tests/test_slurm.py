@@ -96,7 +96,8 @@ def run(shared, *overrides, env=None, timeout=400, sweep="sweep"):
              FLASH_MODEL_PATH=str(shared / "ckpt"), PYTHONPATH=str(ROOT / "tests" / "support"))
     e.update(env or {})
     e.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run(WRAP + [PY, str(ROOT / "runner.py"), *overrides, f"hydra.sweep.dir={shared}/{sweep}"],
+    sweep_dir = f"hydra.sweep.dir={shared}/{sweep}" if " " not in sweep else f"hydra.sweep.dir='{shared}/{sweep}'"
+    return subprocess.run(WRAP + [PY, str(ROOT / "runner.py"), *overrides, sweep_dir],
                           cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
 
 
@@ -145,12 +146,15 @@ def test_grpo_preflight_brings_up_ray_on_both_nodes(shared):
 
 
 def test_sft_torchrun_on_both_nodes(shared):
-    """SFT: torchrun on each node with consistent ranks and master; a gloo all-reduce across the nodes."""
+    """SFT: torchrun on each node with consistent ranks and master; a gloo all-reduce across the nodes. The sweep
+    dir has a space and a non-ASCII letter: sbatch takes the job's quoted paths, and each rank's command line, read
+    as verl's SFT CLI reads it, gives the run dir back unchanged."""
     proc = run(shared, "model=qwen3_5_35b", "algo=sft", *TWO_NODES, "mode=train",
-               "run.sft_entry=[vrun_dist_probe]", *OVERRUN)
+               "run.sft_entry=[vrun_dist_probe]", *OVERRUN, sweep="sweep sp é")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    d = only_dir(shared)
+    (d,) = [p for p in (shared / "sweep sp é").iterdir() if not p.name.startswith(".")]
     ranks = [json.loads(p.read_text()) for p in sorted(d.glob("dist_rank*.json"))]
+    assert {r["hydra_run_dir"] for r in ranks} == {f"{d}/sft"}
     assert len(ranks) == 8 and all(r["world"] == 8 and r["sum"] == 36.0 for r in ranks)
     assert {r["host"] for r in ranks} == {"n0", "n1"} and len({r["master"] for r in ranks}) == 1
     assert {r["node_rank"] for r in ranks if r["host"] == "n1"} == {1}

@@ -43,6 +43,43 @@ class PlanningSweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="vrun", node=PlanningSweeperConf, provider="vrun")
 
 
+def split_points(parsed: list) -> list:
+    """The sweep's points, each a list of override texts, in the order and with the last-one-wins of Hydra's basic
+    sweeper. Unlike it, each text reads back as the value typed: Hydra's element-as-string escapes the characters of
+    an interpolation (`${oc.env:X,'a b'}` → `$\\{oc.env\\:X\\,'a\\ b'\\}`), which its own grammar then refuses."""
+    import itertools
+
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    final: dict = {}
+    for o in parsed:
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            final[key] = [o.input_line if getattr(o, "input_line", None) else f"{key}={o.get_value_element_as_str()}"]
+        elif o.is_discrete_sweep():
+            final[key] = [_element_text(parser, key, text, value)
+                          for text, value in zip(o.sweep_string_iterator(), o.sweep_iterator())]
+        else:
+            raise HydraException(f"BasicSweeper does not support sweep type : {o.value_type.name}")
+    return [list(x) for x in itertools.product(*final.values())]
+
+
+def _element_text(parser: OverridesParser, key: str, text: str, value: Any) -> str:
+    """`key=<element>` that Hydra's grammar reads back as `value`: Hydra's own spelling where it does, else the
+    string quoted (single, then double quotes)."""
+    candidates = [f"{key}={text}"]
+    if isinstance(value, str) and "\\" not in value:
+        candidates += [f"{key}='" + value.replace("'", "\\'") + "'", f'{key}="' + value.replace('"', '\\"') + '"']
+    for candidate in candidates:
+        try:
+            if parser.parse_overrides([candidate])[0].value() == value:
+                return candidate
+        except Exception:  # noqa: BLE001 - a spelling the grammar refuses: try the next
+            continue
+    return candidates[0]
+
+
 class PlanningSweeper(Sweeper):
     def __init__(self) -> None:
         self.config: Optional[DictConfig] = None
@@ -57,8 +94,6 @@ class PlanningSweeper(Sweeper):
                                                                 task_function=task_function, config=config)
 
     def sweep(self, arguments: List[str]) -> Any:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
         from hydra_plugins.vrun_launcher.vrun_launcher import PlannedLauncher
         from vrun.config import cli_errors
         from vrun.launch.points import Point, Sweep, refuse
@@ -73,7 +108,7 @@ class PlanningSweeper(Sweeper):
         too_many = check_composed.sweep_size_problems(parsed)
         if too_many:
             cli_errors.emit([p.line() for p in too_many])
-        points: Sequence[Sequence[str]] = BasicSweeper.split_arguments(parsed, None)[0]
+        points: Sequence[Sequence[str]] = split_points(parsed)
         # the overrides as typed: iterating the node would resolve their ${...} (hydra.job.num is not set yet)
         hydra_overrides = OmegaConf.to_container(self.config.hydra.overrides.hydra, resolve=False)
         given = {o.lstrip("+~").split("=", 1)[0] for o in hydra_overrides}
@@ -208,7 +243,8 @@ class PlanningSweeper(Sweeper):
         out: dict = {"points": [], "failures": []}
         for idx, overrides, cfg, run_dir, taken, resolved in [k for k in kept if k is not None]:
             try:
-                plan = make_plan(typed(cfg, resolved), run_dir, single_model=shared["single_model"])
+                plan = make_plan(typed(cfg, resolved), run_dir, single_model=shared["single_model"],
+                                 run_dir_key="hydra.run.dir" if self._single else "hydra.sweep.dir")
                 plan.verl_text  # noqa: B018 - rendered here, where it is planned (a worker), not where written
                 out["points"].append(Point(idx, tuple(overrides), plan, resolved, taken))
             except PlanError as e:

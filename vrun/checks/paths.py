@@ -1,5 +1,6 @@
 """Paths and run dirs: names that become path components, and run dirs that are one run's, inside their sweep dir,
-reached without a link, and that verl's own command line can take.
+reached without a link. (How an entrypoint's command line reads the run dir is its own check:
+`Entrypoint.run_dir_problems`.)
 
 Entry points: `names(resolved, choices)` for the run config's names; `run_dir(path, key, ...)` for a run or sweep
 dir before anything is written into it; `sweep(sweep_dir, point_dirs, resume)` for a sweep's points together;
@@ -7,7 +8,6 @@ dir before anything is written into it; `sweep(sweep_dir, point_dirs, resume)` f
 """
 from __future__ import annotations
 
-import functools
 import os
 import re
 from pathlib import Path
@@ -65,27 +65,10 @@ def names(resolved: dict, choices: Optional[dict] = None, seen: Optional[set] = 
     return out
 
 
-@functools.lru_cache(maxsize=1)
-def _parser():
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return OverridesParser.create()
-
-
-def _parses_back(path: str) -> bool:
-    """Whether `key=<path>` on verl's Hydra command line (the SFT job's config path and run dir) reads back as
-    the same string, by Hydra's own override parser."""
-    try:
-        o = _parser().parse_override(f"hydra.run.dir={path}")
-        return not o.is_sweep_override() and o.value() == path
-    except Exception:  # noqa: BLE001 - any parse error: it does not parse
-        return False
-
-
 def run_dir(path: Any, key: str, inside: Optional[str] = None, resume: bool = False,
             environ: Optional[dict] = None) -> list:
     """A run (or sweep) dir the plan may write: not empty, not /, a filesystem root or the home dir; no control
-    character, comma or other text verl's command line would read differently; no secret in its name; inside
+    character; no secret in its name; inside
     `inside` (the sweep dir) on real paths without a link below it; not a link itself; not holding another run's
     files unless `resume` (the same plan, checked when it is made)."""
     if path is None or str(path).strip() == "":
@@ -118,13 +101,6 @@ def run_dir(path: Any, key: str, inside: Optional[str] = None, resume: bool = Fa
     if os.path.exists(absolute) and not os.path.isdir(absolute):
         return [Problem(key, short(path), "exists and is not a directory", f"{key}=<a new directory>")]
     out = []
-    if "," in path:
-        out.append(Problem(key, short(path), "a comma in the run dir reaches verl's Hydra command line (the config "
-                           "path) and parses as a sweep", f"{key}=<a path without commas>"))
-    elif not _parses_back(absolute):
-        out.append(Problem(key, short(path), "verl's own Hydra command line (the SFT job's config path and run dir) "
-                           "would read this path differently (quotes, brackets, '=', '#', spaces or other characters "
-                           "of its override grammar)", f"{key}=<letters, digits and / . _ + - only>"))
     if inside is not None:
         base = os.path.normpath(os.path.abspath(inside))
         if absolute != base and not absolute.startswith(base.rstrip("/") + "/"):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from vrun.core import digest, writer
+from vrun.core.hydra_text import render
 from vrun.core.dotted import MISSING
 from vrun.core.problems import Problem
 from vrun.rundir import records
@@ -401,36 +402,3 @@ def _split_args(s: str) -> list[str]:
             cur += ch
     out.append(cur)
     return out
-
-
-# ---------------------------------------------------------------- CLI rendering
-
-_PLAIN = re.compile(r"[A-Za-z0-9_./\-]+")
-
-
-def render(value: Any) -> str:
-    """A value as Hydra's override grammar reads it back (tests round-trip every override)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(render(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{render(v)}" for k, v in value.items()) + "}"
-    s = str(value)
-    if "${" in s and _PLAIN.fullmatch(s.replace("${", "").replace("}", "").replace(",", "")):
-        return s
-    if _PLAIN.fullmatch(s) and s.lower() not in ("null", "true", "false") and not _numeric(s):
-        return s
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _numeric(s: str) -> bool:
-    try:
-        float(s)
-        return True
-    except ValueError:
-        return False

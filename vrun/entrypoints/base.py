@@ -76,6 +76,10 @@ class Entrypoint:
         """Settings of the run config this entrypoint reads nothing of (warnings)."""
         return []
 
+    def run_dir_problems(self, run_dir: str, key: str) -> list[Problem]:
+        """The run dir as this entrypoint's command line reads it (none reads it from text by default)."""
+        return []
+
     def runtime_modules(self, verl: dict) -> list[str]:
         """Python modules the run imports besides verl, verl_mlite and the model's own."""
         return []

@@ -10,7 +10,7 @@ from vrun.estimate.mesh import Mesh, Rules, divisors
 from vrun.estimate.steptime import MEAN_FRACTION
 from vrun.core.problems import Problem
 from vrun.config.schema import EntrypointName, RunConfig
-from vrun.core import fs
+from vrun.core import fs, hydra_text
 
 
 class SFT(Entrypoint):
@@ -82,6 +82,15 @@ class SFT(Entrypoint):
         return [f"batch   {b['train_batch_size']} sequences/step, {b['per_dp_rank']} per DP rank; dynamic bsz "
                 f"{b['dynamic_bsz']}, {b['max_token_len_per_gpu']} tokens/GPU, max_length {b['max_length']}"]
 
+    def run_dir_problems(self, run_dir: str, key: str) -> list[Problem]:
+        """verl's SFT trainer reads its run dir from its own Hydra command line (torchrun_argv): written there as
+        a quoted literal, it must read back as itself (Hydra's parser, then OmegaConf's resolution)."""
+        if hydra_text.reads_back(run_dir + "/sft"):
+            return []
+        return [Problem(key, run_dir, "verl's SFT command line (Hydra's override grammar) cannot give this path "
+                        "back as written: a backslash right before '${' makes it an interpolation there",
+                        f"{key}=<the path without a backslash before '${{'>")]
+
     def command(self, config: RunConfig, run_dir: str, mesh: Mesh, python: str) -> list[str]:
         return torchrun_argv(python, config.run.sft_entry, run_dir, nnodes=mesh.nnodes,
                              nproc_per_node=mesh.gpus_per_node, node_rank=0, master_addr="127.0.0.1",
@@ -97,7 +106,7 @@ def torchrun_argv(python: str, module: list, run_dir: str, *, nnodes: int, nproc
             "--nproc_per_node", str(nproc_per_node), "--node_rank", str(node_rank),
             "--master_addr", master_addr, "--master_port", str(master_port),
             "-m", *module, "--config-path", run_dir, "--config-name", "verl_config",
-            f"hydra.run.dir={run_dir}/sft", "hydra.output_subdir=null"]
+            f"hydra.run.dir={hydra_text.literal(run_dir + '/sft')}", "hydra.output_subdir=null"]
 
 
 def sft_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:

@@ -129,15 +129,19 @@ def point_problems(cfg, launcher: dict, hydra_overrides: list, sweep_dir: str, r
     resolved = {k: OmegaConf.select(cfg, f"hydra.launcher.{k}")
                 for k in (given & set(LAUNCHER_MESH)) | {"submitit_folder"} if k in launcher}
     problems, knobs = take_launcher(cfg, launcher, given, resolved)
-    folder = str(Path(str(resolved.get("submitit_folder") or Path(sweep_dir) / ".submitit/%j")).absolute())
+    # one run, one run dir: a run's job folder is in its run dir (hydra.run.dir), a sweep's in the sweep dir
+    base, base_key = (run_dir, "hydra.run.dir") if run_dir_key == "hydra.run.dir" else (sweep_dir, "hydra.sweep.dir")
+    default = Path(base) / ".submitit/%j"
+    folder = str(Path(str(resolved.get("submitit_folder") if "submitit_folder" in given else default)).absolute())
     if "submitit_folder" in given:
-        problems += folder_problems(folder, sweep_dir)
+        problems += folder_problems(folder, base, base_key)
     problems += check_sbatch.expanded_path(run_dir, run_dir_key)
     return problems, {"folder": folder, "knobs": knobs}
 
 
-def folder_problems(folder: str, sweep_dir: str) -> list[Problem]:
-    """hydra.launcher.submitit_folder given by hand (absolute): the job's logs and pickles, inside the sweep dir."""
+def folder_problems(folder: str, sweep_dir: str, dir_key: str = "hydra.sweep.dir") -> list[Problem]:
+    """hydra.launcher.submitit_folder given by hand (absolute): the job's logs and pickles, inside the sweep dir
+    (a run's: inside its run dir, dir_key hydra.run.dir)."""
     from vrun.core.problems import CONTROL
 
     key = "hydra.launcher.submitit_folder"
@@ -145,9 +149,10 @@ def folder_problems(folder: str, sweep_dir: str) -> list[Problem]:
         return [Problem(key, folder, "a directory name with a control character (it reaches sbatch.sh)",
                         f"{key}=<a path without control characters>")]
     base = Path(os.path.normpath(sweep_dir))
+    what = "run dir" if dir_key == "hydra.run.dir" else "sweep dir"
     if base not in Path(os.path.normpath(folder)).parents:
-        return [Problem(key, folder, f"the job's logs and pickles would be written outside the sweep dir {base}",
-                        f"{key}={base}/<dir>/%j (or hydra.sweep.dir=<a dir holding it>)")]
+        return [Problem(key, folder, f"the job's logs and pickles would be written outside the {what} {base}",
+                        f"{key}={base}/<dir>/%j (or {dir_key}=<a dir holding it>)")]
     return []
 
 
