@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -172,3 +173,12 @@ def record_json(run_dir, **fields) -> dict:
     out["run_id"] = rundir.run_id(str(run_dir))
     out.update(fields)
     return out
+
+
+def assert_a_fix(line: str, typed: str) -> None:
+    """`error: KEY=VALUE: why; fix: change`: the key and the change named, the change not the input repeated."""
+    m = re.match(r"error: ([^=:\s]+)(?:=(.*?))?: (.+); fix: (.+)$", line)
+    assert m, line
+    key, fix = m.group(1), m.group(4).strip()
+    assert key.lstrip("+~") and key != "hydra" and key != "?", line
+    assert fix not in (typed, f"{m.group(1)}={m.group(2)}"), line

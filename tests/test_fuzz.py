@@ -7,7 +7,7 @@ import time
 import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from conftest import compose
+from conftest import assert_a_fix, compose
 from vrun.checks import composed as check_composed
 from vrun.config import cli_errors, schema
 from vrun.planning import report
@@ -39,6 +39,7 @@ def one_line_each(lines):
         assert "\n" not in line and SECRET not in writer.mask(line, {"WANDB_API_KEY": SECRET}), line
         if line.startswith("error: "):
             assert "; fix: " in line, line
+            assert_a_fix(line, "")
 
 
 def base_config(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_dapo, runner
+from conftest import assert_a_fix, needs_dapo, runner
 
 S = "s3cr3t-wandb-value-4711"
 OK, REFUSED = 0, 2
@@ -41,6 +41,8 @@ CASES = [
     ("model-name-dotdot", ["model.name=x/../../esc"], REFUSED, "model.name", "model=<option>"),
     ("algo-name-dotdot", ["algo.name=../../esc"], REFUSED, "algo.name", "algo=<option>"),
     ("sweep-model-name-dotdot", ["-m", "model.name=x/../../esc"], REFUSED, "model.name", None),
+    ("images-for-a-text-model", ["data=geo3k", "model=glm5_1"], REFUSED, "data", "no vision tower"),
+    ("images-for-a-vision-model", ["data=geo3k", "model=qwen3_5_35b"], OK, None, None),
     ("comma-run-dir-plans", ["hydra.run.dir='R,x'"], OK, None, None),  # legal: no command line splits it
     # --- owned keys through any door
     ("owned-engine-tp", ["engine.tp=2"], REFUSED, "engine.tp", "mesh.tp"),
@@ -159,6 +161,8 @@ def test_bad_input(tmp_path, case):
     assert ": " in first and "fix: " in first, first
     if code:
         assert all("\n" not in x for x in lines)
+        for line in lines:
+            assert_a_fix(line[line.index("error: "):], " ".join(args))
         assert not (tmp_path / "out").exists(), sorted(_files(tmp_path / "out"))
     assert list(cwd.iterdir()) == []
     for name, p in _files(tmp_path).items():
@@ -253,3 +257,23 @@ def test_hydra_mode_is_read_from_run_yaml_without_a_composition(monkeypatch):
     assert calls == [["++hydra.mode=FOO"]]
     with pytest.raises(SystemExit):
         hydra.get_mode(config_name="run", overrides=["hydra.mode=RUN"])
+
+
+def test_train_file_with_an_image_column_for_a_text_model(tmp_path):
+    """A train file readable here that has verl's image column (data.image_key) is read as images, whatever the
+    data group says: refused for a text-only model, naming the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "mine.parquet"
+    pq.write_table(pa.table({"prompt": ["q"], "images": [[b"\x89PNG"]]}), f)
+    proc = runner("model=glm5_1", "mode=plan", f"verl.data.train_files={f}", f"hydra.run.dir={tmp_path}/r",
+                  env=_env(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: data.train_files={f}: it has verl's image column"), \
+        proc.stderr[-2000:]
+    assert not (tmp_path / "r").exists()
+    plain = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"prompt": ["q"]}), plain)
+    proc = runner("model=glm5_1", "mode=plan", f"verl.data.train_files={plain}", f"hydra.run.dir={tmp_path}/r",
+                  env=_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]

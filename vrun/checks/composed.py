@@ -100,10 +100,11 @@ def config_problems(cfg: Any, environ: Optional[dict] = None, choices: Optional[
         from vrun.config import cli_errors
 
         line = cli_errors.describe(resolved).removeprefix("error: ")
-        key, _, rest = line.partition(": ")
+        head, _, rest = line.partition(": ")
+        key, _, shown = head.partition("=")
         if not problems:
-            problems.append(Problem(key, "<unresolved>", rest.split("; fix: ")[0], rest.partition("; fix: ")[2] or
-                                    "fix the interpolation"))
+            problems.append(Problem(key, shown or "<unresolved>", rest.split("; fix: ")[0],
+                                    rest.partition("; fix: ")[2] or f"{key}=<an interpolation that resolves>"))
         return problems
     for key, v in leaves(resolved):
         if key in seen or key.startswith("pass_env"):
@@ -132,6 +133,21 @@ def _control_problem(key: str) -> Problem:
 MAX_SWEEP_POINTS = 10_000
 
 
+def _empty_sweep(o, v) -> Problem:
+    """A swept key that expands to no value: the sweep would have no point."""
+    from hydra.core.override_parser.types import RangeSweep
+
+    key = o.get_key_element()
+    text = o.input_line.split("=", 1)[1] if getattr(o, "input_line", None) else "<sweep>"
+    if isinstance(v, RangeSweep):
+        step = v.step or 1
+        a, b = (v.start, v.stop) if v.stop is not None else (0, v.start)
+        fix = f"{key}=range({a},{b},{-step})" if (b - a) * step < 0 else f"{key}=range({a},{a + step}{f',{step}' if step != 1 else ''})"
+        why = f"range from {a} to {b} in steps of {step} holds no value (it stops before it starts)"
+        return Problem(key, text, why, fix)
+    return Problem(key, text, "the glob matches no option of the group", f"{key}=glob(*) lists them all; or name an option")
+
+
 def sweep_size_problems(parsed: list, limit: int = MAX_SWEEP_POINTS) -> list:
     """The number of points a sweep's parsed overrides expand to as Hydra's basic sweeper expands them (a product
     over the swept keys; range by arithmetic, choice by its values, glob by the group options it matches), counted
@@ -140,7 +156,7 @@ def sweep_size_problems(parsed: list, limit: int = MAX_SWEEP_POINTS) -> list:
 
     from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
 
-    n, widest = 1, None
+    n, widest, empty = 1, None, []
     for o in parsed:
         if not o.is_sweep_override():
             continue
@@ -158,9 +174,13 @@ def sweep_size_problems(parsed: list, limit: int = MAX_SWEEP_POINTS) -> list:
                 k = max(1, len(v.include))
         else:
             k = 1
+        if k == 0:
+            empty.append(_empty_sweep(o, v))
         if widest is None or k > widest[1]:
             widest = (o.key_or_group, k)
         n *= max(k, 1)
+    if empty:
+        return empty
     if n <= limit:
         return []
     return [Problem("--multirun", f"{n:,} points", f"over the limit of {limit:,} points a sweep plans (each point is "

@@ -28,7 +28,11 @@ RUN_FILES = ("plan.json", "verl_config.yaml", "manifest.json", "progress.jsonl",
 # that the files verl writes below it (checkpoints/global_step_N/actor/...) still fit
 NAME_MAX, PATH_MAX = 255, 4096
 PATH_ROOM = PATH_MAX - 512
-RESUME_FIX = "a new dir (hydra.run.dir=<new dir>), or run.resume=true with the same plan to continue that run"
+def _resume_fix(key: str) -> str:
+    """A run dir holding another run: a new dir under the key the user sets (a sweep point's dir is set by the sweep
+    dir), or resume."""
+    where = "hydra.sweep.dir" if key.startswith("hydra.sweep") else key
+    return f"a new dir ({where}=<a new directory>), or run.resume=true with the same plan to continue that run"
 
 
 def group_of(key: str) -> Optional[str]:
@@ -119,10 +123,11 @@ def run_dir(path: Any, key: str, inside: Optional[str] = None, resume: bool = Fa
         held = holds_run(absolute)
         if held:
             out.append(Problem(key, short(path), f"holds another run's files ({held}): its progress, job and "
-                               "checkpoints would be taken for this run's", RESUME_FIX))
+                               "checkpoints would be taken for this run's", _resume_fix(key)))
         elif _entries(absolute):
             out.append(Problem(key, short(path), f"holds files that are not a run's ({_entries(absolute)[0]}, ...): "
-                               "a run dir is one run's own directory", f"{key}=<a new directory>"))
+                               "a run dir is one run's own directory",
+                               f"{'hydra.sweep.dir' if key.startswith('hydra.sweep') else key}=<a new directory>"))
     return out
 
 

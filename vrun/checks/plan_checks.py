@@ -16,12 +16,48 @@ def check_all(config, entrypoint, verl: dict, mesh: Mesh, rules: Rules) -> list[
     eng = get(verl, entrypoint.engine, {})
     out = rules.problems(mesh)
     if out:
-        return out + engine_problems(eng)
-    out += engine_problems(eng)
+        return out + engine_problems(eng) + modality_problems(config, verl)
+    out += engine_problems(eng) + modality_problems(config, verl)
     out += trainer_problems(verl, mesh)
     out += entrypoint.mesh_problems(verl, mesh, rules)
     out += entrypoint.recipe_problems(verl, config.algo)
     return out
+
+
+def modality_problems(config, verl: dict) -> list[Problem]:
+    """A data set whose rows carry images for a model that reads text only (no vision tower in its facts): the
+    data group says so (data.images), or a train file readable here has verl's image column (data.image_key)."""
+    arch = config.model.arch
+    if arch.vision or arch.vision_params:
+        return []
+    image_key = get(verl, "data.image_key", None) or "images"
+    files = get(verl, "data.train_files", None)
+    files = [files] if isinstance(files, str) else list(files or []) if isinstance(files, (list, tuple)) else []
+    with_images = [f for f in files if isinstance(f, str) and image_key in parquet_columns(f)]
+    if not (config.data.images or with_images):
+        return []
+    key, value, seen = ("data.train_files", with_images[0], f"it has verl's image column {image_key}") if with_images \
+        else ("data", config.data.name, "its rows carry images")
+    return [Problem(key, value, f"{seen}, and model={config.model.name} reads text only (no vision tower): verl would build "
+                    "prompts without the images", f"a text data set (data=gsm8k), or a model with a vision tower "
+                    "(model=qwen3_5_35b or model=kimi_k2_6)")]
+
+
+def parquet_columns(path: str) -> frozenset:
+    """A parquet file's column names from its footer (no rows read); none for a file not readable here."""
+    import os
+
+    from vrun.core import fs
+
+    p = os.path.expanduser(path)
+    if not fs.is_file(p):
+        return frozenset()
+    try:
+        import pyarrow.parquet as pq
+
+        return frozenset(pq.read_schema(p).names)
+    except Exception:  # noqa: BLE001 - unreadable or not parquet: the data set's own word stands
+        return frozenset()
 
 
 def engine_problems(eng: dict) -> list[Problem]:

@@ -79,6 +79,10 @@ def describe(ex: BaseException) -> str:
                     f"config; fix: quote the value: '{m.group(1)}=\"...\"'")
         return (f"error: {m.group(1)}={m.group(2)}: a comma makes the value a list to sweep, and Hydra sweeps no "
                 f"value of its own config; fix: quote the value: '{m.group(1)}=\"{m.group(2)}\"'")
+    m = re.search(r"Error parsing override '([^=']+)=([^']*)'.*empty choice", msg, re.S)
+    if m:
+        return (f"error: {m.group(1)}={m.group(2)}: a choice of no value (a sweep with no point); fix: "
+                f"{m.group(1)}=choice(<a>,<b>) with at least one value, or {m.group(1)}=<one value>")
     m = re.search(r"Could not find '([^']+)'", msg)
     if m:
         group, _, option = m.group(1).rpartition("/")
@@ -99,17 +103,31 @@ def describe(ex: BaseException) -> str:
         if key.startswith("hydra.launcher."):
             return _launcher_key(key, value)
         if head in VERL_SECTIONS:
-            return (f"error: {key}={value}: no such key in the run config; {head}.* is verl's: fix: "
+            return (f"error: {key}={value}: no such key in the run config ({head}.* is verl's); fix: "
                     f"verl.{key}={value}")
         if _is_map(key.rsplit(".", 1)[0]):
             return (f"error: {key}={value}: a new entry of the map {key.rsplit('.', 1)[0]}; fix: +{key}={value}")
         return (f"error: {key}={value}: no such key in the run config; fix: {_near_keys(key)}")
-    if cause is not None and getattr(cause, "full_key", None):
-        first = str(cause).splitlines()[0]
+    keyed = cause if getattr(cause, "full_key", None) else ex if getattr(ex, "full_key", None) else None
+    if keyed is not None and keyed is ex and re.search(r"Environment variable '|Interpolation key '", msg):
+        keyed = None  # read by the rules below, which name the variable or the key to interpolate
+    if keyed is not None:  # OmegaConf's own error, with the key it was about
+        first = str(keyed).splitlines()[0]
+        key = keyed.full_key
+        if key == "_dummy_":  # a group's choice interpolated: Hydra resolves it on a stand-in key
+            inner = re.search(r"'(?:\$\{)?([^'}]+)\}?' not found", first)
+            key = _key_with("${" + inner.group(1)) if inner else "?"
+            return (f"error: {key}={_value_of(key)}: a group's choice interpolates ${{{inner.group(1) if inner else '?'}}}"
+                    f", which does not exist when the defaults are chosen; fix: {key}=<option> (no interpolation)")
+        if any(x in first for x in ("mismatched input", "no viable alternative", "extraneous input",
+                                    "token recognition error")):
+            return (f"error: {key}={_value_of(key)}: the interpolation does not parse (OmegaConf's grammar: "
+                    f"{first[:100]}); fix: {key}=<the interpolation with its argument quoted, ${{resolver:'...'}}, "
+                    "and its braces balanced>")
         choices = re.search(r"expected one of \[([^\]]*)\]", first)  # a closed choice (an enum in vrun.config.schema)
-        fix = " or ".join(f"{cause.full_key}={c.strip()}" for c in choices.group(1).split(",")) if choices else \
-            "give a value of the right type"
-        return f"error: {cause.full_key}={_value_of(cause.full_key)}: {first}; fix: {fix}"
+        fix = " or ".join(f"{key}={c.strip()}" for c in choices.group(1).split(",")) if choices else \
+            f"{key}=<{_wanted(first)}>"
+        return f"error: {key}={_value_of(key)}: {first}; fix: {fix}"
     first = " ".join(line.strip() for line in msg.splitlines() if line.strip())
     m = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", msg)
     if m:
@@ -117,14 +135,27 @@ def describe(ex: BaseException) -> str:
 
         return (f"error: {shown_override(f'{m.group(1)}={m.group(2)}')}: a comma in a value is a list or a sweep to "
                 f"Hydra; fix: quote it ({m.group(1)}='a,b'), write a list ({m.group(1)}=[a,b]) or sweep with -m")
+    m = re.search(r"Error parsing override '([^']*)'\s*missing EQUAL", msg)
+    if m:
+        return (f"error: {m.group(1)}: an override without '=' (Hydra's grammar); fix: {m.group(1)}=<value>, or "
+                f"~{m.group(1)} to delete it")
     if any(x in msg for x in ("no viable alternative", "mismatched input", "extraneous input", "LexerNoViableAlt",
                               "token recognition error")):
         hidden = _unparsed_secret()
         if hidden:
             return (f"error: {hidden}: the override does not parse; fix: quote the value (key='...') or balance its "
                     "brackets (Hydra's override grammar)")
-        return (f"error: {first.split(' See https')[0]}: the override does not parse; fix: quote the value "
-                "(key='...') or balance its brackets (Hydra's override grammar)")
+        bad = _unparsed()
+        hydra_says = re.sub(r"^(LexerNoViableAltException: |Error parsing override '[^']*'\s*)", "",
+                            first.split(' See https')[0].replace(bad or "\0", ""))
+        if bad and "=" in bad:
+            key, value = bad.split("=", 1)
+            quoted = "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+            hydra_says = hydra_says.strip(" :^\n") or "a character it cannot read unquoted"
+            return (f"error: {bad}: the override does not parse (Hydra's grammar: {hydra_says[:120]}); "
+                    f"fix: {key}={quoted} (the value quoted), or balance its brackets")
+        return (f"error: {bad or first.split(' See https')[0]}: the override does not parse; fix: key=value, "
+                "+key=value or ~key, the value quoted (key='...') where it holds spaces or brackets")
     if "Could not detect" in first and "srun" in first:
         return ("error: cluster=slurm: no SLURM client on this machine (sbatch/srun not found); fix: submit from a "
                 "SLURM login node (where sinfo works), or mode=plan to write each point's sbatch.sh without submitting")
@@ -135,9 +166,80 @@ def describe(ex: BaseException) -> str:
                 f"give a default: ${{oc.env:{m.group(1)},<default>}}")
     m = re.search(r"Interpolation key '([^']+)' not found(?:.*?full_key: (\S+))?", first)
     if m:
-        return (f"error: {m.group(2) or _key_with(m.group(1))}: interpolates ${{{m.group(1)}}}, which does not exist; fix: "
+        where = m.group(2) if m.group(2) and m.group(2) != "_dummy_" else _key_with(m.group(1))
+        return (f"error: {where}: interpolates ${{{m.group(1)}}}, which does not exist; fix: "
                 "interpolate an existing key of the run config (e.g. ${model.name})")
-    return f"error: {first}; fix: run with mode=plan and the same overrides; README 'Config groups' lists them"
+    return _hydra_edit_error(first) or _fallback(first)
+
+
+# OmegaConf's type names in its conversion errors → what the fix asks for
+_TYPE_WANTED = {"Integer": "an integer", "int": "an integer", "Float": "a number", "float": "a number",
+                "Boolean": "true or false", "bool": "true or false", "String": "a string", "str": "a string"}
+
+
+def _wanted(message: str) -> str:
+    m = re.search(r"(?:converted to|field of type|is not a valid) '?(Integer|Float|Boolean|String|int|float|bool|str)'?",
+                  message)
+    return _TYPE_WANTED[m.group(1)] if m else "a value of its type (README 'Config groups')"
+
+
+def _hydra_edit_error(first: str):
+    """Hydra's errors about what an override does to the config (delete, append, override a default, load an
+    option, an interpolation that resolves to the wrong type): one line naming the override and the change."""
+    m = re.search(r"Could not delete from config\. '([^']+)' does not exist", first)
+    if m:
+        return f"error: ~{m.group(1)}: no such key to delete; fix: drop ~{m.group(1)} (nothing holds it)"
+    m = re.search(r"Could not append to config\. An item is already at '([^']+)'", first)
+    if m:
+        key = m.group(1)
+        given = next((a for a in sys.argv[1:] if a.startswith("+") and a.lstrip("+").split("=", 1)[0] == key), None)
+        value = given.split("=", 1)[1] if given and "=" in given else "<value>"
+        return f"error: +{key}={_shown(value, key)}: {key} is already in the config; fix: {key}={_shown(value, key)} (no +)"
+    m = re.search(r"Could not override '([^']+)'\. Did you mean to override ([^?]+)\?", first)
+    if m:
+        given, group = m.group(1), m.group(2).strip()
+        value = _value_of(given)
+        return (f"error: {given}={value}: the defaults list has no {given} to override; fix: {group}={value}, or "
+                f"+{given}={value} to add it")
+    m = re.search(r"Could not load '([^']+)/([^'/]+)'", first)
+    if m:
+        group = m.group(1)
+        option = _value_of(group) if _value_of(group) != "?" else m.group(2)
+        from pathlib import Path
+
+        conf = Path(__file__).resolve().parents[2] / "conf" / group
+        options = sorted(p.stem for p in conf.glob("*.yaml")) if conf.is_dir() else []
+        return (f"error: {group}={option}: no such option in conf/{group} (a group takes one option per run); fix: "
+                f"{group}=<option>" + (f" (options: {', '.join(options)}), or sweep with -m {group}=a,b" if options
+                                       else ""))
+    m = re.search(r"While dereferencing interpolation '(.*?)': (.*?) full_key: (\S+)", first)
+    if m:
+        key = m.group(3)
+        return (f"error: {key}={_shown(m.group(1), key)}: the interpolation resolves to a value {key} cannot hold "
+                f"({m.group(2).strip()[:160]}); fix: {key}=<{_wanted(first)}>")
+    return None
+
+
+def _shown(value: str, key: str) -> str:
+    from vrun.core.problems import SECRETISH, names_secret
+
+    return "<hidden>" if SECRETISH.search(key) or names_secret(key) else value
+
+
+def _fallback(first: str) -> str:
+    """An error no rule above reads: the command-line override it quotes, named, with the change to make."""
+    for arg in sys.argv[1:]:
+        key = arg.lstrip("+~").split("=", 1)[0]
+        if "=" in arg and key and (f"'{key}'" in first or f"'{arg}'" in first):
+            return f"error: {_shown_override(arg)}: {first}; fix: correct {key} as Hydra says above, or drop {arg.split('=', 1)[0]}"
+    return (f"error: hydra: {first}; fix: correct the override it quotes (Hydra's override grammar: key=value, "
+            "+key=value to add a key, ~key to delete one)")
+
+
+def _shown_override(arg: str) -> str:
+    from vrun.config.overrides import shown_override
+
+    return shown_override(arg)
 
 
 # verl's top-level sections: a key under one of them belongs under verl.
@@ -192,6 +294,21 @@ def _unparsed_secret():
             parser.parse_override(arg)
         except Exception:  # noqa: BLE001 - Hydra's grammar refused it
             return shown_override(arg)
+    return None
+
+
+def _unparsed():
+    """The first command-line override Hydra's grammar refuses, as typed (secrets: _unparsed_secret), or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in sys.argv[1:]:
+        if arg.startswith("-"):
+            continue
+        try:
+            parser.parse_override(arg)
+        except Exception:  # noqa: BLE001 - Hydra's grammar refused it
+            return arg
     return None
 
 

@@ -183,6 +183,8 @@ class Algo:
 @dataclass
 class Data:
     name: str = MISSING
+    # the rows carry images (verl's data.image_key column): only a model with a vision tower reads them
+    images: bool = False
 
 
 @dataclass
