@@ -4,8 +4,23 @@ Every run passes through the project's sweeper (hydra_plugins/vrun_sweeper: comp
 and its launcher (hydra_plugins/vrun_launcher: write, check the target, run or submit). Hydra never calls the task
 function below: conf/run.yaml sets hydra.mode=MULTIRUN, and hydra.mode=RUN is refused before anything is written.
 """
-import hydra
-from omegaconf import DictConfig
+import sys
+
+
+def _interrupted(kind, value, tb, _default=sys.excepthook):
+    """Ctrl-C before the project's own handlers are in place (imports, composition): one line, not a traceback."""
+    if issubclass(kind, KeyboardInterrupt):  # written straight to fd 2: the process ends by SIGINT right after
+        import os
+
+        os.write(2, b"\ninterrupted (Ctrl-C); `python -m vrun runs <dir>` shows whatever was planned or submitted\n")
+        return
+    _default(kind, value, tb)
+
+
+sys.excepthook = _interrupted
+
+import hydra  # noqa: E402 - after the hook: Ctrl-C while importing is one line too
+from omegaconf import DictConfig  # noqa: E402
 
 from hydra_plugins.vrun_launcher.vrun_launcher import register
 from vrun.config import cli_errors
@@ -21,8 +36,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     from vrun.config.overrides import typed_secrets, with_cluster_of_launcher
 
     sys.argv[1:] = with_cluster_of_launcher(sys.argv[1:])  # hydra/launcher=submitit_slurm is cluster=slurm

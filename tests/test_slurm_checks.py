@@ -44,11 +44,14 @@ def env_of(shared) -> dict:
 
 
 def submitter(shared, *overrides) -> subprocess.Popen:
-    """A waiting submission (cluster.detach=false) in its own process group, output to files."""
+    """A waiting submission (cluster.detach=false) in its own process group, output to files. Ctrl-C's default
+    action restored in it: a test run in the background of a shell without job control (CI's legs) inherits
+    SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
     out, err = open(shared / "submit.out", "w"), open(shared / "submit.err", "w")
     return subprocess.Popen(WRAP + [PY, str(ROOT / "runner.py"), "model=qwen3_5_35b", *TWO_NODES, *overrides,
                                     f"hydra.sweep.dir={shared}/sweep"], cwd=ROOT, env=env_of(shared), stdout=out,
-                            stderr=err, text=True, start_new_session=True)
+                            stderr=err, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def holding_run(shared, *overrides):

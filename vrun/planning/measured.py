@@ -65,6 +65,12 @@ def lines(run: state.Run) -> list:
     else:
         out.append("predict  no step-time estimate in plan.json")
     s = m.summary()
+    if not m.steps and run.state == "planned":
+        mode = getattr(run.plan, "mode", None)
+        out.append(f"measured nothing: planned, not run (mode={mode}); " + (
+            "run it with the same command and mode=train (manifest.json holds it)" if mode == "plan" else
+            "the run never started"))
+        return out
     if not m.steps:
         src = ", ".join(str(x) for x in log_paths(run)) or "no job output yet"
         out.append(f"measured no verl step lines yet ({src})")

@@ -73,6 +73,10 @@ def cmd_logs(a) -> int:
         for line in (data or b"").decode("utf-8", errors="replace").splitlines():
             print(visible(line, colours=sys.stdout.isatty()))
         return 0
+    if r.state == "planned":
+        raise Usage(f"error: run={r.dir}: planned, not run (mode={r.plan.mode}, cluster={r.plan.cluster}): no job has written "
+                    "a log; fix: run it with the same command and mode=train (its overrides: manifest.json), or "
+                    "mode=preflight first")
     if not r.on_slurm:
         raise Usage(f"error: run={r.dir}: a run on this machine (cluster={r.plan.cluster}) writes no log "
                     "files: its output went to the terminal that started it; fix: for a kept log, run it with "
