@@ -43,6 +43,14 @@ CASES = [
     ("sweep-model-name-dotdot", ["-m", "model.name=x/../../esc"], REFUSED, "model.name", None),
     ("images-for-a-text-model", ["data=geo3k", "model=glm5_1"], REFUSED, "data", "no vision tower"),
     ("images-for-a-vision-model", ["data=geo3k", "model=qwen3_5_35b"], OK, None, None),
+    # --- settings the chosen entrypoint never reads: warned, naming the key (typed recipes of the other one)
+    ("recipe-sft-under-rl", ["model=qwen3_5_35b", "recipe.sft.data.max_length=999"], OK, "recipe.sft.data.max_length",
+     "read by nothing"),
+    ("recipe-ppo-under-sft", ["model=qwen3_5_35b", "algo=sft", "mesh=8gpu", "recipe.ppo.data.max_prompt_length=9"], OK,
+     "recipe.ppo.data.max_prompt_length", "recipe.sft.data.max_prompt_length=9"),
+    ("sft-entry-under-rl", ["model=qwen3_5_35b", "run.sft_entry=[x]"], OK, "run.sft_entry", "read by nothing"),
+    ("task-runner-under-sft", ["model=qwen3_5_35b", "algo=sft", "mesh=8gpu", "run.task_runner=a.B"], OK,
+     "run.task_runner", "read by nothing"),
     ("comma-run-dir-plans", ["hydra.run.dir='R,x'"], OK, None, None),  # legal: no command line splits it
     # --- owned keys through any door
     ("owned-engine-tp", ["engine.tp=2"], REFUSED, "engine.tp", "mesh.tp"),

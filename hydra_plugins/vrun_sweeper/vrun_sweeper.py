@@ -244,7 +244,8 @@ class PlanningSweeper(Sweeper):
         for idx, overrides, cfg, run_dir, taken, resolved in [k for k in kept if k is not None]:
             try:
                 plan = make_plan(typed(cfg, resolved), run_dir, single_model=shared["single_model"],
-                                 run_dir_key="hydra.run.dir" if self._single else "hydra.sweep.dir")
+                                 run_dir_key="hydra.run.dir" if self._single else "hydra.sweep.dir",
+                                 typed=tuple(overrides))
                 plan.verl_text  # noqa: B018 - rendered here, where it is planned (a worker), not where written
                 out["points"].append(Point(idx, tuple(overrides), plan, resolved, taken))
             except PlanError as e:

@@ -76,6 +76,24 @@ class Entrypoint:
         """Settings of the run config this entrypoint reads nothing of (warnings)."""
         return []
 
+    def typed_problems(self, overrides: list[str]) -> list[Problem]:
+        """Overrides typed on the command line that this entrypoint never reads (warnings): another entrypoint's
+        recipe block (the data groups fill both, so only what was typed is said)."""
+        from vrun.config.schema import EntrypointName
+
+        algos = {"ppo": "algo=grpo|dapo", "sft": "algo=sft"}
+        out = []
+        for text in overrides:
+            key, _, value = text.lstrip("+~").partition("=")
+            other = next((e.value for e in EntrypointName if e != self.name and key.startswith(f"recipe.{e.value}.")),
+                         None)
+            if other:
+                out.append(Problem(key, value, f"recipe.{other}.* is read by the {other} entrypoint; this run "
+                                   f"({self.name.value}) reads recipe.{self.name.value}.* only: read by nothing",
+                                   f"recipe.{self.name.value}.{key.split('.', 2)[2]}={value}, or "
+                                   f"{algos.get(other, 'another algo')}", warning=True))
+        return out
+
     def run_dir_problems(self, run_dir: str, key: str) -> list[Problem]:
         """The run dir as this entrypoint's command line reads it (none reads it from text by default)."""
         return []

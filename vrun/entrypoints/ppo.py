@@ -38,6 +38,16 @@ class PPO(Entrypoint):
                      f"{ACTOR}.ppo_micro_batch_size_per_gpu", f"{ACTOR}.ppo_epochs")
     fractions = (f"{ROLLOUT}.gpu_memory_utilization", f"{ACTOR}.clip_ratio")
 
+    def run_problems(self, config: RunConfig) -> list[Problem]:
+        """Run-config keys the RL entrypoint never reads: SFT's torchrun module."""
+        from vrun.config.schema import RunSettings
+
+        if list(config.run.sft_entry) != RunSettings.__dataclass_fields__["sft_entry"].default_factory():
+            return [Problem("run.sft_entry", list(config.run.sft_entry), "SFT's module under torchrun; this run is "
+                            "verl's PPO trainer on Ray: read by nothing", "drop run.sft_entry, or algo=sft",
+                            warning=True)]
+        return []
+
     def groups(self, searchpath: str, values: dict) -> list[str]:
         out = [f"hydra.searchpath=[{searchpath}]", "actor@actor_rollout_ref.actor=mlite_actor"]
         if needs_reference(values):

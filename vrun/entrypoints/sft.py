@@ -62,6 +62,10 @@ class SFT(Entrypoint):
         if config.algo.dynamic_sampling is not None:
             out.append(Problem("algo.dynamic_sampling", config.algo.dynamic_sampling, "SFT samples nothing: read by "
                                "nothing", "drop it, or algo=dapo", warning=True))
+        if config.run.task_runner:
+            out.append(Problem("run.task_runner", config.run.task_runner, "a Ray task runner for verl's PPO trainer; "
+                               "SFT runs under torchrun: read by nothing", "drop run.task_runner, or algo=grpo|dapo",
+                               warning=True))
         default = RayCfg()
         address = "auto" if str(config.cluster.name) == "slurm" else "local"  # the cluster group's own value
         for f in fields(RayCfg):

@@ -176,9 +176,10 @@ def rules_of(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> Rules:
 
 
 def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, environ: Optional[dict] = None,
-              python: Optional[str] = None, run_dir_key: str = "hydra.run.dir") -> Plan:
+              python: Optional[str] = None, run_dir_key: str = "hydra.run.dir", typed: tuple = ()) -> Plan:
     """config: the typed run config (vrun.config.schema.typed); run_dir_key: the key that set the run dir (a sweep
-    point's is hydra.sweep.dir). Raises PlanError with every error found."""
+    point's is hydra.sweep.dir); typed: the overrides typed on the command line. Raises PlanError with every
+    error found."""
     environ = dict(os.environ if environ is None else environ)
     run_dir = str(Path(run_dir).absolute())
     problems: list[Problem] = []
@@ -195,7 +196,7 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
                                             f"{mesh.world:,} GPUs is beyond any cluster (at most {MAX_WORLD:,})",
                                             "mesh.nnodes=<the nodes you have>")])
     ep = entrypoints.of(config)
-    problems += ep.run_dir_problems(run_dir, run_dir_key)
+    problems += ep.run_dir_problems(run_dir, run_dir_key) + ep.typed_problems(list(typed))
     placeholder = path if path else f"<unset: {config.model.path_env}>"
     req = translate.build(config, ep, mesh, run_dir, env, placeholder)
     tree = verl_tree.base_tree(req.config_name, req.groups)
