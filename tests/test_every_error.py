@@ -7,7 +7,6 @@ comes out as `error: KEY=VALUE: why; fix: change`, where the change is not the i
 """
 import ast
 import re
-from pathlib import Path
 
 import pytest
 

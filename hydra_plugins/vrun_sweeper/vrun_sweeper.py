@@ -96,7 +96,7 @@ class PlanningSweeper(Sweeper):
     def sweep(self, arguments: List[str]) -> Any:
         from hydra_plugins.vrun_launcher.vrun_launcher import PlannedLauncher
         from vrun.config import cli_errors
-        from vrun.launch.points import Point, Sweep, refuse
+        from vrun.launch.points import Sweep, refuse
 
         choices = OmegaConf.to_container(self.config.hydra.runtime.choices, resolve=False)
         if not isinstance(self.launcher, PlannedLauncher):

@@ -39,7 +39,7 @@ def modality_problems(config, verl: dict) -> list[Problem]:
     key, value, seen = ("data.train_files", with_images[0], f"it has verl's image column {image_key}") if with_images \
         else ("data", config.data.name, "its rows carry images")
     return [Problem(key, value, f"{seen}, and model={config.model.name} reads text only (no vision tower): verl would build "
-                    "prompts without the images", f"a text data set (data=gsm8k), or a model with a vision tower "
+                    "prompts without the images", "a text data set (data=gsm8k), or a model with a vision tower "
                     "(model=qwen3_5_35b or model=kimi_k2_6)")]
 
 

@@ -132,7 +132,7 @@ def setup_problems(resolved: dict, seen: set) -> list:
             for k, line in good:
                 if not _bash_ok(line):
                     out.append(Problem(k, short(line), "not valid bash (`bash -n` refuses it): sbatch.sh would "
-                                       "fail on the node", f"fix the line's quotes or brackets"))
+                                       "fail on the node", "fix the line's quotes or brackets"))
     return out
 
 

@@ -8,14 +8,11 @@ defaults).
 """
 from __future__ import annotations
 
-import functools
 import math
 import re
-from pathlib import Path
 from typing import Any, Optional
 
 from vrun.checks.paths import short as _short
-from vrun.checks.secret import leaves as _leaves
 from vrun.core.problems import Problem
 from vrun.estimate import timelimit
 
@@ -177,19 +174,12 @@ def run_problems(config) -> list[Problem]:
     from vrun import entrypoints
     from vrun.config.schema import EntrypointName
 
-    ep = str(config.algo.entrypoint)
-    for block, v in (config.recipe or {}).items():  # one block per entrypoint, named after it
+    for block in (config.recipe or {}):  # one block per entrypoint, named after it
         if block not in {e.value for e in EntrypointName}:
             out.append(Problem(f"recipe.{block}", "...", "no such recipe block: recipe.ppo holds main_ppo keys, "
                                "recipe.sft sft_trainer keys", "recipe.ppo.<key> or recipe.sft.<key>"))
-        elif block != ep and v:
-            # the group files fill both blocks for every algorithm: only keys no group file sets are a setting
-            extra = sorted({k for k, _ in _leaves(v)} - _group_recipe_keys(block))
-            if extra:
-                out.append(Problem(f"recipe.{block}.{extra[0]}", "...", f"algo={config.algo.name} runs {ep}: "
-                                   f"recipe.{block} is read by nothing",
-                                   "drop it, or " + ("algo=sft" if block == "sft" else "algo=grpo or algo=dapo"),
-                                   warning=True))
+        # another entrypoint's block typed on the command line: Entrypoint.typed_problems (the group files fill
+        # both blocks for every algorithm, so only what was typed is a setting)
     out += entrypoints.of(config).run_problems(config)
     return out
 
@@ -254,18 +244,3 @@ def model_problems(model) -> list[Problem]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _group_recipe_keys(block: str) -> frozenset:
-    """The recipe.<block> keys the group files under conf/ set (read as YAML, once)."""
-    import yaml
-
-    keys = set()
-    for f in (Path(__file__).resolve().parent.parent.parent / "conf").rglob("*.yaml"):
-        try:
-            d = yaml.safe_load(f.read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        node = (d.get("recipe") or {}).get(block) if isinstance(d, dict) and isinstance(d.get("recipe"), dict) else None
-        if isinstance(node, dict):
-            keys |= {k for k, _ in _leaves(node)}
-    return frozenset(keys)

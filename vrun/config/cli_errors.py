@@ -208,7 +208,7 @@ def _hydra_edit_error(first: str):
         from pathlib import Path
 
         conf = Path(__file__).resolve().parents[2] / "conf" / group
-        options = sorted(p.stem for p in conf.glob("*.yaml")) if conf.is_dir() else []
+        options = sorted(p.stem for p in conf.glob("*.yaml"))  # none where the group is not a directory
         return (f"error: {group}={option}: no such option in conf/{group} (a group takes one option per run); fix: "
                 f"{group}=<option>" + (f" (options: {', '.join(options)}), or sweep with -m {group}=a,b" if options
                                        else ""))
