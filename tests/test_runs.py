@@ -128,7 +128,8 @@ def test_bad_input_is_one_line(tmp_path):
     assert proc.returncode == 0, proc.stderr
     one_error_line(vrun("cancel", str(tmp_path / "r")), "never started", "nothing to cancel")
     one_error_line(vrun("resubmit", str(tmp_path / "r")), "never submitted to SLURM")
-    one_error_line(vrun("logs", str(tmp_path / "r")), "writes no log files")
+    one_error_line(vrun("logs", str(tmp_path / "r")), "planned, not run (mode=plan, cluster=local)", "mode=train")
+    assert "measured nothing: planned, not run (mode=plan)" in vrun("status", str(tmp_path / "r")).stdout
     plan = json.loads((tmp_path / "r" / "plan.json").read_text())
     from vrun.rundir.record import FORMAT
 
