@@ -85,6 +85,15 @@ def stepping(d, n=1, timeout=240):
         for f in (d.parent / ".submitit").glob("*/*_0_log.out"):
             if f" step:{n} - " in f.read_text(errors="replace"):
                 return True
+        # the latest attempt failed (no attempt started after it): it never reaches the step; said at once, with
+        # its cause
+        lines = (d / "progress.jsonl").read_text(errors="replace").splitlines() if (d / "progress.jsonl").exists() \
+            else []
+        kinds = [json.loads(x).get("event") if x.startswith("{") else None for x in lines]
+        last_failed = max((i for i, k in enumerate(kinds) if k == "failed"), default=-1)
+        last_started = max((i for i, k in enumerate(kinds) if k in ("started", "submitted")), default=-1)
+        assert last_failed < last_started or last_failed < 0, f"{d.name} failed before step {n}: " \
+            f"{lines[last_failed][:400]}"
         return False
     return wait_for(f"{d.name} to reach step {n}", seen, timeout=timeout)
 
