@@ -193,7 +193,7 @@ def test_the_hook_dumps_on_its_signal_keeps_running_and_chains_the_next_sitecust
             text, why = stacks.signal_dump(p.pid, timeout_s=10)
             assert not why and "in parent_waits" in text and "in helper_waits" in text, (text, why)
             # the main thread's frame: in its loop, or (a loaded machine) still returning from the print before it
-                assert stacks.classify(text) in {f"parent_waits (held.py:{n})" for n in (10, 11, 12)}, text
+            assert stacks.classify(text) in {f"parent_waits (held.py:{n})" for n in (10, 11, 12)}, text
             assert p.poll() is None
         for _ in range(50):  # the child may not have reached child_waits yet
             text, why = stacks.signal_dump(child, timeout_s=10)
