@@ -38,7 +38,8 @@ def test_wrong_type_is_one_line(tmp_path):
 @pytest.mark.parametrize("bad,fix", [("mode=bogus", "mode=plan or mode=preflight or mode=train"),
                                      ("optimizer.name=adam", "optimizer.name=fsdp2 or optimizer.name=dist_opt"),
                                      ("algo.entrypoint=rl", "algo.entrypoint=ppo or algo.entrypoint=sft"),
-                                     ("cluster.name=k8s", "cluster.name=local or cluster.name=slurm or cluster.name=ray")])
+                                     ("cluster.name=k8s", "cluster.name=local or cluster.name=slurm or cluster.name=ray or "
+                                      "cluster.name=kuberay")])
 def test_closed_choice_is_rejected_at_composition(bad, fix, tmp_path):
     """A value outside a closed choice fails while Hydra composes: one line with the choices as the fix."""
     (line,) = one_error_line(runner(bad, "mode=plan", f"hydra.run.dir={tmp_path}/r"))

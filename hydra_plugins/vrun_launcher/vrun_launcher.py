@@ -4,6 +4,8 @@ and checked; none composes or plans again.
 - hydra/launcher=vrun_local (what cluster=local selects): this machine (vrun.launch.local).
 - hydra/launcher=vrun_ray (what cluster=ray selects): a standing Ray cluster's Job Submission API
   (vrun.launch.rayjobs).
+- hydra/launcher=vrun_kuberay (what cluster=kuberay selects): a RayJob manifest for a KubeRay operator, applied
+  with kubectl when asked (vrun.launch.kuberay).
 - hydra/launcher=submitit_slurm (what cluster=slurm selects) is VrunSlurmLauncher, a subclass of Hydra's submitit
   SlurmLauncher stored under the stock name, so the command users type resolves to it: one sbatch job per point,
   each with its own nodes, detached or waited on (vrun.launch.slurm.submit).
@@ -105,6 +107,20 @@ class VrunRayLauncher(PlannedLauncher):
 
 
 @dataclass
+class VrunKubeRayConf:
+    _target_: str = "hydra_plugins.vrun_launcher.vrun_launcher.VrunKubeRayLauncher"
+
+
+class VrunKubeRayLauncher(PlannedLauncher):
+    cluster = "kuberay"
+
+    def launch_planned(self, sweep: Any) -> Any:
+        from vrun.launch import kuberay
+
+        return kuberay.launch(sweep)
+
+
+@dataclass
 class VrunSlurmConf(SlurmQueueConf):
     _target_: str = "hydra_plugins.vrun_launcher.vrun_launcher.VrunSlurmLauncher"
 
@@ -142,4 +158,5 @@ def register() -> None:
     Plugins.instance()
     ConfigStore.instance().store(group="hydra/launcher", name="vrun_local", node=VrunLocalConf, provider="vrun")
     ConfigStore.instance().store(group="hydra/launcher", name="vrun_ray", node=VrunRayConf, provider="vrun")
+    ConfigStore.instance().store(group="hydra/launcher", name="vrun_kuberay", node=VrunKubeRayConf, provider="vrun")
     ConfigStore.instance().store(group="hydra/launcher", name="submitit_slurm", node=VrunSlurmConf, provider="vrun")

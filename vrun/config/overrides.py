@@ -70,7 +70,7 @@ def shown_override(arg: str) -> str:
 
 
 # the launcher each cluster group selects (conf/cluster/*.yaml): a Hydra user who picks the launcher gets its group
-CLUSTER_OF_LAUNCHER = {"submitit_slurm": "slurm", "vrun_ray": "ray", "vrun_local": "local"}
+CLUSTER_OF_LAUNCHER = {"submitit_slurm": "slurm", "vrun_ray": "ray", "vrun_kuberay": "kuberay", "vrun_local": "local"}
 
 
 def with_cluster_of_launcher(args: list) -> list:

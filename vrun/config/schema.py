@@ -54,6 +54,7 @@ class ClusterName(Choice):
     local = "local"  # this machine
     slurm = "slurm"  # submitted through submitit, one task per node
     ray = "ray"      # submitted to a standing Ray cluster through its Job Submission API
+    kuberay = "kuberay"  # a RayJob manifest for a KubeRay operator (its own Ray cluster per job), kubectl-applied
 
 
 @dataclass
@@ -204,9 +205,31 @@ class RayCfg:
 
 
 @dataclass
+class KubeRayCfg:
+    """cluster=kuberay: the RayJob the operator runs (vrun/launch/kuberay.py)."""
+    # the pods' image: it holds this project, verl, verl_mlite and vLLM at the plan's stack (the entry checks it)
+    image: Optional[str] = None
+    namespace: str = "default"
+    # a PersistentVolumeClaim (ReadWriteMany) mounted at mount_path in every pod: the run dir is under it
+    # (plan.json, verl_config.yaml, checkpoints, progress), as on this machine
+    claim: Optional[str] = None
+    mount_path: Optional[str] = None
+    # the Kubernetes Secret the pass_env variables come from (each under its own name as the key); their values never
+    # enter the manifest
+    env_from: Optional[str] = None
+    # the resource name of one GPU in a pod's limits
+    gpu_resource: str = "nvidia.com/gpu"
+    # seconds the finished job's Ray cluster is kept before the operator deletes it
+    ttl_s: int = 600
+    # kubectl apply -f <run dir>/rayjob.yaml after the checks (kubectl on PATH); false: the file is the hand-off
+    apply: bool = False
+
+
+@dataclass
 class Cluster:
     name: ClusterName = MISSING
     ray: RayCfg = field(default_factory=RayCfg)
+    kuberay: KubeRayCfg = field(default_factory=KubeRayCfg)
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None

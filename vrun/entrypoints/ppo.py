@@ -63,7 +63,8 @@ class PPO(Entrypoint):
         # a fresh local instance ("local") or a deliberate join, never an accidental one
         # cluster=ray: cluster.ray.address is the dashboard the job is submitted to; the job's driver joins the
         # cluster it runs on
-        out.append(("ray_kwargs.ray_init.address", "auto" if str(config.cluster.name) == "ray" else ray.address))
+        out.append(("ray_kwargs.ray_init.address", "auto" if str(config.cluster.name) in ("ray", "kuberay") else
+                    ray.address))
         for k in ("num_cpus", "num_gpus"):
             if getattr(ray, k) is not None:
                 out.append((f"ray_kwargs.ray_init.{k}", getattr(ray, k)))

@@ -1,7 +1,8 @@
 """Running planned points: what the sweeper hands a launcher (`points.py`), checks that need the target machine
 (`preflight.py`, `preflight_nodes.py`), the environment a run's processes start with (`environment.py`, local and
 on every node), the local launch by mode (`local.py`), the job entry (`entry.py`: checks
-the plan's stack, then verl's main_ppo on the saved config) and SLURM (`slurm/`). The Hydra plugins in
+the plan's stack, then verl's main_ppo on the saved config), a standing Ray cluster's Job Submission API
+(`rayjobs.py`), KubeRay's RayJob (`kuberay.py`, `kuberay_schema.py`) and SLURM (`slurm/`). The Hydra plugins in
 hydra_plugins/ (the sweeper that plans, the launchers that call in here) are its only callers besides `runs`.
 
 May import every layer below it; nothing imports it but `vrun.runs`, `runner.py` and the Hydra plugins.

@@ -169,20 +169,27 @@ def entrypoint(plan) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def runtime_env(plan) -> dict:
-    """working_dir: the run dir (plan.json, verl_config.yaml); py_modules: this vrun; env_vars: the plan's
-    environment (secrets are not in it: they pass by name; ROCR/HIP, which the plan unsets, are the cluster's)."""
-    import vrun
-
+def job_env(plan) -> dict:
+    """A Ray job's env_vars: the plan's environment (secrets are not in it: they pass by name; ROCR/HIP, which the
+    plan unsets, are the cluster's), the run's id, and the merge verl's own ray.init needs inside a job."""
     from vrun.rundir.records import run_id
 
-    # PYTHONPATH names this checkout's paths, which do not travel: py_modules puts vrun on the job's path
+    # PYTHONPATH names this checkout's paths, which do not travel
     env = {k: str(v) for k, v in plan.env.items() if k != "PYTHONPATH"}
     env["VRUN_RUN_ID"] = run_id(plan.run_dir)
     # verl's run_ppo calls ray.init with the config's runtime env (the same variables): inside a job Ray refuses
     # the repeated keys unless told to merge them
     env["RAY_OVERRIDE_JOB_RUNTIME_ENV"] = "1"
-    return {"working_dir": str(plan.run_dir), "py_modules": [str(Path(vrun.__file__).parent)], "env_vars": env}
+    return env
+
+
+def runtime_env(plan) -> dict:
+    """working_dir: the run dir (plan.json, verl_config.yaml); py_modules: this vrun (PYTHONPATH does not travel);
+    env_vars: job_env."""
+    import vrun
+
+    return {"working_dir": str(plan.run_dir), "py_modules": [str(Path(vrun.__file__).parent)],
+            "env_vars": job_env(plan)}
 
 
 def client(url: str, timeout: float):

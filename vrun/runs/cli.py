@@ -155,9 +155,10 @@ def main(argv: list | None = None) -> int:
         return EXIT_USAGE
     a = parser().parse_args(argv)
     try:
-        from vrun.runs import rayjobs  # cluster=ray run dirs: their verbs go through Ray's Job Submission API
+        from vrun.runs import kuberay, rayjobs  # cluster=ray: Ray's Job Submission API; cluster=kuberay: kubectl
 
-        code = rayjobs.dispatch(a)
+        code = kuberay.dispatch(a)
+        code = rayjobs.dispatch(a) if code is None else code
         return a.fn(a) if code is None else code
     except (Usage, RunDirError) as e:
         print(str(e), file=sys.stderr)

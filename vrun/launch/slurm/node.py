@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from vrun.compose import stack
-from vrun.config.schema import Cluster, RayCfg
+from vrun.config.schema import Cluster
 from vrun.core import fs, writer
 from vrun.launch.environment import child_environ
 from vrun.rundir import records as rundir
@@ -400,10 +400,19 @@ def start_watchdog(node: Node, ray_address: Optional[str] = None):
 # ==================================================================== on the node, before anything starts
 def cluster_of(values: dict) -> Cluster:
     """The cluster group as the schema's object from the plain values plan.json records (asdict of it)."""
-    known = {f.name for f in fields(Cluster)}
-    ray = values.get("ray") or {}
-    return Cluster(**{k: v for k, v in values.items() if k in known and k != "ray"},
-                   ray=RayCfg(**{k: v for k, v in ray.items() if k in {f.name for f in fields(RayCfg)}}))
+    from dataclasses import MISSING, is_dataclass
+
+    given = {}
+    for f in fields(Cluster):
+        if f.name not in values:
+            continue
+        inner = f.default_factory() if f.default_factory is not MISSING else None
+        if is_dataclass(inner):  # a nested group (ray, kuberay): its known fields, the rest at their defaults
+            v = values[f.name] or {}
+            given[f.name] = type(inner)(**{k: x for k, x in v.items() if k in {g.name for g in fields(inner)}})
+        else:
+            given[f.name] = values[f.name]
+    return Cluster(**given)
 
 
 def check_stack(recorded: dict, where: str) -> None:
