@@ -202,6 +202,8 @@ def test_a_job_reaches_the_entry_and_the_verbs_work(ray_cluster, tmp_path):
     vr = lambda *a: subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True,
                                    timeout=120)
     wait(lambda: "SUCCEEDED" in vr("status", str(run)).stdout, 120, "the job's end")
+    (row,) = json.loads(vr("runs", str(run), "--json").stdout)  # `runs` reads the job's state from the dashboard
+    assert row["state"] == "completed" and row["phase"] == "ray job SUCCEEDED", row
     logs = vr("logs", str(run))
     assert logs.returncode == 0 and "planned against" not in logs.stdout
     assert "wandb-test-secret" not in logs.stdout + "".join(f.read_text(errors="ignore") for f in run.rglob("*")
@@ -230,6 +232,8 @@ def test_cancel_stops_a_running_job_and_logs_follow(ray_cluster, tmp_path):
     stopped = vr("cancel", str(run))
     assert stopped.returncode == 0, stopped.stderr
     wait(lambda: "STOPPED" in vr("status", str(run)).stdout, 60, "the job stopping")
+    (row,) = json.loads(vr("runs", str(run), "--json").stdout)
+    assert row["state"] == "cancelled" and row["phase"].startswith("ray job STOPPED"), row
     again = vr("cancel", str(run))
     assert again.returncode == 2 and "STOPPED" in again.stderr and again.stderr.count("\n") == 1
     (run / "hold.json").unlink()
@@ -252,3 +256,20 @@ def test_lost_dashboard_in_the_verbs_is_one_line(tmp_path):
         p = subprocess.run([PY, "-m", "vrun", verb, str(run)], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, (verb, p.stderr)
         assert p.stderr.startswith("error: cluster.ray.address=http://127.0.0.1:1") and time.monotonic() - t0 < 40
+
+
+def test_runs_with_a_lost_dashboard_keeps_the_row_and_says_why(tmp_path):
+    """`runs` asks each dashboard once (GET /api/jobs/), within 5 s: one that does not answer leaves the row's
+    state as the run dir says and names why."""
+    from types import SimpleNamespace
+
+    from vrun.runs import rayjobs as ray_runs
+
+    run = tmp_path / "gone"
+    run.mkdir()
+    (run / "ray_job.json").write_text(json.dumps({"address": "http://127.0.0.1:1", "job_id": "raysubmit_x",
+                                                  "entrypoint": "true", "runtime_env": {}}))
+    row = SimpleNamespace(dir=run, state="pending", phase="submitted", reason="")
+    t0 = time.monotonic()
+    ray_runs.refresh([row])
+    assert time.monotonic() - t0 < 10 and row.state == "pending" and row.reason == "Ray dashboard unreachable"

@@ -232,7 +232,8 @@ def submit(plan, url: str, timeout: float) -> str:
     writer.write_text(Path(plan.run_dir) / RAY_JOB, json.dumps({"address": url, "job_id": job, "entrypoint":
                                                                entrypoint(plan), "runtime_env": runtime_env(plan)},
                                                               indent=1) + "\n", root=plan.run_dir)
-    rundir.record(plan.run_dir, "submitted", attempt=0, job_id=job, cluster="ray")
+    # the Ray job's id is not a SLURM job id (the `job_id` of a progress line): it is kept as ray_job
+    rundir.record(plan.run_dir, "submitted", attempt=0, cluster="ray", ray_job=job)
     return job
 
 

@@ -74,6 +74,9 @@ def collect(dirs: list) -> tuple[list, list]:
 def cmd_runs(a) -> int:
     runs, notes = collect(a.dirs)
     state.refresh(runs)
+    from vrun.runs import rayjobs
+
+    rayjobs.refresh(runs)  # cluster=ray rows: their jobs' states from the dashboards
     if a.state:
         want = set(a.state.split(","))
         runs = [r for r in runs if r.state in want]

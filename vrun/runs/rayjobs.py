@@ -38,6 +38,39 @@ def timeout_of(d: Path) -> float:
     return t if math.isfinite(t) and 0 < t <= 600 else 15.0
 
 
+# Ray's job states → the runs' own words
+STATES = {"PENDING": "pending", "RUNNING": "running", "SUCCEEDED": "completed", "FAILED": "failed",
+          "STOPPED": "cancelled"}
+# `runs` asks each dashboard once, at most this long (a listing never waits a dashboard's whole timeout)
+LIST_TIMEOUT_S = 5.0
+
+
+def refresh(runs: list) -> None:
+    """cluster=ray rows of `runs`: each job's state from its dashboard (one request per address, GET /api/jobs/,
+    bounded in time and size); a dashboard that does not answer leaves the row's state and says why."""
+    by_address: dict = {}
+    for r in runs:
+        found = job_of(str(r.dir))
+        if found:
+            by_address.setdefault(found[1]["address"], []).append((r, found[1]))
+    for address, rows in by_address.items():
+        try:
+            listed = rayjobs.get_json(address, "/api/jobs/", min(LIST_TIMEOUT_S, timeout_of(rows[0][0].dir)))
+        except rayjobs.DashboardError:
+            for r, _ in rows:
+                r.reason = "Ray dashboard unreachable"
+            continue
+        jobs = {j.get("submission_id") or j.get("job_id"): j for j in (listed if isinstance(listed, list) else [])
+                if isinstance(j, dict)}
+        for r, job in rows:
+            j = jobs.get(job["job_id"])
+            status = str(j.get("status")) if j else ""
+            if status in STATES:
+                message = str(j.get("message") or "")[:120]
+                r.state = STATES[status]
+                r.phase = f"ray job {status}" + (f": {message}" if message else "")
+
+
 def dispatch(a) -> Optional[int]:
     """The verb's exit code when it names a cluster=ray run dir, None to leave it to the other clusters."""
     if a.verb not in VERBS:
@@ -119,6 +152,6 @@ def resubmit(a, found) -> int:
                        metadata={"vrun_run_dir": str(d), "vrun_replaces": job["job_id"]})
     writer.write_text(d / rayjobs.RAY_JOB, json.dumps({**job, "job_id": new, "replaces": job["job_id"]}, indent=1)
                       + "\n", root=str(d))
-    records.record(str(d), "submitted", attempt=0, job_id=new, cluster="ray", replaces=job["job_id"])
+    records.record(str(d), "submitted", attempt=0, cluster="ray", ray_job=new, replaces=job["job_id"])
     print(f"submitted {new} to {job['address']} (replacing {job['job_id']})", flush=True)
     return 0
