@@ -156,6 +156,16 @@ def test_every_schema_field_names_its_source():
            "spec": {"entrypoint": 3, "suspendd": True}}
     found = kuberay_schema.check(bad)
     assert any("spec.entrypoint" in f for f in found) and any("spec.suspendd" in f for f in found), found
+    # the operator's own rules and the CRD's required children
+    bad = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "9-" + "x" * 50},
+           "spec": {"ttlSecondsAfterFinished": 60, "activeDeadlineSeconds": 0, "submissionMode": "Batch",
+                    "rayClusterSpec": {"headGroupSpec": {"template": {"spec": {"containers": [{"image": "i"}]}}},
+                                       "workerGroupSpecs": [{"replicas": 1}]}}}
+    found = "\n".join(kuberay_schema.check(bad))
+    for needle in ("metadata.name: ", "DNS-1035", "ttlSecondsAfterFinished", "activeDeadlineSeconds",
+                   "'Batch' is not one of", "containers[].name: required", "workerGroupSpecs[].groupName: required",
+                   "workerGroupSpecs[].template: required"):
+        assert needle in found, (needle, found)
 
 
 def test_runs_verbs_name_the_kubectl_command(tmp_path):

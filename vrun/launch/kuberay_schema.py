@@ -1,89 +1,112 @@
-"""The fields of KubeRay's RayJob API (ray.io/v1) that cluster=kuberay writes, at one pinned operator release: each
-with its type and the file of the operator's API that defines it. `check(doc)` names every field of a manifest
-that is not here or not of its type: the manifest vrun/launch/kuberay.py renders is checked before it is written.
+"""The fields of KubeRay's RayJob API (ray.io/v1) that cluster=kuberay writes, at one pinned operator release, each
+with its type and where that release defines it: the generated CRD's openAPIV3Schema
+(ray-operator/config/crd/bases/ray.io_rayjobs.yaml, by line), and for the rules the schema does not carry, the
+operator's own validation (ray-operator/controllers/ray/utils/validation.go) and Go types
+(ray-operator/apis/ray/v1/rayjob_types.go). `check(doc)` names every field of a manifest that is not here, not of
+its type, missing where required, or against one of those rules: the manifest vrun/launch/kuberay.py renders is
+checked before it is written.
 
-Types: string, integer, boolean, object (a struct: its fields listed here), map (string keys, string values),
-quantity (Kubernetes int-or-string), array (its items under `path[]`). A PodTemplateSpec is core/v1's, embedded
-by the CRD: only the paths the project writes are listed.
+Types: string, integer (int32), boolean, object (its fields listed here), map (string values: the CRD's
+`additionalProperties: {type: string}`), quantity (a map of int-or-string: resources.limits), array (its items
+under `path[]`). The pod templates are core/v1 PodTemplateSpecs the CRD writes out in full: only the paths the
+project writes are listed, head and worker apart (their schemas sit at different lines).
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
-RELEASE = "KubeRay v1.4.2"
-RAYJOB = "ray-operator/apis/ray/v1/rayjob_types.go"
-RAYCLUSTER = "ray-operator/apis/ray/v1/raycluster_types.go"
+RELEASE = "KubeRay v1.4.2"  # tag v1.4.2, commit 34ea80e0f51f
 CRD = "ray-operator/config/crd/bases/ray.io_rayjobs.yaml"
+RAYJOB = "ray-operator/apis/ray/v1/rayjob_types.go"
+VALIDATION = "ray-operator/controllers/ray/utils/validation.go"
 KINDS = ("string", "integer", "boolean", "object", "map", "quantity", "array")
 
-# the submission modes RayJobSpec.SubmissionMode takes (JobSubmissionMode)
-SUBMISSION_MODES = ("K8sJobMode", "HTTPMode", "InteractiveMode")
-
-
-def _pod(prefix: str) -> dict:
-    """The PodTemplateSpec paths the project writes (core/v1, embedded in the CRD)."""
-    return {
-        prefix: ("object", CRD),
-        f"{prefix}.spec": ("object", CRD),
-        f"{prefix}.spec.containers": ("array", CRD),
-        f"{prefix}.spec.containers[]": ("object", CRD),
-        f"{prefix}.spec.containers[].name": ("string", CRD),
-        f"{prefix}.spec.containers[].image": ("string", CRD),
-        f"{prefix}.spec.containers[].resources": ("object", CRD),
-        f"{prefix}.spec.containers[].resources.limits": ("quantity", CRD),
-        f"{prefix}.spec.containers[].env": ("array", CRD),
-        f"{prefix}.spec.containers[].env[]": ("object", CRD),
-        f"{prefix}.spec.containers[].env[].name": ("string", CRD),
-        f"{prefix}.spec.containers[].env[].value": ("string", CRD),
-        f"{prefix}.spec.containers[].env[].valueFrom": ("object", CRD),
-        f"{prefix}.spec.containers[].env[].valueFrom.secretKeyRef": ("object", CRD),
-        f"{prefix}.spec.containers[].env[].valueFrom.secretKeyRef.name": ("string", CRD),
-        f"{prefix}.spec.containers[].env[].valueFrom.secretKeyRef.key": ("string", CRD),
-        f"{prefix}.spec.containers[].env[].valueFrom.secretKeyRef.optional": ("boolean", CRD),
-        f"{prefix}.spec.containers[].volumeMounts": ("array", CRD),
-        f"{prefix}.spec.containers[].volumeMounts[]": ("object", CRD),
-        f"{prefix}.spec.containers[].volumeMounts[].name": ("string", CRD),
-        f"{prefix}.spec.containers[].volumeMounts[].mountPath": ("string", CRD),
-        f"{prefix}.spec.volumes": ("array", CRD),
-        f"{prefix}.spec.volumes[]": ("object", CRD),
-        f"{prefix}.spec.volumes[].name": ("string", CRD),
-        f"{prefix}.spec.volumes[].persistentVolumeClaim": ("object", CRD),
-        f"{prefix}.spec.volumes[].persistentVolumeClaim.claimName": ("string", CRD),
-    }
-
+# the pod template's paths: (type, line in the head's schema, line in the worker's)
+_POD = {
+    "": ("object", 666, 4390),
+    ".spec": ("object", 687, 4411),
+    ".spec.containers": ("array", 1133, 4857),
+    ".spec.containers[]": ("object", 1133, 4857),
+    ".spec.containers[].name": ("string", 1451, 5175),
+    ".spec.containers[].image": ("string", 1241, 4965),
+    ".spec.containers[].resources": ("object", 1571, 5295),
+    ".spec.containers[].resources.limits": ("quantity", 1587, 5311),
+    ".spec.containers[].env": ("array", 1146, 4870),
+    ".spec.containers[].env[]": ("object", 1146, 4870),
+    ".spec.containers[].env[].name": ("string", 1149, 4873),
+    ".spec.containers[].env[].value": ("string", 1151, 4875),
+    ".spec.containers[].env[].valueFrom": ("object", 1153, 4877),
+    ".spec.containers[].env[].valueFrom.secretKeyRef": ("object", 1194, 4918),
+    ".spec.containers[].env[].valueFrom.secretKeyRef.name": ("string", 1198, 4922),
+    ".spec.containers[].env[].valueFrom.secretKeyRef.key": ("string", 1196, 4920),
+    ".spec.containers[].env[].valueFrom.secretKeyRef.optional": ("boolean", 1201, 4925),
+    ".spec.containers[].volumeMounts": ("array", 1784, 5508),
+    ".spec.containers[].volumeMounts[]": ("object", 1784, 5508),
+    ".spec.containers[].volumeMounts[].name": ("string", 1791, 5515),
+    ".spec.containers[].volumeMounts[].mountPath": ("string", 1787, 5511),
+    ".spec.volumes": ("array", 3529, 7253),
+    ".spec.volumes[]": ("object", 3529, 7253),
+    ".spec.volumes[].name": ("string", 3983, 7707),
+    ".spec.volumes[].persistentVolumeClaim": ("object", 3997, 7721),
+    ".spec.volumes[].persistentVolumeClaim.claimName": ("string", 3999, 7723),
+}
+HEAD = "spec.rayClusterSpec.headGroupSpec.template"
+WORKER = "spec.rayClusterSpec.workerGroupSpecs[].template"
 
 FIELDS: dict[str, tuple[str, str]] = {
-    "apiVersion": ("string", CRD),
-    "kind": ("string", CRD),
-    "metadata": ("object", CRD),
-    "metadata.name": ("string", CRD),
-    "metadata.namespace": ("string", CRD),
-    "metadata.labels": ("map", CRD),
-    "spec": ("object", RAYJOB),
-    "spec.entrypoint": ("string", RAYJOB),
-    "spec.runtimeEnvYAML": ("string", RAYJOB),
-    "spec.shutdownAfterJobFinishes": ("boolean", RAYJOB),
-    "spec.ttlSecondsAfterFinished": ("integer", RAYJOB),
-    "spec.activeDeadlineSeconds": ("integer", RAYJOB),
-    "spec.submissionMode": ("string", RAYJOB),
-    "spec.rayClusterSpec": ("object", RAYJOB),
-    "spec.rayClusterSpec.rayVersion": ("string", RAYCLUSTER),
-    "spec.rayClusterSpec.headGroupSpec": ("object", RAYCLUSTER),
-    "spec.rayClusterSpec.headGroupSpec.rayStartParams": ("map", RAYCLUSTER),
-    **_pod("spec.rayClusterSpec.headGroupSpec.template"),
-    "spec.rayClusterSpec.workerGroupSpecs": ("array", RAYCLUSTER),
-    "spec.rayClusterSpec.workerGroupSpecs[]": ("object", RAYCLUSTER),
-    "spec.rayClusterSpec.workerGroupSpecs[].groupName": ("string", RAYCLUSTER),
-    "spec.rayClusterSpec.workerGroupSpecs[].replicas": ("integer", RAYCLUSTER),
-    "spec.rayClusterSpec.workerGroupSpecs[].minReplicas": ("integer", RAYCLUSTER),
-    "spec.rayClusterSpec.workerGroupSpecs[].maxReplicas": ("integer", RAYCLUSTER),
-    "spec.rayClusterSpec.workerGroupSpecs[].rayStartParams": ("map", RAYCLUSTER),
-    **_pod("spec.rayClusterSpec.workerGroupSpecs[].template"),
+    "apiVersion": ("string", f"{CRD}:42"),
+    "kind": ("string", f"{CRD}:44"),
+    # ObjectMeta: the CRD has `metadata: {type: object}`; the API server reads the rest
+    "metadata": ("object", f"{CRD}:46"),
+    "metadata.name": ("string", f"{VALIDATION}:129"),
+    "metadata.namespace": ("string", f"{CRD}:46"),
+    "metadata.labels": ("map", f"{CRD}:46"),
+    "spec": ("object", f"{CRD}:48"),
+    "spec.entrypoint": ("string", f"{CRD}:67"),
+    "spec.runtimeEnvYAML": ("string", f"{CRD}:8068"),
+    "spec.shutdownAfterJobFinishes": ("boolean", f"{CRD}:8070"),
+    "spec.ttlSecondsAfterFinished": ("integer", f"{CRD}:11751"),
+    "spec.activeDeadlineSeconds": ("integer", f"{CRD}:50"),
+    "spec.submissionMode": ("string", f"{CRD}:8072"),
+    "spec.rayClusterSpec": ("object", f"{CRD}:89"),
+    "spec.rayClusterSpec.rayVersion": ("string", f"{CRD}:4349"),
+    "spec.rayClusterSpec.headGroupSpec": ("object", f"{CRD}:461"),
+    "spec.rayClusterSpec.headGroupSpec.rayStartParams": ("map", f"{CRD}:660"),
+    "spec.rayClusterSpec.workerGroupSpecs": ("array", f"{CRD}:4353"),
+    "spec.rayClusterSpec.workerGroupSpecs[]": ("object", f"{CRD}:4353"),
+    "spec.rayClusterSpec.workerGroupSpecs[].groupName": ("string", f"{CRD}:4356"),
+    "spec.rayClusterSpec.workerGroupSpecs[].replicas": ("integer", f"{CRD}:4377"),
+    "spec.rayClusterSpec.workerGroupSpecs[].minReplicas": ("integer", f"{CRD}:4365"),
+    "spec.rayClusterSpec.workerGroupSpecs[].maxReplicas": ("integer", f"{CRD}:4361"),
+    "spec.rayClusterSpec.workerGroupSpecs[].rayStartParams": ("map", f"{CRD}:4373"),
+    **{HEAD + sub: (kind, f"{CRD}:{head}") for sub, (kind, head, _) in _POD.items()},
+    **{WORKER + sub: (kind, f"{CRD}:{worker}") for sub, (kind, _, worker) in _POD.items()},
 }
 
-# values the API constrains beyond their type
-ENUMS = {"apiVersion": ("ray.io/v1",), "kind": ("RayJob",), "spec.submissionMode": SUBMISSION_MODES}
-REQUIRED = ("apiVersion", "kind", "metadata.name", "spec")
+# an object's children the CRD lists as required (minReplicas/maxReplicas have defaults the API server fills)
+REQUIRED = {
+    "": ("apiVersion", "kind", "metadata"),
+    "metadata": ("name",),
+    "spec.rayClusterSpec": ("headGroupSpec",),
+    "spec.rayClusterSpec.headGroupSpec": ("template",),
+    "spec.rayClusterSpec.workerGroupSpecs[]": ("groupName", "template"),
+    **{f"{t}.spec": ("containers",) for t in (HEAD, WORKER)},
+    **{f"{t}.spec.containers[]": ("name",) for t in (HEAD, WORKER)},
+    **{f"{t}.spec.containers[].env[]": ("name",) for t in (HEAD, WORKER)},
+    **{f"{t}.spec.containers[].env[].valueFrom.secretKeyRef": ("key",) for t in (HEAD, WORKER)},
+    **{f"{t}.spec.containers[].volumeMounts[]": ("name", "mountPath") for t in (HEAD, WORKER)},
+    **{f"{t}.spec.volumes[]": ("name",) for t in (HEAD, WORKER)},
+    **{f"{t}.spec.volumes[].persistentVolumeClaim": ("claimName",) for t in (HEAD, WORKER)},
+}
+# values fixed by the API: the group/version and kind the API server serves; the submission modes are the Go
+# constants of JobSubmissionMode (the CRD has no enum; the operator acts on these three)
+ENUMS = {"apiVersion": ("ray.io/v1",), "kind": ("RayJob",),
+         "spec.submissionMode": ("K8sJobMode", "HTTPMode", "InteractiveMode")}
+SUBMISSION_MODES_SOURCE = f"{RAYJOB}:79"
+# the operator's name rule (validation.go:129-136): a DNS-1035 label of at most 47 characters
+NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
+NAME_MAX = 47
 INT32 = 2 ** 31 - 1
 
 
@@ -107,8 +130,11 @@ def _kind_ok(kind: str, v: Any) -> bool:
 
 
 def check(doc: Any) -> list[str]:
-    """Every field of `doc` not in FIELDS or not of its type, every enum value outside its set, every required
-    field missing: one line each (none: the manifest is the API's)."""
+    """Every field of `doc` not in FIELDS or not of its type, every required child missing, every value outside
+    its set, and the operator's own rules (its name; a TTL only with shutdown; a deadline above 0; runtimeEnvYAML
+    that parses): one line each (none: the manifest is the API's)."""
+    import yaml
+
     out: list[str] = []
 
     def walk(path: str, v: Any) -> None:
@@ -123,20 +149,36 @@ def check(doc: Any) -> list[str]:
         if path in ENUMS and v not in ENUMS[path]:
             out.append(f"{path}: {v!r} is not one of {', '.join(ENUMS[path])}")
         if kind == "object":
+            required(path, v)
             for k, x in v.items():
-                walk(f"{path}.{k}" if path else str(k), x)
+                walk(f"{path}.{k}", x)
         elif kind == "array":
             for x in v:
                 walk(f"{path}[]", x)
 
+    def required(path: str, v: dict) -> None:
+        for child in REQUIRED.get(path, ()):
+            if v.get(child) in (None, ""):
+                out.append(f"{path + '.' if path else ''}{child}: required by the API, missing")
+
     if not isinstance(doc, dict):
         return ["the manifest is not an object"]
+    required("", doc)
     for k, x in doc.items():
         walk(str(k), x)
-    for path in REQUIRED:
-        node: Any = doc
-        for part in path.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node in (None, ""):
-            out.append(f"{path}: required by the API, missing")
+    name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+    if isinstance(name, str) and (len(name) > NAME_MAX or not NAME.match(name)):
+        out.append(f"metadata.name: {name!r} is not a DNS-1035 label of at most {NAME_MAX} characters")
+    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+    ttl = spec.get("ttlSecondsAfterFinished")
+    if isinstance(ttl, int) and (ttl < 0 or (ttl > 0 and spec.get("shutdownAfterJobFinishes") is not True)):
+        out.append("spec.ttlSecondsAfterFinished: negative, or above 0 without shutdownAfterJobFinishes")
+    deadline = spec.get("activeDeadlineSeconds")
+    if isinstance(deadline, int) and deadline <= 0:
+        out.append("spec.activeDeadlineSeconds: must be above 0")
+    if isinstance(spec.get("runtimeEnvYAML"), str):
+        try:
+            yaml.safe_load(spec["runtimeEnvYAML"])
+        except yaml.YAMLError:
+            out.append("spec.runtimeEnvYAML: does not parse as YAML")
     return out
