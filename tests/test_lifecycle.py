@@ -241,3 +241,26 @@ def test_squeue_confirms_a_job_by_name_and_work_dir(name, work_dir, why):
 
 def test_a_work_dir_with_the_separator_in_it_is_read_whole():
     assert jobs.parse_squeue("5|PENDING|Priority|0||Unknown|n|/w/a|b|\n")["5"].work_dir == "/w/a|b"
+
+
+def test_a_resubmission_shows_only_its_own_steps(run_dir):
+    """A waiting resubmission (cluster.detach=false, `resubmit` without --detach) prints the new job's steps once
+    each, never the earlier attempt's lines again (before: every recorded line from the run's first, under the
+    new job's poll)."""
+    import io
+    from types import SimpleNamespace
+
+    from vrun.launch.slurm import watch
+
+    started(run_dir, job="7")
+    ev(run_dir, "failed", job_id="7", restart=0, node=0, error="the driver exited 1: ValueError: old attempt")
+    ev(run_dir, "submitted", job_id="8", restart=0, attempt=1)
+    started(run_dir, job="8", hosts=("n1", "n2"))
+    ev(run_dir, "exited", job_id="8", restart=0, node=0, rc=0)
+    out = io.StringIO()
+    watch.until_done([(SimpleNamespace(job_id="8"), str(run_dir))], out, poll_s=0.01)
+    lines = out.getvalue().splitlines()
+    # each line the new job's state (naming what came before it, as status does), none an earlier attempt's own
+    assert lines and all(line.startswith("job 8 ") for line in lines), lines
+    assert not any("started on n0,n1" in line or line.startswith("job 8 run: failed") for line in lines), lines
+    assert any("running: started on n1,n2" in line for line in lines) and "completed" in lines[-1], lines

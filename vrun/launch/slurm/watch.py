@@ -29,7 +29,10 @@ def until_done(jobs: list, stream=None, poll_s: float = POLL_S) -> None:
         runs = [state.load(Path(d)) for _, d in jobs]
         if not tty:  # every recorded step once, even those that passed between two polls
             for (job, _), r in zip(jobs, runs):
-                for n in range(seen.get(job.job_id, 0) + 1, len(r.events)):
+                # from this job's own first line: a resubmission does not replay the earlier attempts' steps
+                first = next((i for i, e in enumerate(r.events) if str(e.get("job_id")) == str(job.job_id)),
+                             len(r.events))
+                for n in range(max(seen.get(job.job_id, 0), first) + 1, len(r.events)):
                     before = state.Run(dir=r.dir, plan=r.plan, slurm=r.slurm, events=r.events[:n])
                     state.derive(before)
                     _show(stream, shown, job.job_id, line(job.job_id, before))
