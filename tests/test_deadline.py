@@ -323,3 +323,24 @@ def test_the_longest_signal_delay_is_still_a_time_limit_to_submitit(time_min, tm
     assert len(mine) == 1, lines
     fix = mine[0].split("fix: ")[-1]
     assert not [x for x in problems_of(base + [fix], run_dir=str(tmp_path / "b")) if "signal_delay" in x]
+
+
+def test_the_plan_writes_the_redundant_time_verl_reads(tmp_path):
+    """cluster=slurm with RayPPOTrainer saving (use_v1=false, save_freq > 0): verl_config.yaml carries
+    trainer.esi_redundant_time = this save's seconds beyond verl's 60, and the deadline row says it; a value the user
+    set is theirs; a trainer that never asks gets none."""
+    import yaml as yaml_
+
+    from conftest import runner
+
+    def planned(*extra):
+        d = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        p = runner("model=glm5_1", "cluster=slurm", "mode=plan", "verl.trainer.save_freq=10", *extra,
+                   f"hydra.run.dir={d}")
+        assert p.returncode == 0, p.stderr[-2000:]
+        return yaml_.safe_load((d / "verl_config.yaml").read_text())["trainer"]["esi_redundant_time"], p.stdout
+
+    value, out = planned("verl.trainer.use_v1=false")
+    assert value > 60 and f"trainer.esi_redundant_time={value})" in out, out
+    assert planned("verl.trainer.use_v1=false", "verl.trainer.esi_redundant_time=900")[0] == 900
+    assert planned("verl.trainer.use_v1=true")[0] == 0

@@ -256,8 +256,13 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     st, st_note = steptime_plan.estimate(config, ep, resolved, mesh, counts, est)
     cost = steptime_plan.cost(st, mesh.world, resolved, config.cluster.gpu_hour_price) \
         if st is not None else None
-    found, deadline_rows = deadline_problems(config, resolved, st, counts, mesh, est)
+    found, deadline_rows, redundant = deadline_problems(config, resolved, st, counts, mesh, est)
     warnings += found
+    if redundant is not None:  # verl counts 60 s for a save: the seconds this save takes beyond that
+        extra = [verl_tree.Override("trainer.esi_redundant_time", redundant, "set")]
+        req = dataclasses.replace(req, overrides=list(req.overrides) + extra)
+        verl_tree.apply(tree, extra)
+        resolved = verl_tree.resolve(tree)
     return Plan(config=config, entrypoint=ep, mesh=mesh, run_dir=run_dir, verl=resolved, request=req, argv=argv,
                 env=env, env_unset=unset, model_path=path, model_path_source=path_from, mlite=source,
                 warnings=warnings, memory=est, memory_note=params_note, search=search, checkpoint=ckpt, params=counts,
@@ -265,13 +270,14 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
                 time_note=st_note, cost=cost, deadline_rows=deadline_rows)
 
 
-def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) -> tuple[list, list]:
+def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) -> tuple[list, list, Optional[int]]:
     """cluster=slurm: whether this run's verl trainer saves before the deadline the node gives it
     (vrun.estimate.timelimit: only RayPPOTrainer, trainer.use_v1=false, asks; nothing saves without
     trainer.save_freq > 0), and whether the time limit holds the model load, the steps before the first save and
-    that save. Returns (warnings, the plan table's `deadline` rows)."""
+    that save. Returns (warnings, the plan table's `deadline` rows, the trainer.esi_redundant_time to write: the
+    save's seconds beyond the 60 verl counts, where this trainer saves before the deadline and the user set none)."""
     if str(config.cluster.name) != "slurm":
-        return [], []
+        return [], [], None
     from vrun.estimate import timelimit
     from vrun.planning import watch
 
@@ -289,14 +295,17 @@ def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) 
         out.append(Problem(f"verl.{key}", get(resolved, key), sup.why, fix, warning=True))
     save = timelimit.save_seconds(timelimit.training_state_bytes(est), mesh.gpus_per_node) if est is not None \
         else timelimit.VERL_SAVE_S
-    lines = timelimit.plan_lines(sup, config.cluster.signal_delay_s, stack.verl_version())
+    given = get(resolved, "trainer.esi_redundant_time", 0)
+    redundant = timelimit.redundant_time(save) if sup.saves and est is not None and not given else None
+    lines = timelimit.plan_lines(sup, config.cluster.signal_delay_s, stack.verl_version(),
+                                 redundant if redundant is not None else (given or None))
     if st is None:
-        return out, lines
+        return out, lines, redundant
     w = watch.policy(config.run, st.high, counts.total if counts is not None else None, mesh.nnodes)
     p = timelimit.time_limit_problem(config.cluster.time_min, config.cluster.signal_delay_s,
                                      w.first_step_s - w.stall_after_s, st.high, save,
                                      timelimit.first_save_steps(save_freq, bool(sup.saves)))
-    return out + ([p] if p else []), lines
+    return out + ([p] if p else []), lines, redundant
 
 
 def price_problems(config: RunConfig) -> list[Problem]:
