@@ -67,10 +67,10 @@ def split_points(parsed: list) -> list:
 
 def _element_text(parser: OverridesParser, key: str, text: str, value: Any) -> str:
     """`key=<element>` that Hydra's grammar reads back as `value`: Hydra's own spelling where it does, else the
-    string quoted (single, then double quotes)."""
-    candidates = [f"{key}={text}"]
-    if isinstance(value, str) and "\\" not in value:
-        candidates += [f"{key}='" + value.replace("'", "\\'") + "'", f'{key}="' + value.replace('"', '\\"') + '"']
+    string as the project renders a value for Hydra (vrun.core.hydra_text.render: quoted, an interpolation kept)."""
+    from vrun.core import hydra_text
+
+    candidates = [f"{key}={text}"] + ([f"{key}={hydra_text.render(value)}"] if isinstance(value, str) else [])
     for candidate in candidates:
         try:
             if parser.parse_overrides([candidate])[0].value() == value:

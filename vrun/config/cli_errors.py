@@ -141,7 +141,7 @@ def describe(ex: BaseException) -> str:
                 f"~{m.group(1)} to delete it")
     if any(x in msg for x in ("no viable alternative", "mismatched input", "extraneous input", "LexerNoViableAlt",
                               "token recognition error")):
-        hidden = _unparsed_secret()
+        hidden = _unparsed(secret_only=True)
         if hidden:
             return (f"error: {hidden}: the override does not parse; fix: quote the value (key='...') or balance its "
                     "brackets (Hydra's override grammar)")
@@ -150,7 +150,9 @@ def describe(ex: BaseException) -> str:
                             first.split(' See https')[0].replace(bad or "\0", ""))
         if bad and "=" in bad:
             key, value = bad.split("=", 1)
-            quoted = "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+            from vrun.core.hydra_text import render
+
+            quoted = render(value)
             hydra_says = hydra_says.strip(" :^\n") or "a character it cannot read unquoted"
             return (f"error: {bad}: the override does not parse (Hydra's grammar: {hydra_says[:120]}); "
                     f"fix: {key}={quoted} (the value quoted), or balance its brackets")
@@ -231,15 +233,12 @@ def _fallback(first: str) -> str:
     for arg in sys.argv[1:]:
         key = arg.lstrip("+~").split("=", 1)[0]
         if "=" in arg and key and (f"'{key}'" in first or f"'{arg}'" in first):
-            return f"error: {_shown_override(arg)}: {first}; fix: correct {key} as Hydra says above, or drop {arg.split('=', 1)[0]}"
+            from vrun.config.overrides import shown_override
+
+            return (f"error: {shown_override(arg)}: {first}; fix: correct {key} as Hydra says above, or drop "
+                    f"{arg.split('=', 1)[0]}")
     return (f"error: hydra: {first}; fix: correct the override it quotes (Hydra's override grammar: key=value, "
             "+key=value to add a key, ~key to delete one)")
-
-
-def _shown_override(arg: str) -> str:
-    from vrun.config.overrides import shown_override
-
-    return shown_override(arg)
 
 
 # verl's top-level sections: a key under one of them belongs under verl.
@@ -279,36 +278,21 @@ def _value_of(key: str) -> str:
     return "?"
 
 
-def _unparsed_secret():
-    """The first command-line override that does not parse and gives a secret key a value, as `key=<hidden>`
-    (Hydra's message would quote the value, or a piece of it), or None."""
+def _unparsed(secret_only: bool = False):
+    """The first command-line override Hydra's grammar refuses, as typed, or None. secret_only: the first that gives
+    a secret key a value, as `key=<hidden>` (Hydra's message would quote the value, or a piece of it)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from vrun.config.overrides import shown_override
 
     parser = OverridesParser.create()
     for arg in sys.argv[1:]:
-        if arg.startswith("-") or "=" not in arg or shown_override(arg) == arg:
+        if arg.startswith("-") or (secret_only and ("=" not in arg or shown_override(arg) == arg)):
             continue
         try:
             parser.parse_override(arg)
         except Exception:  # noqa: BLE001 - Hydra's grammar refused it
-            return shown_override(arg)
-    return None
-
-
-def _unparsed():
-    """The first command-line override Hydra's grammar refuses, as typed (secrets: _unparsed_secret), or None."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    for arg in sys.argv[1:]:
-        if arg.startswith("-"):
-            continue
-        try:
-            parser.parse_override(arg)
-        except Exception:  # noqa: BLE001 - Hydra's grammar refused it
-            return arg
+            return shown_override(arg) if secret_only else arg
     return None
 
 

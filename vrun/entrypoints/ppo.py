@@ -42,7 +42,7 @@ class PPO(Entrypoint):
         """Run-config keys the RL entrypoint never reads: SFT's torchrun module."""
         from vrun.config.schema import RunSettings
 
-        if list(config.run.sft_entry) != RunSettings.__dataclass_fields__["sft_entry"].default_factory():
+        if list(config.run.sft_entry) != RunSettings().sft_entry:
             return [Problem("run.sft_entry", list(config.run.sft_entry), "SFT's module under torchrun; this run is "
                             "verl's PPO trainer on Ray: read by nothing", "drop run.sft_entry, or algo=sft",
                             warning=True)]

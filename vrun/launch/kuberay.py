@@ -50,13 +50,6 @@ def entrypoint(plan) -> str:
     return " ".join(shlex.quote(a) for a in ["python"] + list(plan.argv[1:]))
 
 
-def job_env(plan) -> dict:
-    """The job's env_vars (the plan's environment; secrets are not in it, they pass by name)."""
-    from vrun.launch import rayjobs
-
-    return rayjobs.job_env(plan)
-
-
 def _pod(plan, role: str, gpus: int) -> dict:
     k = plan.config.cluster.kuberay
     # optional: a variable the Secret lacks stays unset, as one this machine lacks is not passed
@@ -99,7 +92,7 @@ def manifest(plan) -> dict:
                      "labels": {"app.kubernetes.io/managed-by": "vrun", "vrun/run-id": run_id(plan.run_dir)[:63]}},
         "spec": {
             "entrypoint": entrypoint(plan),
-            "runtimeEnvYAML": yaml.safe_dump({"env_vars": job_env(plan)}, sort_keys=True),
+            "runtimeEnvYAML": yaml.safe_dump({"env_vars": rayjobs.job_env(plan)}, sort_keys=True),
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": int(k.ttl_s),
             "activeDeadlineSeconds": int(plan.config.cluster.time_min) * 60,
@@ -196,31 +189,19 @@ def launch(sweep) -> list:
     from vrun.core import writer
     from vrun.launch import points as planned
     from vrun.launch import rayjobs
-    from vrun.planning import report
     from vrun.rundir import records as rundir
 
-    checked, refused = [], []
-    for point in sweep.points:
+    docs = {}
+
+    def check(point) -> list:
         p = point.plan
-        found = problems(p)
-        doc = manifest(p)
-        found += schema_problems(doc)
-        if p.config.mode == Mode.train:
-            found += rayjobs.login_problems(p)
-        elif p.config.mode == Mode.preflight:
-            found += rayjobs.login_problems(p)
-        errors = [x for x in found if not x.warning]
-        if errors:
-            refused.append((point.idx, point.overrides, "\n".join(x.line() for x in errors)))
-        checked.append((point, doc, [x for x in found if x.warning]))
-    for point, _, warnings in checked:
-        if sweep.single:
-            print(report.table(point.plan), flush=True)
-        for w in warnings:
-            print(w.line(), flush=True)
-    if refused:
-        planned.refuse(refused, len(sweep.points), "refused before the manifest was written; nothing was applied")
-    for point, doc, _ in checked:
+        docs[point.idx] = manifest(p)
+        found = problems(p) + schema_problems(docs[point.idx])
+        return found + (rayjobs.login_problems(p) if p.config.mode != Mode.plan else [])
+
+    planned.verdict(sweep, check, "refused before the manifest was written; nothing was applied")
+    for point in sweep.points:
+        doc = docs[point.idx]
         planned.write(point)
         path = Path(point.plan.run_dir) / MANIFEST
         writer.write_text(path, yaml.safe_dump(doc, sort_keys=False), root=point.plan.run_dir)

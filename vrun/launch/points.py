@@ -55,3 +55,25 @@ def refuse(failures: list, n_points: int, what: str = "do not plan; nothing was 
         for line in why.splitlines():
             lines.append(f"point {idx} [{shown}]: {line}" if idx >= 0 else f"sweep: {line}")
     cli_errors.emit(lines)
+
+
+def verdict(sweep: Sweep, check, what: str) -> None:
+    """Each point's problems (check(point) -> list of Problem) before anything is written: any error refuses the
+    sweep in its lines (`what`: what was not done); otherwise a run's plan table and every point's warnings are
+    printed. The launchers of a standing cluster (vrun.launch.rayjobs, vrun.launch.kuberay) call it."""
+    from vrun.planning import report
+
+    checked, refused = [], []
+    for point in sweep.points:
+        found = check(point)
+        errors = [x for x in found if not x.warning]
+        if errors:
+            refused.append((point.idx, point.overrides, "\n".join(x.line() for x in errors)))
+        checked.append((point, [x for x in found if x.warning]))
+    for point, warnings in checked:
+        if sweep.single:
+            print(report.table(point.plan), flush=True)
+        for w in warnings:
+            print(w.line(), flush=True)
+    if refused:
+        refuse(refused, len(sweep.points), what)

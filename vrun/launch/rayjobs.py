@@ -255,7 +255,6 @@ def launch(sweep) -> list:
     from vrun.config import cli_errors
     from vrun.config.schema import Mode
     from vrun.launch import points as planned
-    from vrun.planning import report
 
     plans = sweep.plans
     checking = {p.config.mode for p in plans} != {Mode.plan}
@@ -271,33 +270,22 @@ def launch(sweep) -> list:
             cli_errors.emit([Problem(ADDRESS_KEY, cluster.ray.address, f"{e}; nothing was submitted",
                                      "start the cluster or give its dashboard address "
                                      "(cluster.ray.address=http://<head>:8265)").line()])
-    checked, refused = [], []
-    for point in sweep.points:
+    def check(point) -> list:
         p = point.plan
-        found = []
-        if checking:
-            found += shape_problems(p, shape)
-            found += login_problems(p) if p.config.mode == Mode.train else _memory(p)
-        errors = [x for x in found if not x.warning]
-        if errors:
-            refused.append((point.idx, point.overrides, "\n".join(x.line() for x in errors)))
-        checked.append((point, [x for x in found if x.warning]))
-    for point, warnings in checked:
-        if sweep.single:
-            print(report.table(point.plan), flush=True)
-        for w in warnings:
-            print(w.line(), flush=True)
-    if refused:
-        planned.refuse(refused, len(plans), "refused before submission; nothing was submitted")
+        if not checking:
+            return []
+        return shape_problems(p, shape) + (login_problems(p) if p.config.mode == Mode.train else _memory(p))
+
+    planned.verdict(sweep, check, "refused before submission; nothing was submitted")
     if shape is not None:
         print(f"ray     {url}: {shape.describe()}", flush=True)
-    for point, _ in checked:
+    for point in sweep.points:
         planned.write(point)
     if not submitting:
         print("plan only: nothing submitted" if not checking else "preflight: all checks passed against the "
               "cluster; nothing submitted", flush=True)
         return []
-    for point, _ in checked:
+    for point in sweep.points:
         if point.plan.config.mode != Mode.train:
             continue
         try:
