@@ -33,22 +33,24 @@ def test_dist_opt_hand_computed():
     assert e.weights == pytest.approx(2 * (dense + expert))
     assert e.grads == pytest.approx(4 * (dense + expert))
     assert e.optimizer == pytest.approx(12 * (dense / 8 + expert / 4))
-    # full recompute: 1 in-flight micro-batch × 5 layers × 4096 tokens × 1024 × 2 B + one layer's working set
-    assert e.activations == pytest.approx(5 * 4096 * 1024 * 2 + 4096 * 1024 * (34 + 8))
+    # full recompute: 1 in-flight micro-batch × 5 layers × 4096 tokens × 1024 × 2 B stored; without a per-layer
+    # count (no layer_shapes) one layer's working set by the rule of thumb, held instead of the logits or beside
+    assert e.activations == pytest.approx(5 * 4096 * 1024 * 2)
+    assert e.layer == pytest.approx(4096 * 1024 * (34 + 8))
     assert e.logits == pytest.approx(4096 * 32000 * (2 + 4))   # bf16 logits and their fp32 copy in the loss
     assert e.transient == 0 and e.optimizer_host == 0
-    assert e.peak == pytest.approx(e.weights + e.grads + e.optimizer + e.activations + e.logits)
+    assert e.peak == pytest.approx(e.weights + e.grads + e.optimizer + e.activations + max(e.layer, e.logits))
 
 
 def test_fsdp2_shards_weights_and_grads():
-    """fsdp2: fp32 shards and grads over DP (dense) and EDP (experts); the biggest layer unsharded twice in bf16
-    (computed + prefetched) and, in its backward, its bf16 grads and the fp32 reduce-scatter input: transient."""
+    """fsdp2: fp32 shards and grads over DP (dense) and EDP (experts); the transient at the step's peak: the biggest
+    layer unsharded twice in bf16 (in backward + prefetched) and the root's embedding and output head in bf16."""
     m = Mesh(1, 8, ep=2, cp=1)
     e = estimate(P, m, **{**BASE, "optimizer": "fsdp2"})
     sharded = 150e6 / 8 + 250e6 / 4
     assert e.weights == pytest.approx(4 * sharded)
     assert e.grads == pytest.approx(4 * sharded)
-    assert e.transient == pytest.approx((2 * 2 + 2 + 4) * (10e6 + 100e6 / 2))
+    assert e.transient == pytest.approx(2 * 2 * (10e6 + 100e6 / 2) + 2 * (50e6 + 50e6))
     assert e.optimizer == pytest.approx(12 * sharded) and e.optimizer_host == 0
 
 
@@ -75,6 +77,7 @@ def test_1f1b_keeps_pp_minus_s_micro_batches_on_stage_s():
     per_layer = 4096 * 1024 * (34 + 8)
     for st in e.stages:
         assert st.activations == pytest.approx((4 - st.stage) * st.layers * per_layer)
+        assert st.layer == 0.0      # no recompute: the rule of thumb adds nothing for the backward
 
 
 def test_busiest_stage_breaks_rollout_ties_by_training_peak():
@@ -145,41 +148,85 @@ def test_params_from_arch_needs_the_ffn_width():
 
 def test_overrun_is_refused_at_plan_time_unless_allowed():
     """Shards, grads and optimizer alone over the GPU (fsdp2, counted as the real build does): an error, no knob.
-    A peak estimate over the GPU: refused in one line with the margin and run.allow_memory_overrun=true;
-    allowed, the plan warns and preflight warns."""
+    The band above the GPU even at its low end: refused in one line with the band, the deciding terms, the largest
+    token budget that fits and run.allow_memory_overrun=true; allowed, the plan warns and preflight warns. The GPU
+    inside the band: planned with a warning naming the margin."""
     from conftest import plan, problems_of
     from vrun.launch import preflight
 
     (certain,) = problems_of(["model=kimi_k2_6", "mesh=8gpu", "mesh.cp=1", "mode=plan", "cluster.gpu_mem_gib=40"])
     assert "alone exceed the 40 GiB" in certain and "allow_memory_overrun" not in certain
-    ov = ["model=kimi_k2_6", "mode=plan", "cluster.gpu_mem_gib=70"]
+    ov = ["model=kimi_k2_6", "mode=plan", "cluster.gpu_mem_gib=55"]
     (line,) = problems_of(ov)
-    assert "the training estimate exceeds the 70 GiB" in line and " by " in line
+    assert "exceeds the 55 GiB per GPU" in line and "even at its band's low end (band " in line
+    assert "activations" in line and "(measured, ×0.8–1.25)" in line
+    assert "fix: verl.actor_rollout_ref.actor.ppo_max_token_len_per_gpu=" in line
     assert "run.allow_memory_overrun=true" in line
     p = plan(ov + ["run.allow_memory_overrun=true"])
-    assert not p.memory.fits and any(w.key == "memory" for w in p.warnings)
+    assert not p.memory.may_fit and any(w.key == "memory" for w in p.warnings)
     found = preflight.memory_problems(p)
     assert found and all(x.warning for x in found)
+    inside = plan(["model=kimi_k2_6", "mode=plan", "cluster.gpu_mem_gib=70"])
+    assert inside.memory.may_fit and not inside.memory.fits
+    (warn,) = [w for w in inside.warnings if w.key == "memory"]
+    assert "lies inside the estimate's band" in warn.why and "may run out of memory by up to" in warn.why
+    assert "to fit the whole band" in warn.fix and "allow_memory_overrun" not in warn.fix
+    assert all(x.warning for x in preflight.memory_problems(inside))
 
 
-def test_estimate_depends_on_world_tp_pp_and_ep_etp_only():
-    """mesh search memoises on (world, TP, PP, EP·ETP): CP and the EP/ETP split do not change the estimate."""
-    a = estimate(P, Mesh(2, 8, pp=2, ep=4, etp=1, cp=1), **BASE)
-    b = estimate(P, Mesh(2, 8, pp=2, ep=2, etp=2, cp=4), **BASE)
+def test_the_token_fix_fits_and_the_next_budget_does_not():
+    """The refusal's token budget is the largest multiple of 1024 whose band the GPU holds: planned with it, the
+    plan fits; 1024 more does not."""
+    import re
+
+    from conftest import plan, problems_of
+
+    (line,) = problems_of(["model=kimi_k2_6", "mode=plan", "cluster.gpu_mem_gib=55"])
+    tokens = int(re.search(r"ppo_max_token_len_per_gpu=(\d+)", line).group(1))
+    key = "verl.actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    ok = plan(["model=kimi_k2_6", "mode=plan", "cluster.gpu_mem_gib=55", f"{key}={tokens}"])
+    assert ok.memory.fits and not [w for w in ok.warnings if w.key == "memory"]
+    over = plan(["model=kimi_k2_6", "mode=plan", "cluster.gpu_mem_gib=55", f"{key}={tokens + 1024}",
+                 "run.allow_memory_overrun=true"])
+    assert not over.memory.fits
+
+
+def test_estimate_depends_on_world_tp_pp_ep_etp_and_cp_only():
+    """mesh search memoises on (world, TP, PP, EP·ETP, CP): the EP/ETP split does not change the estimate; CP does
+    where an attention gathers the CP group's sequence (Kimi-K2's MLA: value head 128, query head 192)."""
+    from vrun.estimate import activations
+
+    a = estimate(P, Mesh(2, 8, pp=2, ep=4, etp=1, cp=2), **BASE)
+    b = estimate(P, Mesh(2, 8, pp=2, ep=2, etp=2, cp=2), **BASE)
     assert a.peak == b.peak and a.weights == b.weights and a.optimizer == b.optimizer
+    mla = dict(attention="mla", layers=4, hidden=1024, heads=8, q_lora_rank=256, kv_lora_rank=128,
+               qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, routed_experts=8, experts_per_token=2,
+               expert_ffn_hidden=256, shared_experts=1)
+    shapes = (activations.shape(mla, 1), activations.shape(mla, 2))
+    on = {**BASE, "layer_shapes": shapes}
+    cp2, cp4 = (estimate(P, Mesh(2, 8, pp=2, ep=2, cp=c), **on) for c in (2, 4))
+    a, b = cp2.stages[0], cp4.stages[0]
+    assert a.params == b.params and b.layer > a.layer    # the gathered sequence grows with CP
 
 
 def test_plan_json_has_every_stage_and_the_table_names_the_busiest():
     """GLM-5.1 on 256 GPUs (everything offloaded, the rollout ties every stage): plan.json's memory.stages has the
-    8 stages with their parts, memory.busiest_stage is the last (the loss's logits), and the table says so."""
+    8 stages with their parts and bands, memory.busiest_stage is stage 1 (the highest training peak: 7 micro-batches
+    in flight over 10 layers), and the table says so."""
     from conftest import plan
     from vrun.planning.report import plan_json, table
 
     p = plan(["model=glm5_1", "mesh=256gpu", "algo=grpo", "mode=plan"])
     mem = plan_json(p)["memory"]
-    assert len(mem["stages"]) == 8 and mem["busiest_stage"] == 7
+    assert len(mem["stages"]) == 8 and mem["busiest_stage"] == 1
     for s in mem["stages"]:
         assert s["params_gib"] > 0 and s["optimizer_gib"] == 0 and s["optimizer_host_gib"] > s["params_gib"]
-        assert s["peak_gib"] >= s["params_gib"] + s["grads_gib"] + s["activations_gib"] + s["transient_gib"] - 0.1
+        assert s["peak_gib"] >= s["params_gib"] + s["grads_gib"] + s["activations_gib"] + s["transient_gib"] \
+            + max(s["layer_backward_gib"], s["logits_gib"]) - 0.1
+        assert s["band_gib"][0] <= s["peak_gib"] <= s["band_gib"][1]
     assert mem["stages"][7]["logits_gib"] > 0 and mem["stages"][0]["logits_gib"] == 0
-    assert "memory  per GPU, busiest stage 7 of 8 (9 layers)" in table(p)
+    assert mem["band_gib"] == pytest.approx([max(s["band_gib"][0] for s in mem["stages"]),
+                                             max(s["band_gib"][1] for s in mem["stages"])], abs=0.06)
+    assert {mem["terms"][t]["known"] for t in ("params", "grads", "optimizer")} == {"exact"}
+    assert {mem["terms"][t]["known"] for t in ("activations", "logits", "transient")} == {"measured"}
+    assert "memory  per GPU, busiest stage 1 of 8 (10 layers)" in table(p)

@@ -63,9 +63,12 @@ def run_oracle(cases: list[dict], processes: int = 2) -> list[dict]:
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={"PYTHONPATH": str(lite), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
                               cwd=ROOT) for _ in chunks]
+    for proc, chunk in zip(procs, chunks):    # every process gets its cases before any is waited on
+        proc.stdin.write(json.dumps(chunk))
+        proc.stdin.close()
     outs = []
-    for proc, chunk in zip(procs, chunks):
-        out, err = proc.communicate(json.dumps(chunk), timeout=600)
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
         outs.append(json.loads(out.strip().splitlines()[-1]))
     merged: list = [None] * len(cases)

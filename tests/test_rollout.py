@@ -48,18 +48,38 @@ def test_kv_compressed_attention_hand_computed():
 
 def test_estimate_arithmetic():
     """10 B dense + 100 B routed params in bf16, TP 4 · DP 2 on 16 GPUs of 80 GiB at 0.5: weights
-    (10/4 + 100/8)·2 B; KV = 40 GiB − weights − 2 GiB; the replica's DP ranks each hold their own sequences, each
-    sequence in whole KV blocks (MLA: 64 tokens, so 1000 tokens take 1024)."""
+    (10/4 + 100/8)·2 B; KV = 40 GiB − weights − vLLM's reserve (its terms); the replica's DP ranks each hold their
+    own sequences, each sequence in whole KV blocks (MLA: 64 tokens, so 1000 tokens take 1024)."""
     a = arch("kimi_k2_6")
     r = rollout.estimate(a, (10e9, 100e9), world=16, rollout_tp=4, rollout_dp=2, gpu_mem_gib=80, utilization=0.5,
                          seq_len=1000, step_sequences=100)
     assert r.weights == pytest.approx((10e9 / 4 + 100e9 / 8) * 2)
-    assert r.kv_cache == pytest.approx(40 * GIB - r.weights - 2 * GIB)
+    assert r.reserve == pytest.approx(sum(b for _, b in r.reserve_terms))
+    assert r.kv_cache == pytest.approx(40 * GIB - r.weights - r.reserve)
     assert r.fits == 2 * int(r.kv_cache // (1024 * 61 * 576 * 2))
+    assert r.fits_band[0] <= r.fits <= r.fits_band[1]
     assert r.replicas == 2 and r.step_share == 50
     fp8 = rollout.estimate(a, (10e9, 100e9), world=16, rollout_tp=4, rollout_dp=2, gpu_mem_gib=80,
                            utilization=0.5, seq_len=1000, step_sequences=100, quantization="fp8")
     assert fp8.weights == pytest.approx(r.weights / 2, rel=1e-3)   # fp8 with its block scales
+
+
+def test_the_reserve_is_vllms_accounting():
+    """vLLM 0.24.0 takes from its budget, before the KV cache, the profile run's activations for
+    max_num_batched_tokens tokens, the dummy sampler's sort over min(max_num_seqs, tokens) requests × the vocabulary
+    (24 B each), CUDA graphs for min(2·max_num_seqs, 512) tokens (none when eager) and non-torch buffers; every
+    term grows with what sets it."""
+    a = arch("kimi_k2_6")
+    base = rollout.reserve(a, tp=8, dp=1, ep=1)
+    assert base["sampler"] == pytest.approx(256 * a["vocab"] * 24)
+    assert base["cuda_graphs"] == pytest.approx(base["activations"] * 512 / 8192)
+    assert base["non_torch"] == rollout.NON_TORCH
+    more = rollout.reserve(a, tp=8, dp=1, ep=1, max_num_batched_tokens=16384, max_num_seqs=1024)
+    assert more["activations"] == pytest.approx(2 * base["activations"])
+    assert more["sampler"] == pytest.approx(4 * base["sampler"])
+    assert rollout.reserve(a, tp=8, dp=1, ep=1, enforce_eager=True)["cuda_graphs"] == 0
+    # whole experts on each rank with expert parallelism: a wider FFN per routed copy than split over TP·DP
+    assert rollout.reserve(a, tp=8, dp=8, ep=64)["activations"] > rollout.reserve(a, tp=8, dp=8, ep=1)["activations"]
 
 
 def test_released_formats_and_config_json():
@@ -139,7 +159,7 @@ def test_make_run_prints_both_phases(tmp_path):
                  "params  ", "assume  "):
         assert want in out, want
     assert "no estimate" not in out
-    assert "(fits)" in out and "not fit" not in out.lower() and "warning: actor_rollout_ref.rollout" not in out
+    assert "(fits, " in out and "not fit" not in out.lower() and "warning: actor_rollout_ref.rollout" not in out
     r = plan(["model=glm5_1", "mesh=256gpu", "algo=grpo", "mode=plan"]).memory
     assert r.fits and r.rollout_detail.holds_share and r.train_peak <= r.gpu_mem
 
@@ -199,9 +219,10 @@ def test_auto_plans_the_rollout_too(ov):
     assert p.search.rollout_tp_choices[0]["tp"] == r["tensor_model_parallel_size"]
     for alt in [p.search.chosen, *p.search.alternatives]:
         # the overrides are pasteable as they are: mesh knobs and the rollout replica's verl keys; an alternative
-        # listed as not fitting is refused for memory alone
+        # listed as not fitting plans with a warning when the GPU lies inside its band, else is refused for memory
+        # alone
         found = problems_of([o for o in ov] + alt["overrides"].split() + ["mode=plan"])
-        if alt["fits"]:
+        if alt["fits"] or alt["band_gib"][0] <= p.memory.gpu_mem / 2 ** 30:
             assert found == [], alt
         else:
             assert found and all(line.startswith("error: memory=") for line in found), (alt, found)

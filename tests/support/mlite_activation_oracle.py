@@ -1,25 +1,42 @@
-"""Megatron Lite's real model, one training step of one micro-batch, measured: reads cases (JSON on stdin), prints
-per-rank peak bytes above the training state (JSON on stdout).
+"""Megatron Lite's real model, one training step measured on fake tensors: reads cases (JSON on stdin), prints per
+rank the step's peak bytes (JSON on stdout).
 
 Run like tests/support/mlite_memory_oracle.py (`$MLITE_ROOT/experimental/lite` on PYTHONPATH, torch and
-megatron-core). Per case — one model, one mesh, one rank of one pipeline stage, recompute full or none:
-  1. the model is built as the memory oracle builds it (torch's fake process group at that rank; the family's own
-     `build_model` under meta parameters; the launchers' recompute spec, which `build_model` applies with
-     Megatron Lite's own `apply_recompute`), without the FSDP2 wrapping: the training state is the memory
-     oracle's to count; what is measured here is what a step adds to it;
-  2. the parameters become fake tensors (`torch._subclasses.FakeTensorMode`): shapes, dtypes, no storage;
-  3. one micro-batch of the plan's per-GPU token budget (one packed sequence of T tokens, batch 1, the rank's
-     1/CP of it) goes forward, through the loss (vocab-parallel cross entropy, as the launchers' non-fused
-     path), and backward, under torch's `MemTracker` (its global peak only); what is reported is the highest, over the
-     step, of what is live beyond parameters, gradients and buffers (activations and temporaries): FSDP2 keeps
-     parameters and gradients sharded and resident, which the memory oracle counts; here they are unsharded.
+megatron-core). Per case — one model, one mesh, one rank of one pipeline stage, recompute full or none, FSDP2 or not:
+  1. the model is built as the memory oracle builds it: torch's fake process group at that rank; the family's own
+     `build_model` under meta parameters, with the launchers' recompute spec (`build_model` applies it with
+     Megatron Lite's own `apply_recompute`); with `fsdp2`, the bundle's `post_model_load_hook` (Megatron Lite's
+     FSDP2 wrapping and AdamW) too;
+  2. the parameters become fake tensors (`torch._subclasses.FakeTensorMode`: shapes, dtypes, no storage) — with
+     FSDP2 through its own `to_empty`, which gives the meta-built shards (fake) storage;
+  3. a micro-batch of the plan's per-GPU token budget goes through the family's own THD step, as the engine runs
+     it (`protocol_utils.pack_thd_forward_kwargs` or DeepSeek-V4's packing: sequences of the run's longest prompt +
+     response packed to T·CP tokens, the CP split, the loss context), forward, through the loss, and backward,
+     under torch's `MemTracker` (its global peak only). Integer tensors up to SMALL elements (the packing's
+     sequence offsets) stay constant fake tensors, so the THD helpers can read them back;
+  4. reported: the highest, over the step, of what is live beyond parameters, gradients and buffers (activations
+     and temporaries: without FSDP2 the parameters are unsharded and whole, so only this part is the step's), and,
+     with FSDP2, the step's whole peak — two micro-batches, the second with the first's reduced gradients
+     resident, as every micro-batch after a step's first runs.
 What has no CPU path and stands in for it (each keeps for backward what the real kernel keeps; the source read):
-  - te.Linear / te.LayerNormLinear / te.RMSNorm / te.GroupedLinear (TransformerEngine `module/linear.py`,
-    `layernorm_linear.py`, `rmsnorm.py`, `grouped_linear.py`: `ctx.save_for_backward` keeps the input
-    (bf16), the weights, and for the norms the normalized output and the fp32 rsigma): torch's `F.linear`,
-    `F.rms_norm`, per-expert `F.linear` over the split — the same tensors saved by torch's autograd;
+  - te.Linear / te.GroupedLinear (TransformerEngine `module/linear.py`, `grouped_linear.py`: the bf16 input and
+    the weights): torch's `F.linear`, per expert over the split — the same tensors saved by torch's autograd;
+  - te.RMSNorm (`module/rmsnorm.py` / `ops/basic/rmsnorm.py`: the input and the fp32 rsigma per row) and
+    te.LayerNormLinear (`module/layernorm_linear.py`: the input, the bf16 ln_out for the weight's gradient, the
+    weights and the fp32 rsigma): Functions saving exactly those (torch's own CPU rms_norm would keep an fp32
+    copy of the input no GPU run keeps);
   - te.DotProductAttention (flash / fused attention: `FusedAttnFunc` keeps q, k, v, out, the fp32 softmax
     log-sum-exp and the RNG state): a Function that saves exactly q, k, v, out and an fp32 [heads, T] lse;
+  - torch's scaled_dot_product_attention (Megatron Lite's MLA under CP when the value head dim differs: on a GPU
+    the memory-efficient kernel, which saves query, key, value, output and an fp32 [B, H, S] log-sum-exp): a
+    Function saving exactly those;
+  - the DSA training kernel (GLM-5.1: `dsa_kernels.FusedIndexerSparseAttnFunc`, cuDNN / FlashMLA): a Function that
+    allocates and frees the indexer's fp32 scores [b, sq, skv] in forward and saves the query, KV, sink, top-k
+    indices, output, lse and the indexer's precomputed gradients, as the kernel's forward does; its no-grad path
+    (the recompute's first forward) keeps the real SparseAttnFunc with the indexer's scoring and top-k and
+    FlashMLA's forward standing in (the scores, indices, output and lse at their shapes);
+  - FLA's causal_conv1d (the packed path's convolution: `CausalConv1dFunction` keeps its input and the weight):
+    a Function saving those;
   - FLA's chunk_gated_delta_rule (`ChunkGatedDeltaRuleFunction.forward` keeps q, k, v, g, beta, A (the chunk-local
     [T, H, 64] fp32 matrix) and the initial state; h is recomputed in backward): a Function saving those;
   - the MoE token dispatcher's all-to-all path computes its splits with `.tolist()` (no values under fake
@@ -29,7 +46,6 @@ What has no CPU path and stands in for it (each keeps for backward what the real
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
@@ -50,23 +66,55 @@ import torch.nn.functional as F  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 GIB = 1 << 30
+SMALL = 4096     # integer tensors up to this size (sequence offsets, split lists) are computed for real
 
 
 # --------------------------------------------------------------------------------------------- compute stand-ins
+
+class _RMSNorm(torch.autograd.Function):
+    """TE's RMSNorm: keeps its bf16 input and the fp32 reciprocal standard deviation per row."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        rs = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+        ctx.save_for_backward(x, w, rs)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w, _ = ctx.saved_tensors
+        return torch.empty_like(x), torch.empty_like(w)
+
+
+class _NormLinear(torch.autograd.Function):
+    """TE's LayerNormLinear (RMSNorm): keeps its input, the normalized bf16 ln_out (for the weight's gradient), the
+    weight and the fp32 rsigma per row."""
+
+    @staticmethod
+    def forward(ctx, x, ln_w, w):
+        ln_out = torch.empty_like(x)
+        rs = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+        ctx.save_for_backward(x, ln_w, w, ln_out, rs)
+        return torch.empty(*x.shape[:-1], w.shape[0], dtype=x.dtype, device=x.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, ln_w, w, _, _ = ctx.saved_tensors
+        return torch.empty_like(x), torch.empty_like(ln_w), torch.empty_like(w)
+
 
 def _te_forwards() -> None:
     import transformer_engine.pytorch as te
 
     def linear_fwd(self, x, *a, **k):
-        y = F.linear(x, self.weight, getattr(self, "bias", None))
-        return y
+        return F.linear(x, self.weight, getattr(self, "bias", None))
 
     def ln_linear_fwd(self, x, *a, **k):
-        n = F.rms_norm(x, (x.shape[-1],), self.layer_norm_weight)
-        return F.linear(n, self.weight, getattr(self, "bias", None))
+        out = _NormLinear.apply(x, self.layer_norm_weight, self.weight)
+        return out if getattr(self, "bias", None) is None else out + self.bias
 
     def rms_fwd(self, x, *a, **k):
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return _RMSNorm.apply(x, self.weight)
 
     def grouped_fwd(self, x, m_splits, *a, **k):
         outs = [F.linear(part, getattr(self, f"weight{i}"))
@@ -78,6 +126,7 @@ def _te_forwards() -> None:
     te.RMSNorm.forward = rms_fwd
     te.GroupedLinear.forward = grouped_fwd
     te.DotProductAttention.forward = lambda self, q, k, v, *a, **kw: _Attention.apply(q, k, v)
+    F.scaled_dot_product_attention = _sdpa
 
 
 class _Attention(torch.autograd.Function):
@@ -97,6 +146,30 @@ class _Attention(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+class _SDPA(torch.autograd.Function):
+    """torch's scaled_dot_product_attention on a GPU for [B, H, S, D] inputs whose value head dim differs from the
+    query's (Megatron Lite's MLA under CP: `mla.py` `_torch_core_attention` on the CP-gathered sequence), which the
+    flash backend does not take: the memory-efficient kernel (`_scaled_dot_product_efficient_attention`, its
+    derivatives.yaml entry) saves query, key, value, output and the fp32 log-sum-exp [B, H, S]. On CPU the math
+    path would build the S x S scores no GPU run builds."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+        lse = torch.empty(*q.shape[:-1], dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+    return _SDPA.apply(q, k, v)
+
+
 class _GatedDeltaRule(torch.autograd.Function):
     """FLA's chunk_gated_delta_rule: saves q, k, v, g, beta, A (fp32 [B, T, H, 64]) and the initial state."""
 
@@ -111,6 +184,74 @@ class _GatedDeltaRule(torch.autograd.Function):
     def backward(ctx, go):
         q, k, v, g, beta, _ = ctx.saved_tensors
         return tuple(torch.empty_like(x) for x in (q, k, v, g, beta))
+
+
+class _IndexerSparseAttention(torch.autograd.Function):
+    """Megatron Lite's training DSA kernel (`kernels/dsa_kernels.py` FusedIndexerSparseAttnFunc, cuDNN/FlashMLA):
+    in forward it materialises the indexer's fp32 scores [b, sq, skv] (`_indexer_topk_bshd`) and frees them; it
+    saves the flattened query and KV (views), the sink, the int32 top-k indices [b·sq, topk], the output
+    [sq·b, heads, d_v], the fp32 lse [sq·b, heads] and the indexer's precomputed gradients (like q_indexer,
+    k_indexer and weights)."""
+
+    @staticmethod
+    def forward(ctx, query, kv_full, attn_sink, q_indexer, k_indexer, weights, topk, d_v):
+        sq, b, heads, _ = query.shape
+        scores = torch.empty(b, sq, k_indexer.shape[0], dtype=torch.float32, device=query.device)
+        idx = torch.empty(b * sq, topk, dtype=torch.int32, device=query.device)
+        del scores
+        out = torch.empty(sq * b, heads, d_v, dtype=query.dtype, device=query.device)
+        lse = torch.empty(sq * b, heads, dtype=torch.float32, device=query.device)
+        ctx.save_for_backward(query, kv_full, attn_sink, idx, out, lse, torch.empty_like(q_indexer),
+                              torch.empty_like(k_indexer), torch.empty_like(weights))
+        return out.reshape(sq, b, heads * d_v), torch.zeros((), dtype=torch.float32, device=query.device)
+
+    @staticmethod
+    def backward(ctx, g, g_loss):
+        q, kv, sink, *_ , gq, gk, gw = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(kv), torch.empty_like(sink), gq, gk, gw, None, None
+
+
+def _indexer_sparse_attention(query, kv_full, attn_sink, window_idxs, q_indexer, k_indexer, weights, indexer_topk,
+                              ratio, softmax_scale, *a, value_dim=None, **kw):
+    return _IndexerSparseAttention.apply(query, kv_full, attn_sink, q_indexer, k_indexer, weights,
+                                         int(indexer_topk) + window_idxs.shape[-1],
+                                         512 if value_dim is None else int(value_dim))
+
+
+def _indexer_topk(q_bshd, k_bsd, w_bsh, topk, ratio=4):
+    """The DSA indexer's scoring and top-k (`dsa_kernels._indexer_topk_bshd`, cuDNN + TRT-LLM kernels): fp32 scores
+    [b, sq, sk], int32 indices [b, sq, topk] and lengths [b, sq], as the real one returns them."""
+    b, sq = q_bshd.shape[:2]
+    scores = torch.empty(b, sq, k_bsd.shape[1], dtype=torch.float32, device=q_bshd.device)
+    idx = torch.empty(b, sq, topk, dtype=torch.int32, device=q_bshd.device)
+    return idx, torch.empty(b, sq, dtype=torch.int32, device=q_bshd.device), scores
+
+
+def _flash_mla(q, kv, topk_idxs, softmax_scale, attn_sink=None, topk_length=None, indexer_topk=0, d_v=512):
+    """FlashMLA's sparse forward (`dsa_kernels._dsa_fwd_flash_mla`): out [sq, heads, d_v], fp32 lse [sq, heads] and
+    the indexer's lse."""
+    sq, heads = q.shape[:2]
+    lse = torch.empty(sq, heads, dtype=torch.float32, device=q.device)
+    return torch.empty(sq, heads, d_v, dtype=q.dtype, device=q.device), lse, torch.empty_like(lse)
+
+
+class _CausalConv(torch.autograd.Function):
+    """FLA's causal_conv1d (`fla/modules/convolution.py` CausalConv1dFunction, SiLU fused): saves its input and the
+    weight; the output is a new tensor like the input."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return torch.empty_like(x), torch.empty_like(w)
+
+
+def _causal_conv(x, weight, bias=None, activation=None, cu_seqlens=None, **kw):
+    return _CausalConv.apply(x, weight), None
 
 
 def _gdn_rule(self, query, key, value, g, beta, *, initial_state=None, output_final_state=False,
@@ -154,6 +295,10 @@ def _compute_stand_ins() -> None:
     from megatron.lite.primitive.utils import moe as moe_utils
     moe_utils._te_general_gemm = lambda *a, **k: None  # the router's gemm: Megatron Lite's own torch fallback
     gated_delta_net.GatedDeltaNet._gated_delta_rule = _gdn_rule
+    gated_delta_net._HAS_FLA, gated_delta_net._fla_causal_conv1d = True, _causal_conv   # the packed path's conv
+    from megatron.lite.primitive.kernels import dsa_kernels
+    dsa_kernels.fused_indexer_sparse_attn = _indexer_sparse_attention
+    dsa_kernels._indexer_topk_bshd, dsa_kernels._dsa_fwd_flash_mla = _indexer_topk, _flash_mla   # no-grad path
     dispatcher.TokenDispatcher._dispatch_alltoall = _balanced_dispatch
     real_combine = dispatcher.TokenDispatcher._combine_alltoall
 
@@ -207,13 +352,69 @@ def _global_peak_tracker(base):
     return GlobalPeak
 
 
+def _packed_batch(tokens: int, seq_len: int, ps):
+    """One micro-batch as the engine hands it to the family's step: a PackedBatch of `tokens` tokens (the CP group's
+    whole micro-batch) in sequences of the run's longest prompt + response, the rest in one shorter sequence. Real
+    integer tensors (the packing reads lengths back with .item())."""
+    from megatron.lite.runtime.contracts.data import PackedBatch
+
+    align = max(ps.tp_size, 1) * (2 * ps.cp_size if ps.cp_size > 1 else 1)
+    seq_len = max(align, seq_len // align * align)
+    lengths = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len >= align else [])
+    total = sum(lengths)
+    return PackedBatch(input_ids=torch.zeros(total, dtype=torch.long), labels=torch.zeros(total, dtype=torch.long),
+                       seq_lens=torch.tensor(lengths, dtype=torch.int32),
+                       loss_mask=torch.ones(total, dtype=torch.bool))
+
+
+def _step_kwargs(proto, model, batch) -> dict:
+    """The forward's arguments as the family's own `_forward_step` builds them (THD packing, the CP split, the loss
+    context), built before the fake mode: the packing reads lengths back with .item()."""
+    from megatron.lite.model import protocol_utils as pu
+
+    prepare = getattr(proto, "_prepare_model_forward_kwargs", None)    # DeepSeek-V4's own packing
+    kwargs = prepare(model, batch) if prepare is not None else pu.pack_thd_forward_kwargs(model, batch)
+    pu.add_loss_context_kwargs(kwargs)
+    pu.add_cross_entropy_fusion(kwargs, model)
+    return kwargs
+
+
+def _constants(kwargs: dict, mode) -> dict:
+    """The step's small integer tensors (the packing's cu_seqlens, which the THD helpers read back with .item())
+    become constant fake tensors: the fake mode computes on them for real. Everything sized by tokens is fake."""
+    import dataclasses
+
+    def conv(x):
+        if isinstance(x, torch.Tensor) and not x.is_floating_point() and x.numel() <= SMALL:
+            return mode.fake_tensor_converter.from_real_tensor(mode, x, make_constant=True)
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            for f in dataclasses.fields(x):
+                setattr(x, f.name, conv(getattr(x, f.name)))
+        return x
+    return {k: conv(v) for k, v in kwargs.items()}
+
+
+def _loss(out) -> torch.Tensor:
+    """What backward starts from: the model's loss, else the summed log-probs (the policy loss reads them), else the
+    stage's output hidden states (a middle stage's backward starts from the next stage's gradient)."""
+    if isinstance(out, dict):
+        for key in ("loss", "log_probs"):
+            if out.get(key) is not None:
+                return out[key].float().sum()
+        return out["hidden_states"].float().sum()
+    return out.float().sum()
+
+
 def measure(case: dict) -> dict:
+    from torch._subclasses import fake_tensor
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from megatron.lite.runtime.contracts import ParallelConfig
+    from megatron.lite.runtime.contracts.config import OptimizerConfig
 
     family, m = case["family"], case["mesh"]
+    wrapped = bool(case.get("fsdp2"))
     world, pp, stage = m["world"], m["pp"], case["stage"]
     rank = stage * (world // pp)
     t0 = time.perf_counter()
@@ -223,42 +424,54 @@ def measure(case: dict) -> dict:
         cfg = mo.model_config(family, case["facts"])
         impl_names = {f.name for f in fields(proto.ImplConfig)}
         kw = dict(parallel=ParallelConfig(tp=m["tp"], etp=m["etp"], ep=m["ep"], pp=pp, vpp=m["vpp"], cp=m["cp"]),
-                  optimizer="fsdp2", use_thd=False, mtp_enable=bool(case["mtp_enable"]),
-                  recompute=case["recompute"], use_deepep=False)
+                  optimizer="fsdp2", use_thd=True, mtp_enable=bool(case["mtp_enable"]),
+                  recompute=case["recompute"], use_deepep=False,
+                  optimizer_config=OptimizerConfig(offload_fraction=case.get("offload_fraction", 1.0)))
         impl = proto.ImplConfig(**{k: v for k, v in kw.items() if k in impl_names})
         with mo.MetaParams():
             bundle = proto.build_model(cfg, impl_cfg=impl)
+            if wrapped:     # Megatron Lite's FSDP2 wrapping (and its AdamW), as the memory oracle builds it
+                bundle.extras["post_model_load_hook"]()
+        fake_tensor.CONSTANT_NUMEL_LIMIT = SMALL     # what is computed from those constants stays constant
         mode = FakeTensorMode(allow_non_fake_inputs=True)
-        _fake_params(bundle.chunks, mode)
+        if wrapped:
+            with mode:      # FSDP2's own way to give meta-built shards storage: here, fake storage
+                for chunk in bundle.chunks:
+                    chunk.to_empty(device="cpu")
+        else:
+            _fake_params(bundle.chunks, mode)
         model = bundle.chunks[0]
         ps = bundle.parallel_state
-        T = case["tokens_per_gpu"]          # tokens on this rank (its 1/CP share of the sequence)
-        seq = T * ps.cp_size
+        T = case["tokens_per_gpu"]          # tokens on this rank (its 1/CP share of the micro-batch)
+        batch = _packed_batch(T * ps.cp_size, int(case.get("seq_len") or T * ps.cp_size), ps)
+        kwargs = _constants(_step_kwargs(proto, model, batch), mode)
         with mode:
-            ids = torch.zeros(1, T, dtype=torch.long)
-            pos = torch.zeros(3, 1, seq, dtype=torch.long)
-            labels = torch.zeros(1, T, dtype=torch.long)
-            hidden = None if model.pre_process else torch.empty(T // max(ps.tp_size, 1), 1, cfg.hidden_size,
-                                                                dtype=torch.bfloat16, requires_grad=True)
+            if not model.pre_process:       # a later stage gets the previous stage's output, as the schedule sends it
+                width = cfg.hidden_size * (getattr(cfg, "hc_mult", None) or 1)
+                model.set_input_tensor(torch.empty(T // max(ps.tp_size, 1), 1, width, dtype=torch.bfloat16,
+                                                   requires_grad=True))
             tracker = _global_peak_tracker(MemTracker)()
             tracker.track_external(model)
             with tracker:
-                out = model(input_ids=ids if model.pre_process else None, hidden_states=hidden,
-                            position_ids=pos, labels=labels if model.post_process else None)
-                loss = out["loss"] if "loss" in out else out["hidden_states"].float().sum()
-                loss.backward()
+                # wrapped: two micro-batches, the second with the first's reduced gradients resident, as every
+                # micro-batch after a step's first runs
+                for _ in range(2 if wrapped else 1):
+                    out = model(**kwargs)
+                    _loss(out).backward()
+                    del out
+                    tracker.reset_mod_stats()
         peak = tracker.get_tracker_snapshot("peak")
         by = {}
         for dev, cats in peak.items():
             for cat, b in cats.items():
                 by[str(cat).split(".")[-1]] = by.get(str(cat).split(".")[-1], 0) + b
-        return {"ok": True, "stage": stage, "recompute": case["recompute"], "peak_by_category": by,
+        return {"ok": True, "stage": stage, "recompute": case["recompute"], "fsdp2": wrapped, "peak_by_category": by,
                 "peak_bytes": by.get("Total", 0), "above_state_bytes": tracker.above_state,
                 "above_state_by_category": tracker.above_state_snap,
                 "seconds": round(time.perf_counter() - t0, 1)}
     except Exception as e:  # noqa: BLE001 - a step that cannot run is reported with where it stopped
         return {"ok": False, "stage": stage, "recompute": case["recompute"], "error": f"{type(e).__name__}: {e}",
-                "trace": traceback.format_exc(limit=-6)}
+                "trace": "".join(l for l in traceback.format_exc(limit=-60).splitlines(True) if ".stack" in l or "/work/main" in l or "Error" in l)}
     finally:
         dist.destroy_process_group()
 
@@ -266,6 +479,7 @@ def measure(case: dict) -> dict:
 def main() -> None:
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     mo._stand_ins()
+    mo._optimizer_under_fake_tensors()
     _compute_stand_ins()
     cases = json.load(sys.stdin)
     print(json.dumps([measure(c) for c in cases]))

@@ -53,8 +53,13 @@ class Entrypoint:
         return values, []
 
     def token_inputs(self, verl: dict) -> dict:
-        """tokens_per_gpu and rollout_fraction for the memory estimate."""
+        """tokens_per_gpu, seq_len (the longest sequence) and rollout_fraction for the memory estimate."""
         raise NotImplementedError
+
+    def token_budget_key(self, verl: dict) -> Optional[str]:
+        """The verl key of the per-GPU token budget of a training micro-batch, when the batch is sized in tokens
+        (dynamic batch size); None otherwise."""
+        return None
 
     def rollout_inputs(self, verl: dict) -> Optional[dict]:
         """The rollout phase's inputs from the tree (vrun.estimate.rollout's: utilization, seq_len, step_sequences,

@@ -7,8 +7,9 @@ from typing import Any, Optional
 from vrun.core.dotted import MISSING, get
 from vrun.entrypoints.base import Entrypoint
 from vrun.estimate.mesh import Mesh, Rules, divisors, rollout_problems
-from vrun.estimate.rollout import ROLLOUT, ROLLOUT_DP, ROLLOUT_TP
-from vrun.estimate.steptime import MAX_NUM_SEQS, MEAN_FRACTION
+from vrun.estimate import rollout
+from vrun.estimate.rollout import MAX_NUM_SEQS, ROLLOUT, ROLLOUT_DP, ROLLOUT_TP
+from vrun.estimate.steptime import MEAN_FRACTION
 from vrun.core.problems import Problem
 from vrun.config.schema import EntrypointName, RunConfig
 
@@ -113,15 +114,21 @@ class PPO(Entrypoint):
         seq = sequence_length(verl)
         tokens = get(verl, f"{ACTOR}.ppo_max_token_len_per_gpu") if get(verl, f"{ACTOR}.use_dynamic_bsz") else \
             (get(verl, f"{ACTOR}.ppo_micro_batch_size_per_gpu") or 1) * seq
-        return {"tokens_per_gpu": int(tokens or 0),
+        return {"tokens_per_gpu": int(tokens or 0), "seq_len": int(seq),
                 "rollout_fraction": float(get(verl, f"{ROLLOUT}.gpu_memory_utilization") or 0.0)}
+
+    def token_budget_key(self, verl: dict) -> Optional[str]:
+        return f"{ACTOR}.ppo_max_token_len_per_gpu" if get(verl, f"{ACTOR}.use_dynamic_bsz") else None
 
     def rollout_inputs(self, verl: dict) -> Optional[dict]:
         r = get(verl, ROLLOUT, {}) or {}
         return dict(utilization=float(r.get("gpu_memory_utilization") or 0.0), seq_len=sequence_length(verl),
                     step_sequences=int((get(verl, "data.train_batch_size") or 0) * (r.get("n") or 1)),
                     dtype=str(r.get("dtype") or "bfloat16"), quantization=r.get("quantization"),
-                    kv_cache_dtype=get(r, "engine_kwargs.vllm.kv_cache_dtype"))
+                    kv_cache_dtype=get(r, "engine_kwargs.vllm.kv_cache_dtype"),
+                    max_num_batched_tokens=int(r.get("max_num_batched_tokens") or rollout.MAX_NUM_BATCHED_TOKENS),
+                    max_num_seqs=int(r.get("max_num_seqs") or rollout.MAX_NUM_SEQS),
+                    enforce_eager=bool(r.get("enforce_eager")))
 
     def step_batch(self, verl: dict) -> dict:
         tbs = int(get(verl, "data.train_batch_size") or 0)

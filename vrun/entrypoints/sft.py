@@ -36,7 +36,11 @@ class SFT(Entrypoint):
     def token_inputs(self, verl: dict) -> dict:
         tokens = get(verl, "data.max_token_len_per_gpu") if get(verl, "data.use_dynamic_bsz") else \
             (get(verl, "data.micro_batch_size_per_gpu") or 1) * (get(verl, "data.max_length") or 0)
-        return {"tokens_per_gpu": int(tokens or 0), "rollout_fraction": 0.0}
+        return {"tokens_per_gpu": int(tokens or 0), "seq_len": int(get(verl, "data.max_length") or 0),
+                "rollout_fraction": 0.0}
+
+    def token_budget_key(self, verl: dict) -> Optional[str]:
+        return "data.max_token_len_per_gpu" if get(verl, "data.use_dynamic_bsz") else None
 
     def step_batch(self, verl: dict) -> dict:
         """No rollout: the sequence is the data's (prompt_mean carries all of it)."""

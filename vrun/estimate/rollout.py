@@ -17,8 +17,11 @@ over TP, routed experts over TP·DP (vLLM's fused MoE, as EP or ETP), each DP ra
   budget        gpu_memory_utilization · GPU: what vLLM's worker may use for everything (vllm/v1/worker/
                 gpu_worker.py determine_available_memory: KV cache = requested memory − weights − the profiled
                 activation peak − non-torch memory)
-  reserve       the profiled activation peak, non-torch memory and CUDA graphs: 2 GiB (an ESTIMATE; vLLM
-                measures it at start)
+  reserve       what vLLM 0.24.0 (the version verl 0.9.1's vllm extra pins) takes from its budget before the KV
+                cache (vllm/v1/worker/gpu_worker.py determine_available_memory: KV = requested − weights − the
+                profiled torch peak − non-torch memory − the CUDA graph estimate, the last on by default since
+                v0.21, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS), each term approximated here (vLLM profiles it at
+                start; no GPU here): `reserve()`
   KV cache      budget − weights − reserve, in whole blocks of `block_size` tokens per sequence
                 (vllm/v1/core/kv_cache_utils.py: blocks = available // page size; a sequence takes whole blocks)
   per sequence  ceil((prompt + response) / block) · block · KV bytes per token per GPU + state per sequence
@@ -56,7 +59,6 @@ ROLLOUT_TP = f"{ROLLOUT}.tensor_model_parallel_size"
 ROLLOUT_DP = f"{ROLLOUT}.data_parallel_size"
 ROLLOUT_EP = f"{ROLLOUT}.expert_parallel_size"
 
-RESERVE = 2 * GIB
 BLOCK_TOKENS = 16       # vLLM's default KV block size on CUDA (CacheConfig.block_size)
 MLA_BLOCK_TOKENS = 64   # FlashMLA's block size (vLLM forces 64 for MLA backends)
 # bytes per parameter of each weight format vLLM loads, scales included: fp8 with one fp32 scale per 128×128
@@ -199,6 +201,41 @@ def checkpoint_formats(path: Optional[str]) -> Optional[Formats]:
     return formats_from_config(cfg)
 
 
+# verl's rollout defaults (verl/trainer/config/rollout/rollout.yaml): the batch vLLM profiles and the requests at once
+MAX_NUM_BATCHED_TOKENS = 8192
+MAX_NUM_SEQS = 256
+NON_TORCH = 1 * GIB      # NCCL's buffers and cuBLAS workspaces vLLM's profile sees grow beside torch: assumed
+RESERVE_BAND = (0.5, 2.0)   # every reserve term is approximated: a factor of two either way
+
+
+def reserve(arch: dict, *, tp: int, dp: int, ep: int, max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+            max_num_seqs: int = MAX_NUM_SEQS, enforce_eager: bool = False) -> dict:
+    """What vLLM 0.24.0 takes from gpu_memory_utilization·GPU besides the weights and the KV cache, per GPU, bytes by
+    term (each approximated: vLLM measures them when it starts):
+      activations  `profile_run` runs `_dummy_run(max_num_batched_tokens)` in inference mode: per token the residual
+                   and its norm (4h) and the larger of the attention's projections and the fused MoE's workspaces
+                   (per routed copy the dispatched token 2h, fc1's output 4f and the activation's 2f, f the expert
+                   FFN width on the rank: whole experts with expert parallelism, f/(TP·DP) without)
+      sampler      `_dummy_sampler_run` samples min(max_num_seqs, max_num_batched_tokens) requests with top-k and
+                   top-p set (v1/sample/ops/topk_topp_sampler.py sorts the vocabulary): per request and vocabulary
+                   entry the gathered bf16 logits 2, fp32 logits 4, the sorted copy 4 and its int64 indices 8, the
+                   top-p probabilities 4 and masks 2
+      cuda_graphs  `profile_cudagraph_memory`: the graphs share a pool as large as the biggest captured batch,
+                   min(2·max_num_seqs, 512) tokens (config/vllm.py _set_cudagraph_sizes), of the activations'
+                   per-token bytes; none with enforce_eager
+      non_torch    NCCL and cuBLAS buffers: NON_TORCH, assumed"""
+    h, k = arch.get("hidden") or 0, arch.get("experts_per_token") or 0
+    f = (arch.get("expert_ffn_hidden") or 0) / (1 if ep > 1 else tp * dp)
+    heads, hd = arch.get("heads") or 0, arch.get("head_dim") or (h // max(arch.get("heads") or 1, 1))
+    attn = 2 * 3 * heads * hd / tp
+    per_token = 4 * h + max(attn, k * (2 * h + 4 * f + 2 * f) if k else 6 * (arch.get("dense_ffn_hidden") or 0) / tp)
+    n = max_num_batched_tokens
+    reqs = min(max_num_seqs, n)
+    capture = min(2 * max_num_seqs, 512, n)
+    return {"activations": per_token * n, "sampler": reqs * (arch.get("vocab") or 0) * (2 + 4 + 4 + 8 + 4 + 2),
+            "cuda_graphs": 0.0 if enforce_eager else per_token * capture, "non_torch": float(NON_TORCH)}
+
+
 @dataclass(frozen=True)
 class RolloutEstimate:
     tp: int
@@ -217,6 +254,8 @@ class RolloutEstimate:
     utilization: float = 0.0    # gpu_memory_utilization
     formats: Formats = Formats()
     ep: int = 1                 # rollout expert_parallel_size (1: off)
+    reserve_terms: tuple = ()   # (term, bytes) of `reserve`
+    fits_band: tuple = (0, 0)   # sequences at once with the reserve at its band's high and low end
 
     @property
     def holds_one(self) -> bool:
@@ -229,11 +268,16 @@ class RolloutEstimate:
     def summary(self) -> dict:
         g = lambda x: round(x / GIB, 2)  # noqa: E731
         return {"tp": self.tp, "dp": self.dp, "replicas": self.replicas, "budget_gib": g(self.budget),
-                "weights_gib": g(self.weights), "reserve_gib": g(self.reserve), "kv_cache_gib": g(self.kv_cache),
+                "weights_gib": g(self.weights), "reserve_gib": g(self.reserve),
+                "reserve_terms_gib": {t: g(b) for t, b in self.reserve_terms},
+                "reserve_known": {"known": "approximated", "band": list(RESERVE_BAND),
+                                  "source": "vLLM 0.24.0 vllm/v1/worker/gpu_worker.py determine_available_memory"},
+                "kv_cache_gib": g(self.kv_cache),
                 "kv_bytes_per_token": round(self.kv.per_token, 1),
                 "state_bytes_per_sequence": round(self.kv.per_sequence), "kv_formula": self.kv.formula,
                 "kv_formula_is_estimate": self.kv.estimate, "sequence_tokens": self.seq_len,
-                "sequences_fit": self.fits, "step_sequences_per_replica": self.step_share,
+                "sequences_fit": self.fits, "sequences_fit_band": list(self.fits_band),
+                "step_sequences_per_replica": self.step_share,
                 "weight_bytes_per_param": self.weight_bytes, "weight_formats": self.formats.label(),
                 "weight_formats_source": self.formats.source, "expert_parallel_size": self.ep}
 
@@ -241,7 +285,9 @@ class RolloutEstimate:
 def estimate(arch: dict, rollout_params: tuple, *, world: int, rollout_tp: int, gpu_mem_gib: float,
              utilization: float, seq_len: int, step_sequences: int, dtype: str = "bfloat16",
              quantization: Optional[str] = None, kv_cache_dtype: Optional[str] = None,
-             rollout_dp: int = 1, formats: Optional[Formats] = None, rollout_ep: int = 1) -> RolloutEstimate:
+             rollout_dp: int = 1, formats: Optional[Formats] = None, rollout_ep: int = 1,
+             max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS, max_num_seqs: int = MAX_NUM_SEQS,
+             enforce_eager: bool = False) -> RolloutEstimate:
     """rollout_params: (dense, routed experts) parameters vLLM loads."""
     if formats is None:
         d = "fp32" if DTYPE_BYTES.get(str(dtype).lower(), 2) == 4 else "bf16"
@@ -253,15 +299,23 @@ def estimate(arch: dict, rollout_params: tuple, *, world: int, rollout_tp: int, 
     dense, routed = rollout_params
     weights = dense / rollout_tp * db + routed / (rollout_tp * rollout_dp) * eb
     kv = kv_bytes(arch, rollout_tp, kb, seq_len)
-    left = max(budget - weights - RESERVE, 0.0)
+    ep = rollout_tp * rollout_dp if rollout_ep > 1 else 1
+    terms = reserve(arch, tp=rollout_tp, dp=rollout_dp, ep=ep, max_num_batched_tokens=max_num_batched_tokens,
+                    max_num_seqs=max_num_seqs, enforce_eager=enforce_eager)
+    held = sum(terms.values())
     block = MLA_BLOCK_TOKENS if (arch.get("attention") or "") in ("mla", "mla_dsa") else BLOCK_TOKENS
     per_seq = -(-seq_len // block) * block * kv.per_token + kv.per_sequence
+
+    def at_once(r: float) -> int:
+        left_r = max(budget - weights - r, 0.0)
+        return rollout_dp * int(left_r // per_seq) if per_seq > 0 else 0
     replicas = max(world // (rollout_tp * rollout_dp), 1)
-    return RolloutEstimate(tp=rollout_tp, dp=rollout_dp, replicas=replicas, budget=budget, weights=weights, reserve=RESERVE,
-                           kv_cache=left, kv=kv, seq_len=seq_len, per_sequence=per_seq,
-                           fits=rollout_dp * int(left // per_seq) if per_seq > 0 else 0,
-                           step_share=-(-step_sequences // replicas), weight_bytes=db, utilization=utilization,
-                           formats=formats, ep=rollout_tp * rollout_dp if rollout_ep > 1 else 1)
+    return RolloutEstimate(tp=rollout_tp, dp=rollout_dp, replicas=replicas, budget=budget, weights=weights,
+                           reserve=held, kv_cache=max(budget - weights - held, 0.0), kv=kv, seq_len=seq_len,
+                           per_sequence=per_seq, fits=at_once(held), step_share=-(-step_sequences // replicas),
+                           weight_bytes=db, utilization=utilization, formats=formats, ep=ep,
+                           reserve_terms=tuple(terms.items()),
+                           fits_band=(at_once(held * RESERVE_BAND[1]), at_once(held * RESERVE_BAND[0])))
 
 
 def choices(world: int, gpus_per_node: int, arch: dict, expert_parallel: bool = False) -> list[tuple[int, int]]:

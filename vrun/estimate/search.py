@@ -1,6 +1,7 @@
 """mesh=auto and mesh suggestions: enumerate every mesh that passes the plan's checks, rank them.
 
-Objective (RANKING, in order): fits in GPU memory by the estimate (vrun.estimate.memory) — and among meshes that do
+Objective (RANKING, in order): fits in GPU memory by the estimate (vrun.estimate.memory: the GPU holds the high end of
+its band) — and among meshes that do
 not, the lower peak first; then, among those that fit, the lower predicted step time (vrun.estimate.steptime's
 middle, when a time estimate can be made: computed only for the meshes that fit); then least communication —
 smaller TP, smaller CP, expert parallelism within a node (EP·ETP ≤ GPUs per node), fewer pipeline stages; then the
@@ -49,7 +50,8 @@ class Candidate(NamedTuple):
 
     @property
     def peak(self) -> float:
-        return self.estimate.peak if self.estimate is not None else 0.0
+        """The memory peak as ranked: the high end of the estimate's band."""
+        return self.estimate.high if self.estimate is not None else 0.0
 
     @property
     def step(self) -> float:
@@ -60,18 +62,19 @@ class Candidate(NamedTuple):
         return self.ranked_key or ranking_key(self.mesh, self.fits, self.peak, self.step)
 
 
-# mesh=auto's ranking: (what it prefers, its value as an expression of the mesh `m`, `fits`, `peak` and `step`, the
-# predicted step time as step_s ranks it, 0 where none is made; smaller first), applied in order. One list shared by
+# mesh=auto's ranking: (what it prefers, its value as an expression of the mesh `m`, `fits` — the GPU holds the
+# memory band's high end —, `peak` — that high end — and `step`, the predicted step time as step_s ranks it, 0 where
+# none is made; smaller first), applied in order. One list shared by
 # memory and time. The expressions are compiled into one key function (the search ranks thousands of meshes).
 RANKING: tuple = (
     ("fits in memory", "not fits"),
-    ("when it does not fit, the lower peak", "0.0 if fits else peak"),
+    ("when it does not fit, the lower peak (band high end)", "0.0 if fits else peak"),
     (TIME, "step"),
     ("smaller TP", "m.tp"),
     ("smaller CP", "m.cp"),
     ("EP·ETP within a node", "m.ep * m.etp > m.gpus_per_node"),
     ("fewer PP stages", "m.pp"),
-    ("lower peak", "peak"),
+    ("lower peak (band high end)", "peak"),
     ("more EP", "-m.ep"),
     ("smaller ETP", "m.etp"),
 )
@@ -88,7 +91,7 @@ TIME_AT = [name for name, _ in RANKING].index(TIME)
 @dataclass(frozen=True)
 class MeshSearch:
     """What a plan records about mesh=auto's search (plan.json's mesh_search). The rows are plan.json's:
-    chosen and each alternative {overrides, dp, edp, rollout_tp, peak_gib, fits, step_low_s, step_high_s,
+    chosen and each alternative {overrides, dp, edp, rollout_tp, peak_gib, band_gib, fits, step_low_s, step_high_s,
     step_middle_s (None without a step-time estimate)}; each rollout TP choice {tp, dp, replicas, sequences_fit,
     step_sequences_per_replica}. chosen_by: the ranking entry that put the chosen mesh before the next."""
     valid_meshes: int
@@ -115,11 +118,12 @@ class MeshSearch:
         that chose it and why, each alternative with its peak and step time (middle, then the band)."""
         c = self.chosen
         out = [f"auto    {self.valid_meshes} valid meshes searched in {self.search_ms} ms; chosen "
-               f"{c['overrides']} (peak {c['peak_gib']} GiB{step_text(c, ', ')})",
+               f"{c['overrides']} (peak {c['peak_gib']} GiB{band_text(c)}{step_text(c, ', ')})",
                f"        chosen by {entry_place(self.decided_by)}{self.chosen_by}"]
         for alt in self.alternatives:
             out.append(f"        alternative {alt['overrides']}  DP{alt['dp']} EDP{alt['edp']}  peak "
-                       f"{alt['peak_gib']} GiB{step_text(alt, '  ')}{'' if alt['fits'] else '  (does not fit)'}")
+                       f"{alt['peak_gib']} GiB{band_text(alt)}{step_text(alt, '  ')}"
+                       f"{'' if alt['fits'] else '  (does not fit)'}")
         return out
 
 
@@ -141,6 +145,12 @@ def candidate_row(c: Candidate) -> dict:
     return {"step_low_s": round(t.low, 1) if t is not None else None,
             "step_high_s": round(t.high, 1) if t is not None else None,
             "step_middle_s": round(t.central, 1) if t is not None else None}
+
+
+def band_text(row: dict) -> str:
+    """A row's memory band (vrun.estimate.memory: each term at the ends of how it is known)."""
+    band = row.get("band_gib")
+    return f", band {band[0]}–{band[1]}" if band else ""
 
 
 def step_text(row: dict, sep: str) -> str:
@@ -206,8 +216,9 @@ def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = 
     lower bound of its middle in seconds, cheap), the meshes are ordered by it first and timed exactly in that order
     only while one can still enter the first `head`: those are exact and carry their time, the rest follow in the
     bound's order without one."""
-    # the memory estimate depends on the mesh only through (world, TP, PP, EP·ETP): DP·CP and EDP follow from them;
-    # the step time besides through CP and VPP (the micro-batches per DP rank, the bubble)
+    # the memory estimate depends on the mesh only through (world, TP, PP, EP·ETP, CP): DP and EDP follow from them,
+    # and CP decides which attention gathers its sequence (vrun.estimate.activations); the step time besides through
+    # VPP (the bubble)
     memo: dict = {}
     seen: dict = {}
     keys: dict = {}   # a step_time function returns one StepTime for the meshes it cannot tell apart
@@ -229,11 +240,11 @@ def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = 
     bounds: dict = {}
     for m in meshes:
         tk = (m.world, m.tp, m.pp, m.ep * m.etp, m.cp, m.vpp)
-        mk = tk[:4]
+        mk = tk[:5]
         if mk not in memo:
             memo[mk] = estimate(m) if estimate else None
         e = memo[mk]
-        fits, peak = (True, 0.0) if e is None else (e.fits, e.peak)
+        fits, peak = (True, 0.0) if e is None else (e.fits, e.high)
         if step_time is None or not fits:
             t, sk = None, 0.0
         elif bound is not None:
@@ -258,7 +269,7 @@ def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = 
                 break
             fits = e is None or e.fits
             t, sk = exact(m, e) if fits else (None, 0.0)
-            k = ranking_key(m, fits, e.peak if e is not None else 0.0, sk) if fits else kb
+            k = ranking_key(m, fits, e.high if e is not None else 0.0, sk) if fits else kb
             done.append((k, m, e, t))
             insort(best, k)
         else:
@@ -269,7 +280,7 @@ def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = 
     if alone is not None:
         k, m, e = alone
         t, sk = exact(m, e)
-        out.memory_first = Candidate(m, e, t, ranking_key(m, True, e.peak if e is not None else 0.0, sk))
+        out.memory_first = Candidate(m, e, t, ranking_key(m, True, e.high if e is not None else 0.0, sk))
     return out
 
 
@@ -326,7 +337,7 @@ def _decision(ranked: list, time_note: str) -> tuple:
         then = "equal on every entry (the enumeration's order)"
     elif name == "fits in memory":
         then = f"{name} (the next, {second.mesh.overrides()}, does not)"
-    elif name in ("when it does not fit, the lower peak", "lower peak"):
+    elif name in (RANKING[1][0], "lower peak (band high end)"):
         then = f"{name} ({first.peak / 2 ** 30:.1f} vs {second.peak / 2 ** 30:.1f} GiB)"
     else:
         then = f"{name} (than {second.mesh.overrides()})"

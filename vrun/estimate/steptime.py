@@ -160,8 +160,8 @@ ENGINE_WAKE_S = Rate(0.26, 0.10, "seconds a vLLM engine takes to wake from sleep
 MEAN_FRACTION = 0.5
 # a calibrated bound: the recorded runs' ratios, widened by this much each way (step-to-step variation)
 CALIBRATED_SPREAD = (0.9, 1.1)
-# vLLM's concurrent sequences per engine (verl's rollout.max_num_seqs default)
-MAX_NUM_SEQS = 256
+# vLLM's concurrent sequences per engine (verl's rollout.max_num_seqs default): one home, the rollout's
+from vrun.estimate.rollout import MAX_NUM_SEQS  # noqa: E402
 # vLLM's sleep level between rollouts: verl puts an engine holding full weights to level 2 (weights discarded, the
 # refit brings them; verl/workers/rollout/vllm_rollout/vllm_async_server.py _resolve_sleep_level), level 1 (weights
 # kept in host memory) for LoRA adapters and MTP

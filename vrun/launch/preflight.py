@@ -162,11 +162,12 @@ def memory_problems(plan: Plan) -> list[Problem]:
     if e.fits:
         return out
     gib = GIB
-    return out + [Problem("memory", f"{e.peak / gib:.1f}GiB", f"the per-GPU estimate (stage {e.stage}) exceeds "
-                    f"{e.gpu_mem / gib:g} GiB per GPU (cluster.gpu / cluster.gpu_mem_gib): the job would likely "
-                    "run out of memory",
-                    "mesh=auto, a larger PP·EP mesh or more offload; or run.allow_memory_overrun=true",
-                    warning=allow)]
+    # inside the band: a warning; above its low end: refused unless run.allow_memory_overrun
+    return out + [Problem("memory", f"{e.peak / gib:.1f}GiB", f"the per-GPU estimate (stage {e.stage}) against "
+                    f"{e.gpu_mem / gib:g} GiB per GPU (cluster.gpu / cluster.gpu_mem_gib): {e.verdict()}",
+                    "a smaller token budget, mesh=auto, a larger PP·EP mesh or more offload"
+                    + ("" if allow or e.may_fit else "; or run.allow_memory_overrun=true"),
+                    warning=allow or e.may_fit)]
 
 
 def gpu_problems(plan: Plan, gpus: int | None = None) -> list[Problem]:

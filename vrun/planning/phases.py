@@ -74,6 +74,16 @@ def rollout_for(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rpa
                             formats=weight_formats(config, model_path), rollout_ep=rollout_ep(verl), **inputs)
 
 
+def activation_words(shapes: Optional[tuple]) -> str:
+    """How the activations are known: counted per layer kind and measured, counted and not measured, or the rule
+    of thumb."""
+    if not shapes:
+        return "activations approximated: (34+4k)·h B/token/layer (no per-layer count for this architecture)"
+    s = shapes[0]
+    return f"activations counted per {s.kind} layer (vrun/estimate/activations.py), " + \
+        ("measured on Megatron Lite's step" if s.measured else "approximated: this architecture's step not measured")
+
+
 def assumptions(inputs: dict, r: Optional[rollout.RolloutEstimate]) -> str:
     off = [n for n, on in (("params+grads", inputs["param_offload"]), ("optimizer", inputs["optimizer_offload"]))
            if on]
@@ -87,7 +97,7 @@ def assumptions(inputs: dict, r: Optional[rollout.RolloutEstimate]) -> str:
     parts = [held,
              f"offloaded: {', '.join(off) or 'nothing'}",
              f"recompute {'full' if inputs['recompute'] else 'none'}",
-             "approximated: activations (34+4k)·h B/token/layer, no sequence imbalance"]
+             activation_words(inputs.get("layer_shapes")), "no sequence imbalance"]
     if r is not None:
         parts.append(f"rollout {r.formats.label()} weights ({r.formats.source}), 2 GiB vLLM reserve (estimate)")
         if r.kv.estimate:
@@ -166,7 +176,16 @@ def memory_inputs(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> dict
         offload_fraction=float(get(optim, "override_optimizer_config.offload_fraction") or 0.0),
         gpu_mem_gib=gpu_mem(config), residual_streams=int(arch.hc_mult or 1), family=config.model.mlite_name,
         cross_entropy_fusion=bool(eng.get("cross_entropy_fusion") or get(eng, "impl_cfg.cross_entropy_fusion")),
-        **entrypoint.token_inputs(verl))
+        layer_shapes=layer_shapes(arch), **entrypoint.token_inputs(verl))
+
+
+def layer_shapes(arch) -> Optional[tuple]:
+    """What a decoder layer keeps, at CP 1 and with the sequence gathered (vrun.estimate.activations), or None."""
+    from vrun.estimate import activations
+
+    facts = arch.facts()
+    shapes = (activations.shape(facts, 1), activations.shape(facts, 2))
+    return None if None in shapes else shapes
 
 
 def gpu_mem(config: RunConfig) -> float:

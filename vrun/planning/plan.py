@@ -438,13 +438,46 @@ def memory_problems(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh:
                            f"gpu_memory_utilization at most {math.floor(room * 100) / 100:g}, or offload the actor "
                            "(engine.param_offload / engine.optimizer_offload)"
                            + ("" if allow else "; or run.allow_memory_overrun=true to plan anyway"), warning=allow))
-    elif est.train_peak > est.gpu_mem:
-        out.append(Problem("memory", f"{est.peak / GIB:.1f}GiB", f"the training estimate exceeds the "
-                           f"{est.gpu_mem / GIB:g} GiB per GPU {where} by {(est.train_peak - est.gpu_mem) / GIB:.1f} GiB "
-                           f"(busiest stage {est.stage}: {est.layers_on_stage} layers)",
-                           cure + ("" if allow else "; or run.allow_memory_overrun=true to plan anyway"),
-                           warning=allow))
+    elif not est.fits:
+        out.append(band_problem(config, entrypoint, verl, mesh, params, est, where, cure, allow))
     return out
+
+
+def band_problem(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params, est: Estimate, where: str,
+                 cure: str, allow: bool) -> Problem:
+    """The GPU below the estimate's band (refused unless run.allow_memory_overrun), or inside it (a warning): the
+    band, the margin, the terms that decide it, and a change that puts the band's high end under the GPU."""
+    gib, gpu = GIB, est.gpu_mem / GIB
+    decide = ", ".join(f"{t} {v:.1f} GiB ({k.how}, ×{k.factors[0]:g}–{k.factors[1]:g})" for t, v, k in est.deciding())
+    band = f"band {est.low / gib:.1f}–{est.high / gib:.1f} GiB"
+    stage = f"busiest stage {est.stage}: {est.layers_on_stage} layers" if len(est.stages) > 1 else \
+        f"{est.layers_on_stage} layers"
+    fix = token_fix(config, entrypoint, verl, mesh, params) or cure
+    if not est.may_fit:
+        return Problem("memory", f"{est.peak / gib:.1f}GiB", f"the estimate exceeds the {gpu:g} GiB per GPU {where} "
+                       f"even at its band's low end ({band}, {stage}; the terms that decide it: {decide})",
+                       fix + ("" if allow else "; or run.allow_memory_overrun=true to plan anyway"), warning=allow)
+    return Problem("memory", f"{est.peak / gib:.1f}GiB", f"the {gpu:g} GiB per GPU {where} lies inside the estimate's "
+                   f"{band} (middle {est.peak / gib:.1f} GiB, {stage}): it may run out of memory by up to "
+                   f"{(est.high - est.gpu_mem) / gib:.1f} GiB; the terms that decide it: {decide}",
+                   f"{fix} to fit the whole band", warning=True)
+
+
+def token_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> Optional[str]:
+    """The largest per-GPU token budget (a multiple of 1024, at least one whole sequence) whose band fits the GPU,
+    as an override; None when the budget is not a token count (no dynamic batch size) or none fits."""
+    key = entrypoint.token_budget_key(verl)
+    inputs = phases.memory_inputs(config, entrypoint, verl)
+    if key is None or params is None:
+        return None
+    step, least = 1024, max(int(inputs["seq_len"] or 0), 1)
+    tokens = int(inputs["tokens_per_gpu"]) // step * step
+    while tokens >= least:
+        e = memory.estimate(params, mesh, **dict(inputs, tokens_per_gpu=tokens))
+        if e.fits:
+            return f"verl.{key}={tokens} (band {e.low / GIB:.1f}–{e.high / GIB:.1f} GiB)"
+        tokens -= step
+    return None
 
 
 def rollout_params(params, counts: Optional[ParamCounts]) -> tuple:
@@ -535,9 +568,13 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
     top = [{"overrides": " ".join(x for x in (c.mesh.overrides(), rsuffix) if x), "dp": c.mesh.dp,
             "edp": c.mesh.edp, "rollout_tp": rtp,
             "peak_gib": round(c.estimate.peak / GIB, 1) if c.estimate is not None else None, "fits": c.fits,
+            "band_gib": [round(c.estimate.low / GIB, 1), round(c.estimate.high / GIB, 1)]
+            if c.estimate is not None else None,
             **search.candidate_row(c)}
            for c in ranked[:6]]
-    if not ranked[0].fits and not config.run.allow_memory_overrun:
+    # the best mesh's band above the GPU even at its low end: no mesh of these GPUs can be planned (within the band:
+    # it plans, and the memory verdict warns)
+    if ranked[0].estimate is not None and not ranked[0].estimate.may_fit and not config.run.allow_memory_overrun:
         raise PlanError(problems + [nothing_fits(config, entrypoint, rules, mesh, verl, params, inputs, ranked[0],
                                                  top[0]["overrides"], tps)])
     rollout_rank = [{"tp": r.tp, "dp": r.dp, "replicas": r.replicas, "sequences_fit": r.fits,

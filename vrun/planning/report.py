@@ -158,23 +158,30 @@ def memory_rows(plan: Plan) -> list[str]:
     which = f"busiest stage {e.stage} of {len(e.stages)}" if len(e.stages) > 1 else f"stage {e.stage}"
     rows.append(f"memory  per GPU, {which} ({e.layers_on_stage} layers): params {g(e.weights)} + grads "
                 f"{g(e.grads)} + optimizer {g(e.optimizer)} (host {g(e.optimizer_host)}) + activations "
-                f"{g(e.activations)} + logits {g(e.logits)} + transient {g(e.transient)} = {g(e.train_peak)} GiB "
-                "training")
+                f"{g(e.activations)} + max(layer in backward {g(e.layer)}, logits {g(e.logits)}) + transient "
+                f"{g(e.transient)} = {g(e.train_peak)} GiB training")
     r = e.rollout_detail
     if r is not None:
-        rows.append(f"        rollout phase: vLLM {g(r.budget)} GiB = weights {g(r.weights)} (TP{r.tp}·DP{r.dp}) + "
-                    f"reserve {g(r.reserve)} + KV cache {g(r.kv_cache)}; actor residents {g(e.rollout_residents)} "
-                    f"GiB beside it")
+        parts = " + ".join(f"{t.replace('_', ' ')} {g(b)}" for t, b in r.reserve_terms)
+        rows.append(f"        rollout phase: vLLM {g(r.budget)} GiB (its own cap: gpu_memory_utilization × GPU) = "
+                    f"weights {g(r.weights)} (TP{r.tp}·DP{r.dp}) + reserve {g(r.reserve)} ({parts}; approximated "
+                    f"×0.5–2) + KV cache {g(r.kv_cache)}; actor residents {g(e.rollout_residents)} GiB beside it")
         per_tok = f"{r.kv.per_token / 1024:.1f} KiB/token" + \
             (f" + {r.kv.per_sequence / 2 ** 20:.1f} MiB/sequence" if r.kv.per_sequence else "")
-        rows.append(f"        KV      {per_tok} per GPU ({r.kv.formula}); {r.fits} of the step's {r.step_share} "
-                    f"sequences per replica fit at once ({r.seq_len} tokens each)")
+        rows.append(f"        KV      {per_tok} per GPU ({r.kv.formula}); {r.fits} (band {r.fits_band[0]}–"
+                    f"{r.fits_band[1]}) of the step's {r.step_share} sequences per replica fit at once ({r.seq_len} "
+                    "tokens each)")
     if r is not None and not r.holds_one:
-        verdict = "(the rollout does NOT fit: see the warning)"
+        verdict = f"(the rollout does NOT fit: see the warning; band {g(e.low)}–{g(e.high)} GiB)"
     else:
-        verdict = "(fits)" if e.fits else "(DOES NOT FIT)"
+        verdict = f"({e.verdict()})"
     rows.append(f"        peak {g(e.peak)} of {g(e.gpu_mem)} GiB per GPU {verdict}"
                 f" = max(training {g(e.train_peak)}, rollout {g(e.rollout)} + residents {g(e.rollout_residents)})")
+    known = {}
+    for term, k in e.known.items():
+        known.setdefault((k.how, k.factors), []).append(term)
+    rows.append("        terms   " + "; ".join(f"{', '.join(ts)} {how} (×{lo:g}–{hi:g})"
+                                              for (how, (lo, hi)), ts in known.items()))
     if plan.params is not None:
         pc = plan.params
         active = f", active {pc.active / 1e9:.1f}B" if pc.active else ""

@@ -258,7 +258,7 @@ def point_line(idx: int, overrides, plan, sub: Submission, warnings: list) -> st
 
     e = plan.memory
     gib = 1024 ** 3
-    mem = (f"peak {e.peak / gib:.1f} of {e.gpu_mem / gib:g} GiB {'fits' if e.fits else 'DOES NOT FIT'}"
+    mem = (f"peak {e.peak / gib:.1f} of {e.gpu_mem / gib:g} GiB ({e.verdict()})"
            if e is not None else "memory: no estimate")
     n = len(plan.warnings) + len(warnings)
     return f"{report.one_line(idx, overrides, plan)}\n    {mem} · {n} warning(s) · slurm: {sub.describe()}"
