@@ -60,8 +60,8 @@ def test_the_hybrid_interleaves_full_attention():
     arch = dict(MOE, attention="gdn_hybrid", layers=8, full_attention_interval=4, heads=4, kv_heads=2, head_dim=16,
                 gdn_k_heads=2, gdn_v_heads=4, gdn_head_dim=16, attn_output_gate=True)
     s = activations.shape(arch, 1)
-    gqa = activations._gqa(arch).local + activations._moe(arch).local
-    gdn = activations._gdn(arch).local + activations._moe(arch).local
+    gqa = activations.shape(dict(arch, attention="gqa"), 1).mean.local         # a layer of each kind alone
+    gdn = activations.shape(dict(arch, full_attention_interval=arch["layers"] + 1), 1).mean.local
     assert s.mean.local == pytest.approx((2 * gqa + 6 * gdn) / 8)
     assert s.biggest.local == max(gqa, gdn)
 

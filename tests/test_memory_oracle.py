@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -63,12 +64,11 @@ def run_oracle(cases: list[dict], processes: int = 2) -> list[dict]:
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={"PYTHONPATH": str(lite), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
                               cwd=ROOT) for _ in chunks]
-    for proc, chunk in zip(procs, chunks):    # every process gets its cases before any is waited on
-        proc.stdin.write(json.dumps(chunk))
-        proc.stdin.close()
+    # every process is fed and read at once (one after the other, the second would wait for its input)
+    with ThreadPoolExecutor(len(procs)) as pool:
+        done = list(pool.map(lambda pc: pc[0].communicate(json.dumps(pc[1]), timeout=600), zip(procs, chunks)))
     outs = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
+    for proc, (out, err) in zip(procs, done):
         assert proc.returncode == 0, err[-3000:]
         outs.append(json.loads(out.strip().splitlines()[-1]))
     merged: list = [None] * len(cases)

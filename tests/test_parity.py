@@ -54,6 +54,10 @@ DELIBERATE_FOR = {
             "the launcher's rollout TP2 cannot hold the model's weights: the project's replica is TP8·DP8·EP64",
         "actor_rollout_ref.rollout.data_parallel_size": "the same rollout replica (DP8)",
         "actor_rollout_ref.rollout.expert_parallel_size": "the same rollout replica (EP = TP·DP = 64)",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu":
+            "verl's 16384 tokens per GPU, which the launcher leaves, puts the measured step over 80 GiB: 10240",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "follows the actor's budget (verl's interpolation)",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "follows the actor's budget (verl's interpolation)",
     } for launcher in ("kimi_k2_6_grpo", "glm5_1_grpo")
 }
 

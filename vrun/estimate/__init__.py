@@ -1,6 +1,7 @@
 """The arithmetic of a plan, as pure functions of typed inputs: the mesh and its rules (`mesh.py`: one frozen,
 validated `Mesh`), parameter counts from the architecture facts (`params.py`) or a checkpoint's headers
-(`checkpoint.py`), per-GPU memory of the training phase per pipeline stage (`memory.py`) and of the rollout with
+(`checkpoint.py`), what a decoder layer keeps for backward (`activations.py`), per-GPU memory of the training phase
+per pipeline stage with the band of how each term is known (`memory.py`) and of the rollout with
 its KV cache (`rollout.py`), GPU parts with their memory, FLOP/s and bandwidths (`hardware.py`), the step time
 (`steptime.py`), `mesh=auto`'s search and ranking (`search.py`) and a time limit against verl's pre-deadline save
 (`timelimit.py`). Each formula cites its source.

@@ -258,17 +258,29 @@ def step_activations(shape: Optional[acts.Shape], layers: int, in_flight: int, T
     (Korthikanti et al. 2022 with k routed copies), an approximation."""
     if not layers:
         return 0.0, 0.0
+    kept, layer = _per_layer(shape, T, mesh, hidden, top_k, residual_streams, recompute, seq_len)
+    return in_flight * layers * kept, layer
+
+
+def _per_layer(shape, T: float, mesh: Mesh, hidden: int, top_k: int, residual_streams: int, recompute: bool,
+               seq_len: int) -> tuple:
+    """(what one layer keeps for one micro-batch, one layer in its backward beyond what the stage keeps)."""
     stored = T * hidden * residual_streams * 2 / mesh.tp        # a layer's input, kept under full recompute
     if shape is None:
         per_layer = T * hidden * (34 + 4 * top_k) / mesh.tp
-        return (in_flight * layers * stored, per_layer) if recompute else (in_flight * layers * per_layer, 0.0)
+        return (stored, per_layer) if recompute else (per_layer, 0.0)
     big = shape.biggest
     squared = shape.squared * min(seq_len or T * mesh.cp, T * mesh.cp) ** 2 / mesh.tp
+    big_kept = big.kept(T, mesh.tp, mesh.cp)
+    big_back = big.in_backward(T, mesh.tp, mesh.cp)
     if recompute:
-        return in_flight * layers * stored, max(big.in_backward(T, mesh.tp, mesh.cp), big.kept(T, mesh.tp, mesh.cp)
-                                                + squared)
-    return in_flight * layers * shape.mean.kept(T, mesh.tp, mesh.cp), \
-        max(big.in_backward(T, mesh.tp, mesh.cp) - big.kept(T, mesh.tp, mesh.cp), squared)
+        return stored, max(big_back, big_kept + squared)
+    return shape.mean.kept(T, mesh.tp, mesh.cp), max(big_back - big_kept, squared)
+
+
+def cp_matters(layer_shapes: Optional[tuple]) -> bool:
+    """Whether the estimate changes with CP beyond DP·CP: an attention that gathers the CP group's sequence."""
+    return bool(layer_shapes) and layer_shapes[1] != layer_shapes[0]
 
 
 def estimate(p: Params, mesh: Mesh, *, optimizer: str, hidden: int, vocab: int, top_k: int, tokens_per_gpu: int,
@@ -284,6 +296,8 @@ def estimate(p: Params, mesh: Mesh, *, optimizer: str, hidden: int, vocab: int, 
     # the layers' bytes at this CP (layer_shapes: at CP 1 and gathered, from vrun.estimate.activations.shape)
     shape = layer_shapes[mesh.cp > 1] if layer_shapes else None
     known = terms_known(optimizer, shape)
+    fs, fa, fl, ft = (known[t].factors for t in ("params", "activations", "logits", "transient"))
+    kept, one_layer = _per_layer(shape, T, mesh, hidden, top_k, residual_streams, recompute, seq_len)
     stages = []
     for s, (dense, expert, layers, loss, biggest, root) in enumerate(_stages(p, mesh.pp)):
         d_rank, e_rank = dense / mesh.tp, expert / ept
@@ -310,20 +324,18 @@ def estimate(p: Params, mesh: Mesh, *, optimizer: str, hidden: int, vocab: int, 
             opt = ADAM_BYTES * sharded - host
             transient = 0.0
         # 1F1B: stage s of PP keeps PP − s micro-batches in flight (the first all PP, the last one)
-        act, layer = step_activations(shape, layers, mesh.pp - s, T, mesh, hidden=hidden, top_k=top_k,
-                                      residual_streams=residual_streams, recompute=recompute, seq_len=seq_len)
+        act, layer = ((mesh.pp - s) * layers * kept, one_layer) if layers else (0.0, 0.0)
         # the loss holds the bf16 logits and their fp32 copy (2 + 4 B); fused cross entropy only bf16 chunks
         logits = T * vocab * (2 if cross_entropy_fusion else 2 + 4) / mesh.tp if loss else 0.0
         residents = (0 if param_offload else w) + (0 if grad_offload else gr) + (0 if optimizer_offload else opt)
-        parts = {"params": w, "grads": gr, "optimizer": opt, "activations": act, "transient": transient}
-        train = sum(parts.values()) + max(layer, logits)
-        low, high = (sum(v * known[k].factors[i] for k, v in parts.items())
-                     + max(layer * known["activations"].factors[i], logits * known["logits"].factors[i])
-                     for i in (0, 1))
-        on_rollout = [rollout + residents * known["params"].factors[i] for i in (0, 1)]
+        states = w + gr + opt
+        train = states + act + max(layer, logits) + transient
+        # the band: each term at the ends of how it is known (one expression: the mesh search makes thousands)
+        low = states * fs[0] + act * fa[0] + max(layer * fa[0], logits * fl[0]) + transient * ft[0]
+        high = states * fs[1] + act * fa[1] + max(layer * fa[1], logits * fl[1]) + transient * ft[1]
         stages.append(Stage(s, layers, w, gr, opt, host, act, logits, transient, train, residents,
-                            max(train, rollout + residents), layer, max(low, on_rollout[0]),
-                            max(high, on_rollout[1])))
+                            max(train, rollout + residents), layer, max(low, rollout + residents * fs[0]),
+                            max(high, rollout + residents * fs[1])))
     b = max(stages, key=lambda x: (x.peak, x.train_peak, x.stage))
     return Estimate(stage=b.stage, layers_on_stage=b.layers, weights=b.params, grads=b.grads, optimizer=b.optimizer,
                     activations=b.activations, logits=b.logits, train_peak=b.train_peak, rollout=rollout,

@@ -210,15 +210,17 @@ class Ranked(list):
 
 
 def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = None,
-         step_time: Optional[Callable[[Mesh, object], object]] = None, head: int = HEAD) -> list[Candidate]:
+         step_time: Optional[Callable[[Mesh, object], object]] = None, head: int = HEAD,
+         cp_matters: bool = True) -> list[Candidate]:
     """The meshes, best first. estimate(mesh): the memory estimate; step_time(mesh, estimate): the step-time
     estimate (a StepTime), asked only for the meshes that fit. When step_time has a `bound(mesh, estimate)` (a
     lower bound of its middle in seconds, cheap), the meshes are ordered by it first and timed exactly in that order
     only while one can still enter the first `head`: those are exact and carry their time, the rest follow in the
-    bound's order without one."""
-    # the memory estimate depends on the mesh only through (world, TP, PP, EP·ETP, CP): DP and EDP follow from them,
-    # and CP decides which attention gathers its sequence (vrun.estimate.activations); the step time besides through
-    # VPP (the bubble)
+    bound's order without one. cp_matters: the estimate changes with CP (an attention that gathers the CP group's
+    sequence: vrun.estimate.memory.cp_matters); else one estimate serves every CP of a (world, TP, PP, EP·ETP)."""
+    # the memory estimate depends on the mesh only through (world, TP, PP, EP·ETP), and CP where an attention
+    # gathers its sequence (vrun.estimate.activations): DP and EDP follow from them; the step time besides through
+    # CP and VPP (the micro-batches per DP rank, the bubble)
     memo: dict = {}
     seen: dict = {}
     keys: dict = {}   # a step_time function returns one StepTime for the meshes it cannot tell apart
@@ -240,7 +242,7 @@ def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = 
     bounds: dict = {}
     for m in meshes:
         tk = (m.world, m.tp, m.pp, m.ep * m.etp, m.cp, m.vpp)
-        mk = tk[:5]
+        mk = tk[:5] if cp_matters else tk[:4]
         if mk not in memo:
             memo[mk] = estimate(m) if estimate else None
         e = memo[mk]

@@ -550,7 +550,8 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
     timer, time_note = (None, note) if params is None else steptime_plan.mesh_timer(
         config, entrypoint, verl, mesh, counts, ropts[0] if ropts else None, (rtp, rdp) if rollout_on else None)
     if params is not None:
-        ranked = search.rank(valid, lambda m: memory.estimate(params, m, **inputs), timer)
+        ranked = search.rank(valid, lambda m: memory.estimate(params, m, **inputs), timer,
+                             cp_matters=memory.cp_matters(inputs["layer_shapes"]))
     else:
         ranked = search.rank(valid)
     seconds = time.perf_counter() - t
