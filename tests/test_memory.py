@@ -191,6 +191,20 @@ def test_the_token_fix_fits_and_the_next_budget_does_not():
     assert not over.memory.fits
 
 
+def test_the_mesh_fix_is_a_mesh_of_the_same_gpus_that_fits():
+    """Beside the token budget, the refusal names the mesh of the same GPUs (with the configured rollout replica)
+    that mesh=auto's memory ranking puts first, when its band fits; pasted, it plans below the band."""
+    import re
+
+    from conftest import plan, problems_of
+
+    (line,) = problems_of(["model=kimi_k2_6", "optimizer=dist_opt", "mode=plan"])
+    mesh = re.search(r"fix: (mesh\.tp=\S+ mesh\.pp=\S+ mesh\.ep=\S+ mesh\.cp=\S+ mesh\.etp=\S+ mesh\.vpp=\S+) \(band",
+                     line).group(1)
+    ok = plan(["model=kimi_k2_6", "optimizer=dist_opt", "mode=plan"] + mesh.split())
+    assert ok.memory.fits and not [w for w in ok.warnings if w.key == "memory"]
+
+
 def test_estimate_depends_on_world_tp_pp_ep_etp_and_cp_only():
     """mesh search memoises on (world, TP, PP, EP·ETP, CP): the EP/ETP split does not change the estimate; CP does
     where an attention gathers the CP group's sequence (Kimi-K2's MLA: value head 128, query head 192)."""

@@ -452,7 +452,9 @@ def band_problem(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Me
     band = f"band {est.low / gib:.1f}–{est.high / gib:.1f} GiB"
     stage = f"busiest stage {est.stage}: {est.layers_on_stage} layers" if len(est.stages) > 1 else \
         f"{est.layers_on_stage} layers"
-    fix = token_fix(config, entrypoint, verl, mesh, params) or cure
+    fixes = [f for f in (token_fix(config, entrypoint, verl, mesh, params),
+                         mesh_fix(config, entrypoint, verl, mesh, params)) if f]
+    fix = " or ".join(fixes) if fixes else cure
     if not est.may_fit:
         return Problem("memory", f"{est.peak / gib:.1f}GiB", f"the estimate exceeds the {gpu:g} GiB per GPU {where} "
                        f"even at its band's low end ({band}, {stage}; the terms that decide it: {decide})",
@@ -478,6 +480,26 @@ def token_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh,
             return f"verl.{key}={tokens} (band {e.low / GIB:.1f}–{e.high / GIB:.1f} GiB)"
         tokens -= step
     return None
+
+
+def mesh_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> Optional[str]:
+    """The mesh of the same GPUs, with the configured rollout replica, that mesh=auto's memory ranking puts first,
+    when its band fits the GPU; as overrides with its band. None when none does."""
+    from vrun.estimate import search
+
+    if params is None:
+        return None
+    inputs = phases.memory_inputs(config, entrypoint, verl)
+    tps = [(get(verl, rollout.ROLLOUT_TP) or 1, get(verl, rollout.ROLLOUT_DP) or 1)] \
+        if entrypoint.rollout_inputs(verl) is not None else None
+    valid = search.valid_meshes(rules_of(config, entrypoint, verl), mesh.nnodes, mesh.gpus_per_node, verl,
+                                entrypoint, tps)
+    found = search.rank(valid, lambda m: memory.estimate(params, m, **inputs),
+                        cp_matters=memory.cp_matters(inputs["layer_shapes"]))
+    if not found or not found[0].fits or found[0].mesh == mesh:
+        return None
+    e = found[0].estimate
+    return f"{found[0].mesh.overrides()} (band {e.low / GIB:.1f}–{e.high / GIB:.1f} GiB)"
 
 
 def rollout_params(params, counts: Optional[ParamCounts]) -> tuple:
