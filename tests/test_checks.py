@@ -46,9 +46,12 @@ def test_fixed_batch_counts_all_gpus():
 
 
 def test_token_budget_holds_one_sequence():
-    """With dynamic batching a single sequence must fit the per-GPU token budget."""
-    lines = first_error([f"{A}.ppo_max_token_len_per_gpu=2048"])
-    assert any("ppo_max_token_len_per_gpu=2048" in line and "3072" in line for line in lines)
+    """With dynamic batching a single sequence must fit the micro-batch's budget: the per-GPU budget times CP
+    (verl_mlite's sp_size); 2048 × CP 8 does, 256 × 8 does not."""
+    assert not any("ppo_max_token_len_per_gpu=2048" in line
+                   for line in problems_of(BASE + [f"{A}.ppo_max_token_len_per_gpu=2048"]))
+    lines = first_error([f"{A}.ppo_max_token_len_per_gpu=256"])
+    assert any("ppo_max_token_len_per_gpu=256" in line and "3072" in line and "CP 8" in line for line in lines)
 
 
 def test_grpo_needs_a_group():

@@ -244,3 +244,26 @@ def test_plan_json_has_every_stage_and_the_table_names_the_busiest():
     assert {mem["terms"][t]["known"] for t in ("params", "grads", "optimizer")} == {"exact"}
     assert {mem["terms"][t]["known"] for t in ("activations", "logits", "transient")} == {"measured"}
     assert "memory  per GPU, busiest stage 1 of 8 (10 layers)" in table(p)
+
+
+def test_mesh_auto_plans_a_mesh_whose_band_holds_the_gpu_at_its_low_end():
+    """Qwen3.5-35B on 8 GPUs of 36 GiB: no mesh's band fits below the GPU, and the one with the lowest high end is
+    above it even at its low end; mesh=auto plans the first whose low end the GPU holds (with a warning), as a
+    plan given that mesh does, instead of refusing."""
+    from conftest import plan
+
+    p = plan(["model=qwen3_5_35b", "mesh=auto", "cluster.gpu_mem_gib=36", "mode=plan"])
+    assert p.memory.may_fit and not p.memory.fits
+    assert "low end" in p.search.chosen_by and any(w.key == "memory" for w in p.warnings)
+
+
+def test_a_token_budget_is_per_gpu_and_the_micro_batch_is_the_cp_groups():
+    """verl_mlite hands verl sp_size = CP: a micro-batch holds budget·CP tokens, so a budget of a CP-th of the
+    longest sequence is legal; one under it is refused with the least that is, as a pasteable override."""
+    from conftest import plan, problems_of
+
+    long = ["model=glm5_1", "verl.data.max_response_length=32768", "mode=plan"]     # 33792 tokens, CP 8
+    key = "verl.actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    assert plan(long + [f"{key}=4224"]).memory is not None
+    (line,) = problems_of(long + [f"{key}=4000"])
+    assert "times CP 8 smaller than one full sequence" in line and f"fix: {key}=4224 or more" in line

@@ -86,7 +86,7 @@ def test_auto_refuses_when_nothing_fits_with_the_lowest_peak_and_the_gpus_that_f
                   f"hydra.run.dir={tmp_path}/r")
     assert proc.returncode == 2
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
-    assert "no mesh of 8×8=64 GPUs fits kimi_k2_6" in line and "the lowest peak is" in line
+    assert "no mesh of 8×8=64 GPUs fits kimi_k2_6" in line and "the lowest band is" in line
     assert "mesh.nnodes=16 (128 GPUs" in line.split("; fix: ")[1]
     ov = ["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=12", "mode=plan"]
     with pytest.raises(PlanError) as e:

@@ -255,10 +255,14 @@ def ppo_batch_problems(verl: dict, mesh: Mesh) -> list[Problem]:
     else:
         budget = get(verl, f"{ACTOR}.ppo_max_token_len_per_gpu")
         seq = sequence_length(verl)
-        if isinstance(budget, int) and seq and budget < seq:
+        # the micro-batch's budget is budget·CP (verl_mlite passes sp_size = CP; verl/workers/engine/utils.py
+        # prepare_micro_batches), and verl asserts one sequence fits it (utils/seqlen_balancing.py)
+        if isinstance(budget, int) and seq and budget * mesh.cp < seq:
+            least = -(-seq // mesh.cp)
             out.append(Problem(f"{ACTOR}.ppo_max_token_len_per_gpu", budget,
-                               f"smaller than one full sequence (max_prompt_length+max_response_length = {seq})",
-                               f"{ACTOR}.ppo_max_token_len_per_gpu={seq} or more"))
+                               f"times CP {mesh.cp} smaller than one full sequence "
+                               f"(max_prompt_length+max_response_length = {seq})",
+                               f"verl.{ACTOR}.ppo_max_token_len_per_gpu={least} or more"))
     return out
 
 

@@ -25,12 +25,13 @@ checked tensor by tensor on its real model: tests/support/mlite_activation_oracl
                input, the output projection's input), the fp32 chunk matrix 4·64 per value head, 6h
   MLA          local: the input 2h, the LoRA ranks 4·q_lora + 4·kv_lora, the rope key 2·rope, the output projection's
                input 2·heads·v; the attention's q, k, v, output and lse heads·(4(n + r) + 4v + 4) — gathered under CP
-               when v ≠ n + r; backward: dq, dk, dv heads·(4(n + r) + 2v)
+               when v ≠ n + r; backward: dq, dk, dv heads·(4(n + r) + 2v), and gathered twice that (the gradients
+               and their copies back through the zigzag reconstruction)
   MLA + DSA    (GLM-5, absorbed; all gathered under CP) the input 2h and the gathered input 2h, 4·q_lora, the latent
                KV 2(kv_lora + r), per head the absorbed query 2(kv_lora + r), the latent output 2·kv_lora, the
                pre-absorption q_nope 2n and the output projection's input 2v; the top-k ids 4·topk; the indexer's
-               query and its precomputed gradient 4·index_heads·index_dim; backward: the absorbed query's and the
-               output's gradients heads·(2(kv_lora + r) + 2·kv_lora)
+               query and its precomputed gradient 4·index_heads·index_dim; backward: the absorbed query's gradient
+               heads·2(kv_lora + r)
                and in its forward, one packed sequence at a time, the indexer's fp32 scores 4·seq_len² (not per token)
   CSA / HCA    (DeepSeek-V4) not measured (its packed CP path needs a megatron-core newer than the oracle's):
                approximated as an unabsorbed local attention over heads·head_dim with the mHC streams' inputs

@@ -270,7 +270,7 @@ def _per_layer(shape, T: float, mesh: Mesh, hidden: int, top_k: int, residual_st
         per_layer = T * hidden * (34 + 4 * top_k) / mesh.tp
         return (stored, per_layer) if recompute else (per_layer, 0.0)
     big = shape.biggest
-    squared = shape.squared * min(seq_len or T * mesh.cp, T * mesh.cp) ** 2 / mesh.tp
+    squared = shape.squared * min(seq_len or T * mesh.cp, T * mesh.cp) ** 2   # whole, after the heads' sum
     big_kept = big.kept(T, mesh.tp, mesh.cp)
     big_back = big.in_backward(T, mesh.tp, mesh.cp)
     if recompute:

@@ -459,27 +459,36 @@ def band_problem(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Me
         return Problem("memory", f"{est.peak / gib:.1f}GiB", f"the estimate exceeds the {gpu:g} GiB per GPU {where} "
                        f"even at its band's low end ({band}, {stage}; the terms that decide it: {decide})",
                        fix + ("" if allow else "; or run.allow_memory_overrun=true to plan anyway"), warning=allow)
+    over = " — the estimate itself is over the GPU" if est.peak > est.gpu_mem else ""
     return Problem("memory", f"{est.peak / gib:.1f}GiB", f"the {gpu:g} GiB per GPU {where} lies inside the estimate's "
-                   f"{band} (middle {est.peak / gib:.1f} GiB, {stage}): it may run out of memory by up to "
+                   f"{band} (estimate {est.peak / gib:.1f} GiB{over}, {stage}): it may run out of memory by up to "
                    f"{(est.high - est.gpu_mem) / gib:.1f} GiB; the terms that decide it: {decide}",
                    f"{fix} to fit the whole band", warning=True)
 
 
 def token_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> Optional[str]:
-    """The largest per-GPU token budget (a multiple of 1024, at least one whole sequence) whose band fits the GPU,
+    """The largest per-GPU token budget (a multiple of 1024, at least one whole sequence over the CP group) whose
+    band fits the GPU,
     as an override; None when the budget is not a token count (no dynamic batch size) or none fits."""
     key = entrypoint.token_budget_key(verl)
     inputs = phases.memory_inputs(config, entrypoint, verl)
     if key is None or params is None:
         return None
-    step, least = 1024, max(int(inputs["seq_len"] or 0), 1)
-    tokens = int(inputs["tokens_per_gpu"]) // step * step
-    while tokens >= least:
-        e = memory.estimate(params, mesh, **dict(inputs, tokens_per_gpu=tokens))
+    step = 1024
+    least = -(-max(int(inputs["seq_len"] or 0), 1) // mesh.cp)     # one sequence over the CP group's budget
+    lo, hi = -(-least // step), int(inputs["tokens_per_gpu"]) // step    # in steps; the band grows with tokens
+    best = None
+    while lo <= hi:     # the largest multiple of `step` whose band fits (bisection: budgets may be huge)
+        mid = (lo + hi) // 2
+        e = memory.estimate(params, mesh, **dict(inputs, tokens_per_gpu=mid * step))
         if e.fits:
-            return f"verl.{key}={tokens} (band {e.low / GIB:.1f}–{e.high / GIB:.1f} GiB)"
-        tokens -= step
-    return None
+            best, lo = (mid * step, e), mid + 1
+        else:
+            hi = mid - 1
+    if best is None:
+        return None
+    tokens, e = best
+    return f"verl.{key}={tokens} (band {e.low / GIB:.1f}–{e.high / GIB:.1f} GiB)"
 
 
 def mesh_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> Optional[str]:
@@ -531,8 +540,8 @@ def nothing_fits(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: 
                   f"{found[0].estimate.peak / GIB:.1f} GiB)"
             break
     return Problem("mesh", "auto", f"no mesh of {mesh.nnodes}×{gpn}={mesh.world} GPUs fits {config.model.name} in "
-                   f"{best.estimate.gpu_mem / GIB:g} GiB per GPU by the estimate; the lowest peak is "
-                   f"{best.estimate.peak / GIB:.1f} GiB with {best_overrides}", fix)
+                   f"{best.estimate.gpu_mem / GIB:g} GiB per GPU by the estimate; the lowest band is "
+                   f"{best.estimate.low / GIB:.1f}–{best.estimate.high / GIB:.1f} GiB with {best_overrides}", fix)
 
 
 def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mesh, verl: dict, params, note: str,
@@ -584,6 +593,13 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
                                             + (f"; binding: {why.key}={why.value}: {why.why}" if why else ""),
                                             why.fix if why else "change mesh.nnodes / mesh.gpus_per_node or the "
                                             "batch sizes")])
+    moved = False
+    if ranked and ranked[0].estimate is not None and not ranked[0].fits and not ranked[0].estimate.may_fit:
+        # ranked by the band's high end: a mesh with a wider band may still hold the GPU at its low end
+        within = next((c for c in ranked if c.estimate is not None and c.estimate.may_fit), None)
+        if within is not None and within is not ranked[0]:
+            ranked = [within] + [c for c in ranked if c is not within]
+            moved = True
     choice = (rtp, rdp, (rtp * rdp if rtp * rdp > 1 else 1) if ep_on else None) \
         if rollout_on and pinned is None and rtp is not None else None
     rsuffix = (rollout.overrides(ropts[0]) if ropts else f"verl.{rollout.ROLLOUT_TP}={rtp} "
@@ -604,6 +620,8 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
                      "step_sequences_per_replica": r.step_share, "overrides": rollout.overrides(r)}
                     for r in ropts[:4]]
     entry, why = search.decision(ranked, time_note)
+    if moved:
+        entry, why = None, "no mesh's band fits below the GPU: the first by the band's high end whose low end it holds"
     return ranked[0].mesh, choice, search.MeshSearch(
         valid_meshes=len(valid), search_ms=round(seconds * 1000, 1), chosen=top[0], alternatives=tuple(top[1:]),
         rollout_tp_choices=tuple(rollout_rank), memory="estimated" if params is not None else note,
