@@ -56,6 +56,29 @@ def real_mlite_root() -> Path | None:
     return None
 
 
+def run_mlite_script(script: str, cases: list[dict], *, processes: int = 2, timeout: float = 900,
+                     cuda_hidden: bool = True) -> list[dict]:
+    """tests/support/<script> on the real Megatron Lite: the cases split over `processes` processes (each reads
+    its cases as JSON on stdin and prints its results as the last JSON line), every process fed and read at once;
+    the results in the cases' order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lite = real_mlite_root() / "experimental" / "lite"
+    env = {"PYTHONPATH": str(lite), "PATH": "/usr/bin:/bin", **({"CUDA_VISIBLE_DEVICES": ""} if cuda_hidden else {})}
+    chunks = [cases[i::processes] for i in range(processes)]
+    procs = [subprocess.Popen([PY, "-W", "ignore", str(ROOT / "tests" / "support" / script)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, cwd=ROOT) for _ in chunks]
+    # one after the other, the second would wait for its input until the first ended
+    with ThreadPoolExecutor(len(procs)) as pool:
+        done = list(pool.map(lambda pc: pc[0].communicate(json.dumps(pc[1]), timeout=timeout), zip(procs, chunks)))
+    merged: list = [None] * len(cases)
+    for i, (proc, (out, err)) in enumerate(zip(procs, done)):
+        assert proc.returncode == 0, err[-3000:]
+        merged[i::processes] = json.loads(out.strip().splitlines()[-1])
+    return merged
+
+
 needs_real_mlite = pytest.mark.skipif(
     real_mlite_root() is None, reason="no Megatron-LM checkout: set MLITE_ROOT or VRUN_TEST_MLITE_ROOT to one "
     "(branch dev; ../shared/stack has a tarball) to compare with the real verl_mlite")

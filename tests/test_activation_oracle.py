@@ -17,13 +17,10 @@ missing. The runs take minutes (two processes).
 from __future__ import annotations
 
 import functools
-import json
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import PY, ROOT, needs_real_mlite, real_mlite_root
+from conftest import needs_real_mlite, run_mlite_script
 from test_memory_oracle import cases_for
 from test_mlite_oracle import _has_megatron_core
 from vrun.estimate import activations, memory
@@ -48,23 +45,7 @@ RUNS = ("full", "none", "fsdp2")    # full recompute, none, full recompute under
 
 
 def run_oracle(cases: list[dict], processes: int = 2) -> list[dict]:
-    lite = real_mlite_root() / "experimental" / "lite"
-    chunks = [cases[i::processes] for i in range(processes)]
-    procs = [subprocess.Popen([PY, "-W", "ignore", str(ROOT / "tests" / "support" / "mlite_activation_oracle.py")],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={"PYTHONPATH": str(lite), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
-                              cwd=ROOT) for _ in chunks]
-    # every process is fed and read at once (one after the other, the second would wait for its input)
-    with ThreadPoolExecutor(len(procs)) as pool:
-        done = list(pool.map(lambda pc: pc[0].communicate(json.dumps(pc[1]), timeout=1800), zip(procs, chunks)))
-    outs = []
-    for proc, (out, err) in zip(procs, done):
-        assert proc.returncode == 0, err[-3000:]
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    merged: list = [None] * len(cases)
-    for i, part in enumerate(outs):
-        merged[i::processes] = part
-    return merged
+    return run_mlite_script("mlite_activation_oracle.py", cases, processes=processes, timeout=1800)
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,13 +16,10 @@ has both); skips saying which is missing.
 from __future__ import annotations
 
 import functools
-import json
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import MODELS, PY, ROOT, needs_real_mlite, plan, real_mlite_root
+from conftest import MODELS, needs_real_mlite, plan, run_mlite_script
 from test_mlite_oracle import _has_megatron_core
 from vrun.planning import phases
 from vrun.estimate.memory import GIB
@@ -58,23 +55,7 @@ def cases_for(model: str):
 
 
 def run_oracle(cases: list[dict], processes: int = 2) -> list[dict]:
-    lite = real_mlite_root() / "experimental" / "lite"
-    chunks = [cases[i::processes] for i in range(processes)]
-    procs = [subprocess.Popen([PY, "-W", "ignore", str(ROOT / "tests" / "support" / "mlite_memory_oracle.py")],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={"PYTHONPATH": str(lite), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
-                              cwd=ROOT) for _ in chunks]
-    # every process is fed and read at once (one after the other, the second would wait for its input)
-    with ThreadPoolExecutor(len(procs)) as pool:
-        done = list(pool.map(lambda pc: pc[0].communicate(json.dumps(pc[1]), timeout=600), zip(procs, chunks)))
-    outs = []
-    for proc, (out, err) in zip(procs, done):
-        assert proc.returncode == 0, err[-3000:]
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    merged: list = [None] * len(cases)
-    for i, part in enumerate(outs):
-        merged[i::processes] = part
-    return merged
+    return run_mlite_script("mlite_memory_oracle.py", cases, processes=processes, timeout=600)
 
 
 @functools.lru_cache(maxsize=1)

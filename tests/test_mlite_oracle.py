@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import math
 import random
-import subprocess
 
 import pytest
 
-from conftest import MODELS, PY, ROOT, compose, needs_real_mlite, plan, real_mlite_root
+from conftest import MODELS, compose, needs_real_mlite, plan, run_mlite_script
 from vrun.planning import phases
 from vrun.estimate.memory import stage_layout
 from vrun.estimate.mesh import Mesh, mesh_problems
@@ -67,20 +65,7 @@ def facts(model: str) -> dict:
 def oracle(cases: list[dict], processes: int = 2) -> list[dict]:
     """Verdicts for the cases, in order; the cases are split over a few processes (each init builds every
     process group of the world, which is most of the time)."""
-    lite = real_mlite_root() / "experimental" / "lite"
-    chunks = [cases[i::processes] for i in range(processes)]
-    procs = [subprocess.Popen([PY, "-W", "ignore", str(ROOT / "tests" / "support" / "mlite_oracle.py")],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={"PYTHONPATH": str(lite), "PATH": "/usr/bin:/bin"}, cwd=ROOT) for _ in chunks]
-    results = []
-    for proc, chunk in zip(procs, chunks):
-        out, err = proc.communicate(json.dumps(chunk), timeout=900)
-        assert proc.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    merged: list = [None] * len(cases)
-    for i, part in enumerate(results):
-        merged[i::processes] = part
-    return merged
+    return run_mlite_script("mlite_oracle.py", cases, processes=processes, timeout=900, cuda_hidden=False)
 
 
 def case(model: str, m: Mesh, ranks=(0,)) -> dict:

@@ -452,8 +452,9 @@ def band_problem(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Me
     band = f"band {est.low / gib:.1f}–{est.high / gib:.1f} GiB"
     stage = f"busiest stage {est.stage}: {est.layers_on_stage} layers" if len(est.stages) > 1 else \
         f"{est.layers_on_stage} layers"
-    fixes = [f for f in (token_fix(config, entrypoint, verl, mesh, params),
-                         mesh_fix(config, entrypoint, verl, mesh, params)) if f]
+    inputs = phases.memory_inputs(config, entrypoint, verl) if params is not None else None
+    fixes = [f for f in (token_fix(config, entrypoint, verl, mesh, params, inputs),
+                         mesh_fix(config, entrypoint, verl, mesh, params, inputs)) if f]
     fix = " or ".join(fixes) if fixes else cure
     if not est.may_fit:
         return Problem("memory", f"{est.peak / gib:.1f}GiB", f"the estimate exceeds the {gpu:g} GiB per GPU {where} "
@@ -466,12 +467,12 @@ def band_problem(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Me
                    f"{fix} to fit the whole band", warning=True)
 
 
-def token_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> Optional[str]:
+def token_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
+              inputs: Optional[dict]) -> Optional[str]:
     """The largest per-GPU token budget (a multiple of 1024, at least one whole sequence over the CP group) whose
     band fits the GPU,
     as an override; None when the budget is not a token count (no dynamic batch size) or none fits."""
     key = entrypoint.token_budget_key(verl)
-    inputs = phases.memory_inputs(config, entrypoint, verl)
     if key is None or params is None:
         return None
     step = 1024
@@ -491,14 +492,14 @@ def token_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh,
     return f"verl.{key}={tokens} (band {e.low / GIB:.1f}–{e.high / GIB:.1f} GiB)"
 
 
-def mesh_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> Optional[str]:
+def mesh_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
+             inputs: Optional[dict]) -> Optional[str]:
     """The mesh of the same GPUs, with the configured rollout replica, that mesh=auto's memory ranking puts first,
     when its band fits the GPU; as overrides with its band. None when none does."""
     from vrun.estimate import search
 
     if params is None:
         return None
-    inputs = phases.memory_inputs(config, entrypoint, verl)
     tps = [(get(verl, rollout.ROLLOUT_TP) or 1, get(verl, rollout.ROLLOUT_DP) or 1)] \
         if entrypoint.rollout_inputs(verl) is not None else None
     valid = search.valid_meshes(rules_of(config, entrypoint, verl), mesh.nnodes, mesh.gpus_per_node, verl,
