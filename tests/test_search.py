@@ -324,3 +324,26 @@ def test_step_times_are_asked_only_for_meshes_that_fit():
     assert [c.key() for c in head] == sorted(c.key() for c in head)
     timed_all = search.rank(meshes, lambda m: memory.estimate(params, m, **inputs), lambda m, e: timer(m, e))
     assert [c.mesh for c in head] == [c.mesh for c in timed_all[:search.HEAD]]
+
+
+def test_step_times_keep_expert_parallel_meshes_apart():
+    """mesh=auto's step-time memo keys whether expert parallelism splits the experts (the MoE balance): an EP1 mesh
+    timed after an EP8 mesh of the same pipeline and micro-batches gets its own figure, the one it gets alone."""
+    import dataclasses
+
+    from vrun.planning import steptime_plan
+
+    p = plan(["model=glm5_1", "mesh=256gpu", "algo=grpo", "mode=plan"])
+    assert p.mesh.ep > 1
+    one = dataclasses.replace(p.mesh, ep=1, etp=1)
+
+    def timer():
+        t, why = steptime_plan.mesh_timer(p.config, p.entrypoint, p.verl, p.mesh, p.params)
+        assert t is not None, why
+        return t
+
+    first = timer()
+    wide, narrow = first(p.mesh, p.memory).central, first(one, p.memory).central
+    second = timer()
+    assert second(one, p.memory).central == narrow and second(p.mesh, p.memory).central == wide
+    assert narrow != wide

@@ -66,14 +66,19 @@ as the source measured it (steptime.DECODE_MBU_AT_TP); "phases" is the model hel
 (tests/test_steptime.py prints its table): the MFU of a dense model and of a mixture of experts apart, the response
 lengths spread with their mean (the step waiting for its longest), the refit's cost per tensor and the engine's
 wake-up, optimizer states through pageable memory and gradients not copied, the distributed optimizer's DP traffic
-per optimizer step, and the NeMo RL recipes' sequence packing, GPU-resident optimizer and level-1 sleep:
-  case                      gen TP  published  roofline  +coll  +refit   +ref  tp-mbu  phases (its middle)
-  deepseek_v3_256xh100        32       154 s  0.32×   0.38×  0.53×  0.54×  0.69×   0.71× (109 s)
-  qwen3_235b_a22b_128xh100    16       506 s  0.82×   1.00×  1.03×  1.06×  1.48×   1.06× (534 s)
-  qwen3_30b_a3b_32xh100        4       225 s  0.53×   0.60×  0.60×  0.65×  0.61×   0.75× (169 s)
-  llama3_1_8b_16xh100          1      97.7 s  1.83×   1.83×  1.94×  2.05×  1.57×   0.88× (86 s)
-  qwen3_32b_32xh100            4       393 s  1.37×   1.48×  1.48×  1.68×  1.61×   0.93× (366 s)
-  verl_deepseek_v3_96xh20     32      1700 s  0.45×   0.53×  0.54×  0.54×  0.70×   0.76× (1296 s)
+per optimizer step, and the NeMo RL recipes' sequence packing, GPU-resident optimizer and level-1 sleep; "bands" is
+the model whose bands hold every published figure: the decode bandwidth past TP8 (not measured by its source)
+banded from the source's trend carried on to TP8's figure held flat (the middle their geometric mean: the TP16 and
+TP32 replicas decode slower), experts split over EP ranks waiting for the busiest (FEPLB's 18.6% at the pessimistic
+end), and the host-bound costs (refit, offload) 1.5× slower on a second cluster at the pessimistic end (NeMo RL issue
+959's reruns of the v0.3 recipes, DTensor rows):
+  case                      gen TP  published  roofline  +coll  +refit   +ref  tp-mbu  phases  bands (its middle)
+  deepseek_v3_256xh100        32       154 s  0.32×   0.38×  0.53×  0.54×  0.69×   0.71×   0.94× (145 s)
+  qwen3_235b_a22b_128xh100    16       506 s  0.82×   1.00×  1.03×  1.06×  1.48×   1.06×   1.27× (644 s)
+  qwen3_30b_a3b_32xh100        4       225 s  0.53×   0.60×  0.60×  0.65×  0.61×   0.75×   0.78× (176 s)
+  llama3_1_8b_16xh100          1      97.7 s  1.83×   1.83×  1.94×  2.05×  1.57×   0.88×   0.90× (88 s)
+  qwen3_32b_32xh100            4       393 s  1.37×   1.48×  1.48×  1.68×  1.61×   0.93×   0.94× (368 s)
+  verl_deepseek_v3_96xh20     32      1700 s  0.45×   0.53×  0.54×  0.54×  0.70×   0.76×   0.99× (1687 s)
 The middle of each case per phase, and its band, are in README's step-time table (tests/test_steptime.py table()).
 Tried for the rollout's middle and not kept: counting the sequences a replica decodes at once at their mean KV
 occupancy (vLLM's paged cache admits that many) rather than at the longest sequence — verl's DeepSeek-V3 rollout came
@@ -197,3 +202,14 @@ CASES = {
                                       phases={"train": 50.0, "sync": 12.0, "rollout": 78.0, "log_prob": 23.0},
                                       utilization=0.7, **_V03),
 }
+
+
+# The same v0.3 recipes rerun on a second cluster (NVIDIA-NeMo/RL issue 959, "70B GRPO training is slower than
+# reported", 2025-08-21): per backend and model, the post's (total, training, refit, generation, log-probs) seconds and
+# the rerun's. The host factor (vrun/estimate/steptime.py FACTORS["host"]) is the refit's slowdown on the DTensor rows,
+# which are not among CASES; the Megatron rows are the cases above and set nothing.
+V03_RERUN = {"repo": "NVIDIA-NeMo/RL", "issue": 959, "created": "2025-08-21",
+             "rows": {("llama3_1_8b", "megatron"): ((112, 28, 5, 58, 18), (116, 27, 8, 56, 18)),
+                      ("llama3_1_8b", "dtensor"): ((122, 38, 4, 57, 19), (129, 40, 6, 55, 19)),
+                      ("llama3_1_70b", "megatron"): ((147, 28, 14, 84, 18), (178, 31, 26, 87, 20)),
+                      ("llama3_1_70b", "dtensor"): ((230, 97, 15, 82, 28), (266, 117, 20, 88, 29))}}

@@ -7,7 +7,9 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               dense weights / TP, the routed experts / (TP·DP) that its C sequences touch (1 − (1 − k/E)^C of them)
               and their KV: time = max(bytes / (B·MBU), 2·N·C/DP/TP / (P·MFU)) (the roofline: memory bound until the
               batch is large). The middle MBU is the one measured at the replica's TP (DECODE_MBU_AT_TP: a whole
-              decode step on one node, its all-reduces included). A replica wider than its NVLink domain adds the
+              decode step on one node, its all-reduces included); past the widest TP measured (TP8) the band runs
+              from the source's trend carried on (decode_mbu_worst) to TP8's figure held flat (decode_mbu_best),
+              the middle between them. A replica wider than its NVLink domain adds the
               step's two all-reduces per decoder layer (Shoeybi et al. 2019) of its bf16 activations over the TP
               group: NCCL's own latency model (Ring or Tree, LL; vrun/estimate/hardware.py NCCL_LATENCY_US, from
               NCCL's tuning.cc) + 2(n−1)/n·bytes over the node's network. Prefill: 2·N·prompt tokens / (G·P·MFU).
@@ -24,7 +26,9 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
   training    6·N·T (8·N·T under full recompute: the forward again) / (G·P·MFU) — the 6·N·T rule of Kaplan
               et al. 2020 (arXiv:2001.08361) and Narayanan et al. 2021 (arXiv:2104.04473, with recompute) — plus
               the training mesh's TP all-reduce and EP all-to-all bytes (training_collectives_s; log-prob too).
-              MFU: a dense model's (train_mfu) or a mixture of experts' (train_mfu_moe), each measured apart
+              MFU: a dense model's (train_mfu) or a mixture of experts' (train_mfu_moe), each measured apart.
+              Under expert parallelism (EP > 1) the routed experts' share of the FLOPs (routed_share) at the MoE
+              balance (moe_balance: the layer waits for its busiest EP rank; pessimistic 18.6% of its time lost)
   bubble      log-prob and training × (1 + (PP − 1) / (m·VPP)), m micro-batches per mini-batch per DP rank
               (Narayanan et al. 2021, the 1F1B schedule's bubble fraction)
   sync        the weight refit (refit_parts): the whole bf16 model through every rank at a measured refit rate
@@ -43,10 +47,12 @@ Collectives stay at NVLink speed inside the part's NVLink domain (nvlink_span: a
 at the node's network speed across domains.
   optimizer   per optimizer step, the distributed optimizer's gradient reduce-scatter and parameter all-gather over
               data parallel (gradient_sync_s), added to training
-Not modelled (said in the assumptions): reward computation, sequence imbalance between DP ranks, MoE load
-imbalance, communication not named above (CP and PP traffic, the rollout's EP
-all-to-all in place of its MoE all-reduce), kernel-launch and scheduling overheads, a CPU optimizer's own step,
-start-up and checkpoint saves.
+  host        the refit, offload and the engine's sleep copy are host-bound: their pessimistic ends on a slower
+              cluster than their rates' sources (FACTORS host: the same recipes' refit measured 1.33–1.5× slower on
+              a second cluster while the GPU-bound phases held)
+Not modelled (said in the assumptions): reward computation, sequence imbalance between DP ranks, communication not
+named above (CP and PP traffic, the rollout's EP all-to-all in place of its MoE all-reduce), kernel-launch and
+scheduling overheads, a CPU optimizer's own step, start-up and checkpoint saves.
 
 The efficiencies are one fixed set (FACTORS, and the refit's REFIT_RATE, REFIT_TENSOR_S, ENGINE_WAKE_S), each a
 (pessimistic, optimistic) pair with its source, never fitted to the published step times the tests hold the
@@ -97,6 +103,19 @@ FACTORS = {
                    "'Zero-Reload Model Switching with vLLM Sleep Mode', 2025-10-26, vllm-project/vllm-project."
                    "github.io _posts/2025-10-26-sleep-mode.md @ 02ad9891c6f343f6d6f605140f21d51a512324e5); high: "
                    "ASSUMED (no measurement read)"),
+    # the share of an MoE layer's time its ranks spend working rather than waiting for the busiest one (expert
+    # parallel only: EP > 1)
+    "moe_balance": Factor(0.814, 1.0, "an MoE layer under expert parallelism waits for its busiest rank. low: GLM-5's "
+                          "MoE layers (128 routed experts, EP8, no auxiliary load-balancing loss, as an RL run's router "
+                          "trains) lose 18.6% of their GPU time per layer on average to the token and GEMM stragglers "
+                          "on H100 (Liu, Zhao, Qi, 'FEPLB: Exploiting Copy Engines for Nearly Free MoE Load Balancing "
+                          "in Distributed Training', arXiv:2604.19654, 2026-04-21, figure 1(b)); high: balanced"),
+    # the host side of a refit and of offload on another cluster: a share of the best-measured rates
+    "host": Factor(1 / 1.5, 1.0, "the refit's host-bound time, cluster to cluster. low: NeMo RL v0.3's own "
+                   "recipes rerun on a second cluster took 1.5x (Llama-3.1-8B, 4 s -> 6 s) and 1.33x (Llama-3.1-70B, "
+                   "15 s -> 20 s) the release post's refit on its DTensor rows, while generation, log-probs and "
+                   "training stayed within 12% (NVIDIA-NeMo/RL issue 959, 2025-08-21); high: the rates as their "
+                   "sources measured them"),
     # a multiplier of the pinned rate, not a share of a line rate
     "pageable": Factor(1 / 6, 1 / 4, "a copy to or from pageable host memory against a pinned one: DeepSpeed's "
                        "switch of its ZeRO-offload copies to pinned memory made them 6× faster on one GPU and "
@@ -109,20 +128,42 @@ FACTORS = {
 DECODE_MBU_AT_TP = {2: 0.60, 4: 0.40, 8: 0.25}
 
 
+def decode_mbu_worst(tp: int, band: Factor) -> float:
+    """The pessimistic decode MBU of a replica of TP `tp`: the band's low end up to the widest TP the source measured
+    (TP8); past it the source's own trend carried on (its last step, TP4 -> TP8, the same ratio per doubling: 0.25 ·
+    (0.25 / 0.40)^log2(tp / 8): 0.156 at TP16, 0.098 at TP32). The trend is what a narrower per-GPU share of each
+    GEMM and the all-reduces together cost; past TP8 the all-reduces are counted apart as well (decode_step_s), so
+    this end counts them twice."""
+    pts = sorted(DECODE_MBU_AT_TP.items())
+    (t0, m0), (t1, m1) = pts[-2], pts[-1]
+    if tp <= t1:
+        return band.low
+    return min(band.low, m1 * (m1 / m0) ** ((math.log2(tp) - math.log2(t1)) / (math.log2(t1) - math.log2(t0))))
+
+
+def decode_mbu_best(tp: int, band: Factor) -> float:
+    """The optimistic decode MBU of a replica of TP `tp`: the band's high end up to the widest TP the source
+    measured (TP8); past it that TP's figure (the trend held flat, the optimistic reading of it)."""
+    t1, m1 = max(DECODE_MBU_AT_TP.items())
+    return band.high if tp <= t1 else min(band.high, max(m1, decode_mbu_worst(tp, band)))
+
+
 def decode_mbu(tp: int, band: Factor) -> float:
     """The middle decode MBU of a rollout replica of TP `tp`: the source's figure at that TP, log-linear between its
-    points; TP1 (not measured) at TP2's figure; past TP8 at TP8's, with the whole TP group's all-reduces counted
-    on top (decode_step_s: their within-node share is then counted twice, a pessimistic bias). Kept inside the
-    factor's band."""
+    points; TP1 (not measured) at TP2's figure; past TP8 (not measured) the geometric mean of TP8's figure and the
+    source's trend carried on (decode_mbu_worst), with the whole TP group's all-reduces counted on top
+    (decode_step_s: their within-node share is then counted twice, a pessimistic bias). Kept inside the band from
+    decode_mbu_worst to the band's high end."""
     pts = sorted(DECODE_MBU_AT_TP.items())
+    worst = decode_mbu_worst(tp, band)
     if tp <= pts[0][0]:
         v = pts[0][1]
     elif tp >= pts[-1][0]:
-        v = pts[-1][1]
+        v = math.sqrt(pts[-1][1] * worst)
     else:
         (t0, m0), (t1, m1) = next((a, b) for a, b in zip(pts, pts[1:]) if a[0] <= tp <= b[0])
         v = m0 * (m1 / m0) ** ((math.log2(tp) - math.log2(t0)) / (math.log2(t1) - math.log2(t0)))
-    return min(max(v, band.low), band.high)
+    return min(max(v, worst), band.high)
 
 
 @dataclass(frozen=True)
@@ -358,6 +399,14 @@ def nvlink_span(gpus_per_node: int, part: Part) -> int:
     return part.nvlink_domain if part.nvlink_domain > part.gpus_per_node else gpus_per_node
 
 
+def routed_share(w: Workload) -> float:
+    """The routed experts' share of the active parameters (their top-k of E), counted at the MoE balance's efficiency
+    (FACTORS moe_balance) where expert parallelism splits them over ranks (EP > 1); 0 otherwise."""
+    if not w.moe or w.ep <= 1 or w.active_params <= 0:
+        return 0.0
+    return min(1.0, w.rollout_routed * w.top_k / w.experts / w.active_params)
+
+
 def compute_s(flops: float, w: Workload, part: Part, mfu: float) -> float:
     return flops / (w.world * part.bf16_flops * mfu)
 
@@ -582,7 +631,14 @@ def refit_parts(w: Workload, part: Part, f: dict) -> dict:
     if w.engine_sleep_level == 1:
         b = rollout_shard_bytes(w) / part.pcie
         out["restore"] = Phase(b / pcie.high, b / pcie.low, "", b / middle(pcie))
-    return out
+    return {n: on_host(p, f) for n, p in out.items()}
+
+
+def on_host(p: Phase, f: dict) -> Phase:
+    """A host-bound cost (the refit, PCIe copies) at the host factor's ends: its optimistic end as the rates' sources
+    measured, its pessimistic end on a slower cluster (FACTORS host)."""
+    h = f["host"]
+    return Phase(p.low / h.high, p.high / h.low, p.note, p.middle / middle(h), p.parts)
 
 
 def offload_parts(w: Workload, part: Part, f: dict) -> dict:
@@ -596,8 +652,8 @@ def offload_parts(w: Workload, part: Part, f: dict) -> dict:
         optim = w.optimizer_bytes if w.optimizer_offload else 0.0
         return params / (part.pcie * e_pcie) + optim / (part.pcie * e_page * e_pcie)
 
-    way = Phase(one_way(pcie.high, pageable.high), one_way(pcie.low, pageable.low), "",
-                one_way(middle(pcie), middle(pageable)))
+    way = on_host(Phase(one_way(pcie.high, pageable.high), one_way(pcie.low, pageable.low), "",
+                        one_way(middle(pcie), middle(pageable))), f)
     return {"to_host": way, "to_gpu": way} if way.high > 0 else {}
 
 
@@ -707,42 +763,48 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
     bubble = 1 + _bubble(w)
     attn = w.attention_flops()
 
-    def compute(flops: float, note: str, passes: float) -> Phase:
-        """Compute and the training mesh's collectives, × the pipeline bubble."""
-        def t(e_mfu: float, e_net: float) -> float:
+    routed, bal = routed_share(w), f["moe_balance"]
+
+    def compute(n_flops: float, attn_flops: float, note: str, passes: float) -> Phase:
+        """Compute and the training mesh's collectives, × the pipeline bubble; the routed experts' share of the
+        N-term FLOPs at the MoE balance's efficiency."""
+        def t(e_mfu: float, e_net: float, e_bal: float) -> float:
             comm = training_collectives_s(w, part, passes, e_net) if collectives else 0.0
+            flops = n_flops * (1 - routed + routed / e_bal) + attn_flops
             return (compute_s(flops, w, part, e_mfu) + comm) * bubble
-        return Phase(t(mfu.high, net.high), t(mfu.low, net.low), note, t(middle(mfu), middle(net)))
+        return Phase(t(mfu.high, net.high, bal.high), t(mfu.low, net.low, bal.low), note,
+                     t(middle(mfu), middle(net), middle(bal)))
 
     if w.rollout and same_rollout is not None:
         at_mean, at_max = same_rollout.rollout_at_mean, same_rollout.rollout_at_max
         phases["rollout"] = same_rollout.phases["rollout"]
     elif w.rollout:
-        at_tp = decode_mbu(w.rollout_tp, mbu)
-        at_mean = Phase(rollout_s(w, part, w.response_mean, mbu.high, mfu.high, False, net.high),
-                        rollout_s(w, part, w.response_mean, mbu.low, mfu.low, False, net.low), "",
+        at_tp, worst = decode_mbu(w.rollout_tp, mbu), decode_mbu_worst(w.rollout_tp, mbu)
+        best = decode_mbu_best(w.rollout_tp, mbu)
+        at_mean = Phase(rollout_s(w, part, w.response_mean, best, mfu.high, False, net.high),
+                        rollout_s(w, part, w.response_mean, worst, mfu.low, False, net.low), "",
                         rollout_s(w, part, w.response_mean, at_tp, middle(mfu), False, middle(net)))
-        at_max = Phase(rollout_s(w, part, w.response_max, mbu.high, mfu.high, True, net.high),
-                       rollout_s(w, part, w.response_max, mbu.low, mfu.low, True, net.low), "",
+        at_max = Phase(rollout_s(w, part, w.response_max, best, mfu.high, True, net.high),
+                       rollout_s(w, part, w.response_max, worst, mfu.low, True, net.low), "",
                        rollout_s(w, part, w.response_max, at_tp, middle(mfu), True, middle(net)))
-        decode = Phase(spread_rollout_s(w, part, mbu.high, mfu.high, net.high, paged=True),
-                       max(spread_rollout_s(w, part, mbu.low, mfu.low, net.low), at_max.high), "",
+        decode = Phase(spread_rollout_s(w, part, best, mfu.high, net.high, paged=True),
+                       max(spread_rollout_s(w, part, worst, mfu.low, net.low), at_max.high), "",
                        spread_rollout_s(w, part, at_tp, middle(mfu), middle(net)))
         parts = {"decode": decode}
         if w.engine_sleep_level == 1:
             # vLLM's level-1 sleep after the rollout copies its weights to pinned host memory
             b, pcie = rollout_shard_bytes(w) / part.pcie, f["pcie"]
-            parts["sleep"] = Phase(b / pcie.high, b / pcie.low, "", b / middle(pcie))
+            parts["sleep"] = on_host(Phase(b / pcie.high, b / pcie.low, "", b / middle(pcie)), f)
         phases["rollout"] = summed(parts, "the response lengths spread with their mean, the step waiting for its "
                                    "longest; low: the optimistic efficiencies, as many sequences at once as the paged "
                                    "KV cache holds at their mean occupancy; middle: as many as it holds at the "
                                    "longest; high: the last wave's whole batch decoding max_response_length")
     if w.rollout:
         passes = 2 if w.reference else 1
-        phases["log_prob"] = compute((2 * w.active_params * w.tokens + attn) * passes,
+        phases["log_prob"] = compute(2 * w.active_params * w.tokens * passes, attn * passes,
                                      "old policy" + (" + reference" if w.reference else ""), passes)
     k = 8 if w.recompute else 6
-    train = compute(k * w.active_params * w.tokens + k / 2 * attn,
+    train = compute(k * w.active_params * w.tokens, k / 2 * attn,
                     f"{k}·N·T + attention + TP/EP collectives, pipeline bubble ×{bubble:.2f}, the optimizer's "
                     f"DP traffic × {w.mini_batches}", k / 2)
     if collectives:
@@ -772,11 +834,12 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
         "and EP all-to-all bytes, NVLink inside the part's NVLink domain; the optimizer's DP reduce-scatter and "
         "all-gather per optimizer step; refit: the whole bf16 model through every rank at the measured refit "
         "rate, a measured cost per tensor, the engine's wake-up; offload: parameters pinned, optimizer states "
-        "pageable, gradients freed; not modelled: reward, DP and MoE load imbalance, CP and PP traffic, "
-        "kernel-launch overheads, a CPU optimizer's step, start-up, checkpoint saves",
+        "pageable, gradients freed; the host-bound costs (refit, offload) slower on another cluster at the "
+        "pessimistic end; experts split over EP ranks waiting for the busiest; not modelled: reward, DP imbalance, "
+        "CP and PP traffic, kernel-launch overheads, a CPU optimizer's step, start-up, checkpoint saves",
     )
-    used = {"train_mfu" if not w.moe else "train_mfu_moe": mfu, **{k: v for k, v in f.items()
-                                                                   if not k.startswith("train_mfu")}}
+    used = {"train_mfu" if not w.moe else "train_mfu_moe": mfu,
+            **{k: v for k, v in f.items() if not k.startswith("train_mfu") and (k != "moe_balance" or w.moe)}}
     if "sync" in phases:
         used.update(refit_rate=REFIT_RATE, refit_tensor_s=REFIT_TENSOR_S, engine_wake_s=ENGINE_WAKE_S)
     return StepTime(phases=phases, rollout_at_mean=at_mean, rollout_at_max=at_max, assumptions=assumptions,

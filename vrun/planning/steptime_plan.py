@@ -100,9 +100,11 @@ def mesh_timer(config, entrypoint, verl: dict, mesh, counts, replica=None, rollo
     offload = base.param_offload or base.optimizer_offload
 
     def shape(m, est) -> tuple:
-        """The estimate without the mesh's collectives, once per pipeline / micro-batch / offload shape."""
+        """The estimate without the mesh's collectives, once per pipeline / micro-batch / offload shape and whether
+        expert parallelism splits the experts (the MoE balance, steptime.routed_share)."""
         micro = _micro(tokens / max(m.dp, 1), budget * m.cp)
-        k = (m.pp, m.vpp, micro) + ((est.weights, est.grads, est.optimizer) if offload and est is not None else ())
+        k = (m.pp, m.vpp, micro, m.ep > 1) + ((est.weights, est.grads, est.optimizer) if offload and est is not None
+                                              else ())
         if k not in seen:
             w = steptime.on_mesh(base, m, micro, est)
             st = steptime.estimate(w, part, same_rollout=first[0] if first else None, collectives=False)
