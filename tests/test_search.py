@@ -119,10 +119,11 @@ def test_auto_equals_a_plan_of_its_choice(model, tmp_path):
 
 
 def test_auto_prefers_what_fits():
-    """With less GPU memory than the roomy choice's band needs, the choice moves to a mesh whose band fits."""
-    base = ["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "mode=plan",
+    """With less GPU memory than the roomy choice's band needs, the choice moves to a mesh whose band fits (a GPU part
+    without a time estimate: the memory and communication ranking alone chooses, whose first mesh is the roomiest)."""
+    base = ["model=kimi_k2_6", "mesh=auto", "mesh.nnodes=32", "mode=plan", "cluster.gpu=X9",
             "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
-    roomy = plan(base)
+    roomy = plan(base + ["cluster.gpu_mem_gib=80"])
     assert roomy.memory.fits and roomy.memory.high > roomy.memory.rollout   # the training band decides here
     limit = int(roomy.memory.high / 2 ** 30) - 1
     tight = plan(base + [f"cluster.gpu_mem_gib={limit}"])
