@@ -645,3 +645,73 @@ def test_runs_index_with_junk_lines(tmp_path, capsys, monkeypatch):
                                                    errors="surrogateescape")
     assert cli.main(["runs"]) == 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_stall_that_follows_the_run_is_not_requeued_past_max_requeues():
+    """run.on_stall=requeue: the stalls in a row count back from the newest while each earlier one was submitted
+    again and the run did not get past its step; a step past it (progress) or a stall not requeued ends the count;
+    a step that is not a whole number (the progress file is an input) counts as none."""
+    from vrun.launch.watchdog import stalls_in_a_row
+
+    def run(*stalls):
+        out = []
+        for step, requeued in stalls:
+            out.append({"event": "stalled", "t": 1.0, "step": step})
+            if requeued:
+                out.append({"event": "stall_action", "t": 2.0, "action": "requeued"})
+        return out
+
+    assert stalls_in_a_row([]) == 0
+    assert stalls_in_a_row(run((4, False))) == 0
+    assert stalls_in_a_row(run((4, True), (4, False))) == 1
+    assert stalls_in_a_row(run((4, True), (4, True), (None, True), (4, False))) == 3
+    assert stalls_in_a_row(run((4, True), (9, False))) == 0          # got past step 4: a new stall
+    assert stalls_in_a_row(run((4, True), (9, True), (9, False))) == 1
+    assert stalls_in_a_row(run((4, False), (4, True), (4, False))) == 1
+    assert stalls_in_a_row(run((4, True), (3, True), (2, False))) == 2  # resumed from an earlier checkpoint each time
+    assert stalls_in_a_row(run(("9", True), (True, True), (4, False))) == 2
+    cancelled = {"event": "stall_action", "t": 2.0, "action": "cancelled"}
+    assert stalls_in_a_row(run((4, False)) + [cancelled] + run((4, False))) == 0
+
+
+def test_the_watchdogs_requeue_becomes_a_cancel_once_max_requeues_stalls_in_a_row(tmp_path, monkeypatch):
+    """Node 0's action on a stall past its grace (vrun.launch.slurm.node.Node.act, run as it is on a stand-in node:
+    its run dir, job id, cluster and record): after cluster.max_requeues stalls in a row at the same step it cancels
+    the job, saying why, and submits nothing; below the cap it tries the resubmission (here without sbatch: it fails,
+    records requeue_failed, and cancels)."""
+    import types
+
+    from vrun.config.schema import Cluster
+    from vrun.launch.slurm.node import Node
+    from vrun.rundir import records
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scancel.calls"
+    (bin_dir / "scancel").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    (bin_dir / "scancel").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    def stand_in(max_requeues):
+        node = types.SimpleNamespace(env=types.SimpleNamespace(job_id=77),
+                                     job=types.SimpleNamespace(run_dir=str(run_dir)),
+                                     cluster=Cluster(max_requeues=max_requeues), release=lambda: None)
+        node.record = lambda event, **f: records.record(str(run_dir), event, job_id=77, **f)
+        return node
+
+    for _ in range(3):
+        records.record(str(run_dir), "stalled", step=4)
+        records.record(str(run_dir), "stall_action", action="requeued")
+    records.record(str(run_dir), "stalled", step=4)
+    Node.act(stand_in(3), "requeue", "stalled at step 4", ["n1"])
+    last = records.events(str(run_dir))[-1]
+    assert last["event"] == "stall_action" and last["action"] == "cancelled", last
+    assert last["why"].startswith("stalled 4 times in a row without getting past its step, 3 submitted again "
+                                  "(cluster.max_requeues=3)"), last
+    assert calls.read_text().split() == ["77"]
+    Node.act(stand_in(4), "requeue", "stalled at step 4", ["n1"])
+    acts = [e["action"] for e in records.events(str(run_dir)) if e["event"] == "stall_action"]
+    assert acts[-2:] == ["requeue_failed", "cancelled"], acts
+    assert "why" not in records.events(str(run_dir))[-1]

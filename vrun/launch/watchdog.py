@@ -93,6 +93,28 @@ class LogTail:
         return [w.decode(errors="replace") for w in whole]
 
 
+def stalls_in_a_row(events: list) -> int:
+    """How many times in a row the run was submitted again after a stall without getting past the step it stalled
+    at: walking back from the newest stall (the one being acted on), each earlier stall followed by a `stall_action`
+    requeued counts while the newer stall's step is not past it (a stall before any step of its job: no step). A
+    step that is not a whole number counts as none (the progress file is an input)."""
+    stalls: list = []   # [step, requeued]
+    for e in events:
+        if e.get("event") == "stalled":
+            step = e.get("step")
+            stalls.append([step if isinstance(step, int) and not isinstance(step, bool) else None, False])
+        elif e.get("event") == "stall_action" and e.get("action") == "requeued" and stalls:
+            stalls[-1][1] = True
+    if not stalls:
+        return 0
+    n, cur = 0, stalls[-1][0]
+    for step, requeued in reversed(stalls[:-1]):
+        if not requeued or (cur is not None and step is not None and cur > step):
+            break
+        n, cur = n + 1, step
+    return n
+
+
 def next_stall_dir(run_dir: str) -> tuple[int, Path]:
     """<run dir>/stalls/<n>, n one past the highest there."""
     base = Path(run_dir) / STALLS

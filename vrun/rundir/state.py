@@ -240,7 +240,9 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
         gone = act.get("exclude") or []
         state = "cancelled"
         phase = ("stalled, submitted again" + (f" without {','.join(gone)}" if gone else "") if act["action"] ==
-                 "requeued" else "stalled, cancelled by the watchdog") + f" ({act.get('summary')})"
+                 "requeued" else "stalled, cancelled by the watchdog" +
+                 (f": {act['why']}" if isinstance(act.get("why"), str) and act["why"] else "")) + \
+            f" ({act.get('summary')})"
         a.failure = None
         a.ended = a.ended or act["t"]
     a.state, a.phase = state, phase

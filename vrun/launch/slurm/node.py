@@ -363,8 +363,19 @@ class Node:
         watchdog.collect_nccl(self.job.run_dir, out)
 
     def act(self, action: str, summary: str, hosts: list) -> None:
-        """Node 0, a stall past its grace: cancel this job, or first submit the run again without the odd nodes."""
+        """Node 0, a stall past its grace: cancel this job, or first submit the run again without the odd nodes —
+        unless the run has already been submitted again cluster.max_requeues times in a row after stalls without
+        getting past the step it stalled at (a hang that follows the run to new nodes is not the nodes')."""
+        from vrun.launch import watchdog
+
         job_id = str(self.env.job_id)
+        why = ""
+        if action == "requeue":
+            again = watchdog.stalls_in_a_row(rundir.events(self.job.run_dir))
+            if again >= self.cluster.max_requeues:
+                action = "cancel"
+                why = (f"stalled {again + 1} times in a row without getting past its step, {again} submitted again "
+                       f"(cluster.max_requeues={self.cluster.max_requeues}): not submitted again")
         if action == "requeue":
             # a job submitted from inside a job must not inherit this one's allocation (SLURM_JOB_*, SLURM_NNODES, ...)
             env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or
@@ -380,7 +391,9 @@ class Node:
             else:
                 self.record("stall_action", action="requeued", summary=summary, exclude=hosts)
         if action == "cancel":
-            self.record("stall_action", action="cancelled", summary=summary)
+            self.record("stall_action", action="cancelled", summary=summary, **({"why": why} if why else {}))
+            if why:
+                print(f"vrun: watchdog: {why}", flush=True)
         self.release()
         subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
 
