@@ -156,6 +156,12 @@ def test_overrun_is_refused_at_plan_time_unless_allowed():
 
     (certain,) = problems_of(["model=kimi_k2_6", "mesh=8gpu", "mesh.cp=1", "mode=plan", "cluster.gpu_mem_gib=40"])
     assert "alone exceed the 40 GiB" in certain and "allow_memory_overrun" not in certain
+    # a smaller token budget does not shrink the states; mesh=auto is offered only where the mesh was given
+    assert certain.endswith("fix: a larger PP·EP mesh or more offload, or mesh=auto"), certain
+    searched = problems_of(["model=glm5_1", "mesh=auto", "mesh.nnodes=4", "algo=grpo", "mode=plan",
+                            "cluster.gpu_mem_gib=20", "run.allow_memory_overrun=true"])
+    states = [x for x in searched if "alone exceed" in x]
+    assert len(states) == 1 and states[0].endswith("fix: a larger PP·EP mesh or more offload"), searched
     ov = ["model=kimi_k2_6", "mode=plan", "cluster.gpu_mem_gib=55"]
     (line,) = problems_of(ov)
     assert "exceeds the 55 GiB per GPU" in line and "even at its band's low end (band " in line

@@ -422,12 +422,14 @@ def memory_problems(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh:
         out += phases.rollout_problems(r, fix=fix, allow_overrun=allow)
     states = max(s.params + s.grads + s.optimizer for s in est.stages) if est.stages else 0.0
     where = f"(cluster.gpu {config.cluster.gpu} / cluster.gpu_mem_gib)"
-    cure = "a larger PP·EP mesh, more offload, a smaller token budget, or mesh=auto"
+    # under mesh=auto the mesh was searched already: it is not offered again
+    auto = "" if config.mesh.search else ", or mesh=auto"
+    cure = "a larger PP·EP mesh, more offload, a smaller token budget" + auto
     # certain only where the real build checks the count (fsdp2: tests/test_memory_oracle.py); dist_opt's is a formula
     if states > est.gpu_mem and inputs_optimizer(config, entrypoint, verl) == "fsdp2":
         out.append(Problem("memory", f"{states / GIB:.1f}GiB", f"the parameter shards, gradients and optimizer "
                            f"states alone exceed the {est.gpu_mem / GIB:g} GiB per GPU {where} on a pipeline "
-                           "stage", cure))
+                           "stage", "a larger PP·EP mesh or more offload" + auto))
     elif est.rollout + est.rollout_residents > est.gpu_mem:
         u = est.rollout / est.gpu_mem
         room = max(est.gpu_mem - est.rollout_residents, 0) / est.gpu_mem
