@@ -348,3 +348,50 @@ def test_step_times_keep_expert_parallel_meshes_apart():
     second = timer()
     assert second(one, p.memory).central == narrow and second(p.mesh, p.memory).central == wide
     assert narrow != wide
+
+
+def _timed(times: dict):
+    """A step-time function for rank(): a mesh's middle from `times` (by TP, PP), with its lower bound."""
+    import types
+
+    def step_time(m, e):
+        return types.SimpleNamespace(central=times[(m.tp, m.pp)])
+
+    step_time.bound = lambda m, e: times[(m.tp, m.pp)] * (1 - 1e-9)
+    return step_time
+
+
+def test_times_within_the_resolution_of_the_fastest_tie():
+    """Two meshes 0.2% apart on either side of a step boundary of the absolute log scale: counted from the fastest
+    they tie, and the entries after the time entry decide (the smaller TP), as the printed line says."""
+    import math
+
+    step = math.log1p(search.TIME_RESOLUTION)
+    edge = math.exp((search.step_bucket(180.0) + 0.5) * step)
+    times = {(4, 1): edge * 0.999, (2, 1): edge * 1.001, (8, 1): edge * 1.3}
+    assert search.step_bucket(times[(4, 1)]) != search.step_bucket(times[(2, 1)])
+    meshes = [Mesh(1, 8, tp=tp) for tp in (4, 2, 8)]
+    for fn in (_timed(times), lambda m, e: _timed(times)(m, e)):
+        ranked = search.rank(meshes, step_time=fn)
+        assert [c.mesh.tp for c in ranked] == [2, 4, 8], [c.mesh.tp for c in ranked]
+        assert ranked[0].step == ranked[1].step == 1.0 and ranked[2].step > 1.0
+        by, why = search.decision(ranked)
+        assert by == [n for n, _ in search.RANKING].index("smaller TP")
+        assert why.startswith("smaller TP (than ") and why.endswith("the step times equal within 2%"), why
+
+
+def test_the_bound_leaves_untimed_only_meshes_that_cannot_enter_the_first():
+    """With a lower bound, rank() times exactly only while a mesh can still enter the first HEAD: its first HEAD
+    equal those of ranking every mesh exactly, over random times (some within the resolution of each other)."""
+    rng = random.Random(7)
+    shapes = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8, 16)]
+    meshes = [Mesh(16, 8, tp=tp, pp=pp) for tp, pp in shapes]
+    for _ in range(200):
+        base = rng.uniform(50, 500)
+        times = {s: base * (1 + rng.choice([0.0, 0.005, 0.015, 0.03, 0.08, 0.3]) * rng.random() * 3) for s in shapes}
+        fn = _timed(times)
+        pruned = search.rank(meshes, step_time=fn)
+        full = search.rank(meshes, step_time=lambda m, e: fn(m, e))
+        head = search.HEAD
+        assert [c.mesh for c in pruned[:head]] == [c.mesh for c in full[:head]]
+        assert [c.key() for c in pruned[:head]] == [c.key() for c in full[:head]]

@@ -32,10 +32,24 @@ def step_s(st) -> float:
 
 
 def step_bucket(seconds: float) -> float:
-    """Seconds as the time entry ranks them: steps of TIME_RESOLUTION on a log scale (monotone; 0.0: none)."""
+    """Seconds in steps of TIME_RESOLUTION on a log scale (monotone; 0.0: none): the order in which rank() times the
+    meshes exactly, before the fastest is known."""
     if not seconds > 0:
         return 0.0
     return round(math.log(seconds) / math.log1p(TIME_RESOLUTION))
+
+
+def step_from(seconds: float, fastest: float) -> float:
+    """Seconds as the time entry ranks them: steps of TIME_RESOLUTION on a log scale counted from the fastest mesh's
+    time, so every time within TIME_RESOLUTION of the fastest is step 1 and ties with it (0.0: none, which ties)."""
+    if not seconds > 0 or not fastest > 0:
+        return 0.0
+    return float(math.floor(math.log(max(seconds, fastest) / fastest) / math.log1p(TIME_RESOLUTION)) + 1)
+
+
+# how far apart (in step_bucket's steps) a lower bound must be from the first meshes' times for rank() to leave its
+# mesh untimed: step_bucket's rounding and step_from's anchoring move a time by up to one step each way
+PRUNE_STEPS = 3
 
 
 class Candidate(NamedTuple):
@@ -55,8 +69,9 @@ class Candidate(NamedTuple):
 
     @property
     def step(self) -> float:
-        """The predicted step time as ranked: its step of TIME_RESOLUTION on a log scale (0: none, which ties)."""
-        return step_s(self.time)
+        """The predicted step time as ranked: its step of TIME_RESOLUTION on a log scale from the fastest mesh's
+        (rank's key; step_s's absolute step without one; 0: none, which ties)."""
+        return self.ranked_key[TIME_AT] if self.ranked_key else step_s(self.time)
 
     def key(self):
         return self.ranked_key or ranking_key(self.mesh, self.fits, self.peak, self.step)
@@ -263,11 +278,11 @@ def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = 
     keyed.sort(key=lambda kc: kc[0])
     out = Ranked()
     if bound is None:
-        out.extend(Candidate(m, e, t, k) for k, m, e, t in keyed)
+        done, rest = keyed, []
     else:
         done, best, i = [], [], 0
         for i, (kb, m, e, _) in enumerate(keyed):
-            if len(best) >= head and kb > best[head - 1]:
+            if len(best) >= head and _beyond(kb, best[head - 1]):
                 break
             fits = e is None or e.fits
             t, sk = exact(m, e) if fits else (None, 0.0)
@@ -276,14 +291,36 @@ def rank(meshes: Iterable[Mesh], estimate: Optional[Callable[[Mesh], object]] = 
             insort(best, k)
         else:
             i = len(keyed)
-        done.sort(key=lambda kc: kc[0])
-        out.extend(Candidate(m, e, t, k) for k, m, e, t in done)
-        out.extend(Candidate(m, e, None, k) for k, m, e, _ in keyed[i:])
+        rest = keyed[i:]
+    # the time entry counts steps from the fastest mesh timed: within TIME_RESOLUTION of it is a tie, which the
+    # entries after it decide
+    times = [t.central for _, _, _, t in done if t is not None]
+    fastest = min(times) if times else 0.0
+
+    def keyed_from_fastest(k, m, e, t):
+        return ranking_key(m, True, e.high if e is not None else 0.0, step_from(t.central, fastest)) \
+            if t is not None else k
+
+    done = sorted(((keyed_from_fastest(k, m, e, t), m, e, t) for k, m, e, t in done), key=lambda kc: kc[0])
+    out.extend(Candidate(m, e, t, k) for k, m, e, t in done)
+    out.extend(Candidate(m, e, None, k) for k, m, e, _ in rest)
     if alone is not None:
         k, m, e = alone
-        t, sk = exact(m, e)
-        out.memory_first = Candidate(m, e, t, ranking_key(m, True, e.high if e is not None else 0.0, sk))
+        t, _ = exact(m, e)
+        out.memory_first = Candidate(m, e, t, keyed_from_fastest(k, m, e, t))
     return out
+
+
+def _beyond(bound_key: tuple, head_key: tuple) -> bool:
+    """Whether a mesh keyed by its lower bound can be left untimed: after the head-th first mesh by the entries
+    before the time entry, or, equal on those, PRUNE_STEPS time steps or more slower (so no re-counting from the
+    fastest can bring it level with any of the first meshes); without times, after it by the whole key."""
+    a, b = bound_key[:TIME_AT], head_key[:TIME_AT]
+    if a != b:
+        return a > b
+    if not head_key[TIME_AT]:
+        return bound_key > head_key
+    return bound_key[TIME_AT] >= head_key[TIME_AT] + PRUNE_STEPS
 
 
 def chosen_by(ranked: list, time_note: str = "") -> str:
