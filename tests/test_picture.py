@@ -131,3 +131,25 @@ def test_per_stage_memory_reads_memory_stages_when_the_plan_has_them():
                                    "activations_gib": 5, "transient_gib": 1, "peak_gib": 15}]}}
     s = picture.stage_memory(plan)
     assert [x["training"]["weights"] for x in s] == [2, 3] and s[1]["rollout"]["vllm"] == 50
+
+
+def test_a_sweeps_points_are_coloured_by_their_memory_verdict(tmp_path):
+    """The sweep overview colours each point's bar by its verdict — fits (the GPU holds the band's high end), inside
+    the band (planned with a warning), does not fit — and draws its band beside it."""
+    def point(fits, may_fit):
+        return {"memory": {"peak_gib": 70.0, "gpu_mem_gib": 80.0, "fits": fits, "may_fit": may_fit,
+                           "band_gib": [60.0, 85.0]},
+                "time": {"step_low_s": 100.0, "step_high_s": 200.0}}
+
+    out = picture.render_overview([("a", point(True, True)), ("b", point(False, True)), ("c", point(False, False))],
+                                  str(tmp_path / picture.OVERVIEW))
+    root = ET.parse(out).getroot()
+
+    def fill(gid):
+        (group,) = [e for e in root.iter() if e.get("id") == gid]
+        styles = " ".join(e.get("style") or "" for e in group.iter())
+        return next(c for c in picture.VERDICT_COLOURS.values() if c in styles)
+
+    assert [fill(f"point-{i}-memory") for i in range(3)] == [picture.VERDICT_COLOURS[v] for v in
+                                                             ("fits", "inside the band", "does not fit")]
+    assert {"point-0-band", "point-1-band", "point-2-band"} <= set(ids(out))

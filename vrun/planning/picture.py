@@ -246,6 +246,16 @@ def _runs(replica: list) -> list:
     return [tuple(x) for x in out]
 
 
+# a sweep point's memory verdict (plan.json memory: fits — the GPU holds the band's high end —, may_fit — its low end)
+VERDICT_COLOURS = {"fits": "#4c72b0", "inside the band": "#dd8452", "does not fit": "#c44e52"}
+
+
+def verdict_of(mem: dict) -> str:
+    if mem.get("fits") is True:
+        return "fits"
+    return "inside the band" if mem.get("may_fit") is True else "does not fit"
+
+
 def render_overview(points: list, out: str) -> str:
     """A sweep's points: peak memory per GPU (bars, the GPU's line) and the step-time estimate (low–high)."""
     Figure = _figure()
@@ -260,8 +270,12 @@ def render_overview(points: list, out: str) -> str:
         peak = mem.get("peak_gib")
         limit = limit or mem.get("gpu_mem_gib")
         if peak is not None:
-            b = ax.bar(i, peak, color="#4c72b0" if mem.get("fits") else "#c44e52", width=0.6)
+            b = ax.bar(i, peak, color=VERDICT_COLOURS[verdict_of(mem)], width=0.6)
             b.patches[0].set_gid(f"point-{i}-memory")
+            band = mem.get("band_gib")
+            if isinstance(band, list) and len(band) == 2 and all(isinstance(x, (int, float)) for x in band):
+                (ln,) = ax.plot([i, i], band, color="#555555", linewidth=1)
+                ln.set_gid(f"point-{i}-band")
         t = plan.get("time") or {}
         if t.get("step_low_s") is not None:
             (ln,) = ax2.plot([i, i], [t["step_low_s"], t["step_high_s"]], color="black", linewidth=2)
@@ -269,7 +283,7 @@ def render_overview(points: list, out: str) -> str:
     if limit:
         ax.axhline(limit, color="black", linestyle="--", linewidth=1).set_gid("gpu-limit")
     ax.set_xticks(range(len(points)), [n for n, _ in points], rotation=90, fontsize=6)
-    ax.set_ylabel("peak GiB per GPU (estimate; red: does not fit)")
+    ax.set_ylabel("peak GiB per GPU (estimate and band; blue: fits, amber: inside the band, red: does not fit)")
     ax2.set_ylabel("step seconds (estimate, low–high)")
     _save(fig, out)
     return out
