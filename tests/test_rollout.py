@@ -193,6 +193,26 @@ def test_preflight_refuses_a_rollout_that_holds_no_sequence():
     found = preflight.memory_problems(p)
     assert found and all(x.warning for x in found)
     assert found[0].key == "actor_rollout_ref.rollout.tensor_model_parallel_size" and "less than one" in found[0].why
+    assert "even at the reserve's low end (0–0 sequences at once as the reserve runs 0.5–2× its estimate)" in line
+
+
+def test_a_kv_cache_inside_its_band_of_one_sequence_plans_with_a_warning():
+    """The reserve beside vLLM's weights is approximated (×0.5–2): where one prompt+response fits at the reserve's
+    low end but not at its high end, the plan is made with a warning naming the band (as the training step's
+    memory inside its band), whether the estimate itself holds one or not; refused only where none fits at all."""
+    from conftest import problems_of
+
+    base = ["model=glm5_1", "mesh=256gpu", "mode=plan"]
+    for u, held in (("0.36", "it holds none by the estimate"), ("0.37", "it holds 8 at once by the estimate")):
+        p = plan(base + [f"verl.actor_rollout_ref.rollout.gpu_memory_utilization={u}"])
+        (w,) = [w for w in p.warnings if "prompt+response" in w.why]
+        r = p.memory.rollout_detail
+        assert r.fits_band[0] == 0 < r.fits_band[1], r.fits_band
+        assert w.key == "actor_rollout_ref.rollout.tensor_model_parallel_size" and w.warning
+        assert "the KV cache may not hold one 3072-token prompt+response" in w.why and held in w.why, w.why
+        assert f"0–{r.fits_band[1]} sequences at once as the reserve runs 0.5–2× its estimate" in w.why, w.why
+        assert w.fix.endswith(" to hold one at the band's end"), w.fix
+    assert problems_of(base + ["verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.345"])
 
 
 def test_warns_when_the_kv_cache_holds_less_than_a_replicas_share():

@@ -128,9 +128,11 @@ def rollout_problems(r: Optional[rollout.RolloutEstimate], key: str = f"{ROLLOUT
                      tp_key: str = rollout.ROLLOUT_TP,
                      fix: Optional[rollout.RolloutEstimate] = None, allow_overrun: bool = False) -> list:
     """A replica whose weights alone exceed vLLM's share of the GPU is an error (certain: weights are counted, not
-    estimated). One that cannot hold a single prompt+response by the estimate (reserve and KV formula) is refused
-    too, unless run.allow_memory_overrun (then a warning). One that cannot hold a replica's share of the step at
-    once is a warning (vLLM queues the rest). The fix names the smallest replica that fits, as overrides."""
+    estimated). One that cannot hold a single prompt+response even at the low end of the reserve's band (its terms
+    are approximated, ×0.5–2) is refused too, unless run.allow_memory_overrun (then a warning); one whose band's
+    high end leaves no room for one is a warning (inside the band, as the training step's verdict). One that cannot
+    hold a replica's share of the step at once is a warning (vLLM queues the rest). The fix names the smallest
+    replica that fits, as overrides."""
     from vrun.core.problems import Problem
 
     if r is None:
@@ -147,17 +149,29 @@ def rollout_problems(r: Optional[rollout.RolloutEstimate], key: str = f"{ROLLOUT
         return [Problem(tp_key, r.tp, f"{size}: vLLM's weights alone are {g(r.weights)} GiB per GPU "
                         f"({r.formats.label()}), over its {g(r.budget)} GiB (gpu_memory_utilization {r.utilization:g})",
                         cure)]
-    if not r.holds_one:
+    worst, best = r.fits_band
+    band = (f"{worst}–{best} sequences at once as the reserve runs {rollout.RESERVE_BAND[0]:g}–"
+            f"{rollout.RESERVE_BAND[1]:g}× its estimate")
+    if best < 1:
         return [Problem(tp_key, r.tp, f"{size}: vLLM's {g(r.budget)} GiB per GPU minus weights {g(r.weights)} GiB "
                         f"and the {g(r.reserve)} GiB reserve (estimate) leaves {g(r.kv_cache)} GiB of KV cache, less "
-                        f"than one {r.seq_len}-token prompt+response ({g(r.per_sequence)} GiB)",
+                        f"than one {r.seq_len}-token prompt+response ({g(r.per_sequence)} GiB), even at the "
+                        f"reserve's low end ({band})",
                         cure + ("" if allow_overrun else "; or run.allow_memory_overrun=true to plan anyway"),
                         warning=allow_overrun)]
-    if not r.holds_share:
-        return [Problem(tp_key, r.tp, f"{size}: the KV cache holds {r.fits} sequences per replica at once, fewer "
-                        f"than the {r.step_share} of the step each of {r.replicas} replicas generates (vLLM queues "
-                        "the rest)", cure, warning=True)]
-    return []
+    out = []
+    if worst < 1:
+        # inside the band, as the training step's memory verdict: planned, with the margin said (vLLM refuses to
+        # start an engine whose KV cache cannot hold one max_model_len sequence)
+        held = f"{r.fits} at once" if r.holds_one else "none"
+        out.append(Problem(tp_key, r.tp, f"{size}: the KV cache may not hold one {r.seq_len}-token prompt+response "
+                           f"({g(r.per_sequence)} GiB): it holds {held} by the estimate, {band}; vLLM does not start "
+                           "without room for one", cure + " to hold one at the band's end", warning=True))
+    if r.holds_one and not r.holds_share:
+        out.append(Problem(tp_key, r.tp, f"{size}: the KV cache holds {r.fits} sequences per replica at once, fewer "
+                           f"than the {r.step_share} of the step each of {r.replicas} replicas generates (vLLM queues "
+                           "the rest)", cure, warning=True))
+    return out
 
 
 def memory_inputs(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> dict:
