@@ -141,3 +141,44 @@ def test_sft_train_without_verl_mlite_is_one_line(tmp_path):
     proc = runner("model=qwen3_5_35b", "algo=sft", "mesh=8gpu", "mode=train", f"hydra.run.dir={tmp_path}/r", env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert any(line.startswith("error: MLITE_ROOT=") for line in proc.stderr.splitlines())
+
+
+@pytest.mark.ray
+def test_a_local_train_resumes_only_this_plans_whole_checkpoint(tmp_path):
+    """cluster=local, mode=train, run.resume=true: before the command starts, the checkpoint verl would load is
+    checked as on a SLURM node — another model's is refused in one line and nothing starts; this plan's whole one is
+    said and recorded (`resumed`), then the run goes on."""
+    import sys
+
+    from vrun.rundir import checkpoints, records
+    from vrun.rundir.record import PlanRecord
+
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    import standin_ckpt
+
+    env = grpo_env(tmp_path)
+    run = tmp_path / "run"
+    base = ["model=qwen3_5_35b", "mesh=8gpu", "algo=grpo", "cluster=local", "cluster.ray.num_gpus=8",
+            "cluster.ray.num_cpus=2", "run.task_runner=vrun_probe.ProbeTaskRunner", f"hydra.run.dir={run}"]
+    first = runner(*base, "mode=plan", env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    root = run / "checkpoints"
+    root.mkdir()
+    for rank in [*range(1, 8), 0]:
+        standin_ckpt.save(root, 2, rank, 8, tracker=True)
+    assert checkpoints.stamp(root, 2, PlanRecord.load(run))
+    stamp = root / "global_step_2" / checkpoints.STAMP
+    good = stamp.read_text()
+    stamp.write_text(json.dumps({**json.loads(good), "model": "glm5_1"}))
+    refused = runner(*base, "mode=train", "run.resume=true", env=env, timeout=400)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    errors = [x for x in refused.stderr.splitlines() if x.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: model=") and "saved by model glm5_1" in errors[0], errors
+    assert "resume: refused" in refused.stdout and not (run / "probe.json").exists()
+    assert records.events(str(run))[-1]["event"] == "failed"
+    stamp.write_text(good)
+    resumed = runner(*base, "mode=train", "run.resume=true", env=env, timeout=400)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "vrun: resume: global_step_2 (the tracker's)" in resumed.stdout, resumed.stdout[-2000:]
+    (back,) = [e for e in records.events(str(run)) if e["event"] == "resumed"]
+    assert back["step"] == 2 and back["tracker_step"] == 2 and (run / "probe.json").exists()

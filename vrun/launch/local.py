@@ -70,6 +70,11 @@ def run_point(point, drawer=None) -> None:
             rundir.record(p.run_dir, "exited", attempt=0, node=0, rc=0)
             print("preflight: all checks passed", flush=True)
             return
+        try:
+            resume(p)
+        except PlanError as e:
+            rundir.record(p.run_dir, "failed", attempt=0, node=0, error=str(e).splitlines()[0])
+            raise
         rc = train(p)
         if rc:
             sys.exit(rc)
@@ -78,6 +83,26 @@ def run_point(point, drawer=None) -> None:
     finally:
         if drawer is not None:
             drawer.close()
+
+
+def resume(plan: Plan) -> None:
+    """Before the command starts, as on a SLURM node: the checkpoint verl will load is whole and this plan's, or the
+    last whole one is made the one it loads, or none (step 0) — each said and recorded as `resumed`; another plan's
+    is refused (a PlanError: nothing starts)."""
+    from vrun.core.problems import PlanError
+    from vrun.rundir import checkpoints
+    from vrun.rundir.record import PlanRecord
+
+    record = PlanRecord.load(plan.run_dir)
+    root = Path(plan.run_dir) / "checkpoints"
+    decision = checkpoints.decide(root, record, allow_mesh_change=record.resume_mesh_change)
+    for line in decision.lines():
+        print(f"vrun: {line}", flush=True)
+    if decision.refused is not None:
+        raise PlanError([decision.refused])
+    checkpoints.apply(decision, root)
+    rundir.record(plan.run_dir, "resumed", attempt=0, step=decision.step, tracker_step=decision.tracker_step,
+                  skipped=[[st, why] for st, why in decision.skipped], line="; ".join(decision.lines()))
 
 
 def child_env(plan: Plan, environ: dict | None = None) -> dict:
