@@ -62,7 +62,8 @@ def test_a_held_dir_is_refused_in_one_line(tmp_path, door):
 @pytest.mark.parametrize("door", sorted(DOORS))
 def test_writers_racing_into_one_dir_leave_one_plan(tmp_path, door):
     """Three runners started together, each with its own plan for the same dir: exactly one writes; the others are
-    refused in one line (the lock, or the winner's files found under it); the dir holds the winner's plan only."""
+    refused in one line (the lock, or the winner's files found under it — as many of its points as it had written
+    when the loser's first look, before the lock, saw them); the dir holds the winner's plan only."""
     args, key, dirs = DOORS[door]
     d = tmp_path / "d"
     tags = (5, 10, 20)
@@ -75,7 +76,7 @@ def test_writers_racing_into_one_dir_leave_one_plan(tmp_path, door):
         lines = [line for line in err.strip().splitlines() if not line.startswith("warning: ")]
         assert rc == 2 and "Traceback" not in err and all(x.startswith(("error: ", "sweep: ")) for x in lines), err
         assert ("another process (pid " in err and f"{key}={d}: " in err) or "holds another run's files" in err \
-            or "holds 2 point(s) of an earlier sweep" in err, err
+            or any(f"holds {k} point(s) of an earlier sweep" in err for k in (1, 2)), err
     runs = sorted(p.parent for p in d.rglob("plan.json"))
     assert runs == sorted(dirs(d, won[0])), runs
     for r in runs:
