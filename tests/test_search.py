@@ -267,7 +267,7 @@ def test_alternatives_carry_their_step_time():
     assert len(alts) == 5, alts
     for row, line in zip(s["alternatives"], alts):
         text = search.step_text(row, "  ")
-        assert line.endswith(" GiB" + search.band_text(row) + text) and text.startswith(f"  step ≈ ") \
+        assert line.endswith(" GiB" + search.band_text(row) + text) and text.startswith("  step ≈ ") \
             and text.endswith(")"), line
         middle, band = text[len("  step ≈ "):].split(" s (")
         low, high = band[:-1].split("–")
