@@ -182,3 +182,47 @@ def test_a_local_train_resumes_only_this_plans_whole_checkpoint(tmp_path):
     assert "vrun: resume: global_step_2 (the tracker's)" in resumed.stdout, resumed.stdout[-2000:]
     (back,) = [e for e in records.events(str(run)) if e["event"] == "resumed"]
     assert back["step"] == 2 and back["tracker_step"] == 2 and (run / "probe.json").exists()
+
+
+def test_the_entry_checks_the_checkpoint_where_no_launcher_did(tmp_path, monkeypatch):
+    """vrun.launch.entry (the command of cluster=ray and cluster=kuberay jobs) checks the checkpoint verl will load
+    when the environment does not say a launcher did (VRUN_RESUME_CHECKED): another model's is one line; this plan's
+    whole step is said and recorded as `resumed`; a plan not for training checks nothing."""
+    import sys
+
+    from omegaconf import OmegaConf
+
+    from conftest import record_json
+    from vrun.launch import entry
+    from vrun.rundir import checkpoints, records
+    from vrun.rundir.record import PlanRecord
+
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    import standin_ckpt
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps(record_json(run, mode="train", cluster="ray")))
+    root = run / "checkpoints"
+    root.mkdir()
+    for rank in [*range(1, 8), 0]:
+        standin_ckpt.save(root, 2, rank, 8, tracker=True)
+    assert checkpoints.stamp(root, 2, PlanRecord.load(run))
+    stamp = root / "global_step_2" / checkpoints.STAMP
+    good = stamp.read_text()
+    stamp.write_text(json.dumps({**json.loads(good), "model": "glm5_1"}))
+    config = OmegaConf.create({"trainer": {"default_local_dir": str(root)}})
+    cfg_path = str(run / "verl_config.yaml")
+    monkeypatch.delenv(checkpoints.CHECKED_ENV, raising=False)
+    line = entry.resume_problem(cfg_path, config)
+    assert line.startswith("error: model=") and "saved by model glm5_1" in line, line
+    monkeypatch.setenv(checkpoints.CHECKED_ENV, "1")
+    assert entry.resume_problem(cfg_path, config) == ""
+    monkeypatch.delenv(checkpoints.CHECKED_ENV)
+    stamp.write_text(good)
+    assert entry.resume_problem(cfg_path, config) == ""
+    (back,) = [e for e in records.events(str(run)) if e["event"] == "resumed"]
+    assert back["step"] == 2 and back["line"] == "resume: global_step_2 (the tracker's)", back
+    (run / "plan.json").write_text(json.dumps(record_json(run, mode="preflight", cluster="ray")))
+    stamp.write_text(json.dumps({**json.loads(good), "model": "glm5_1"}))
+    assert entry.resume_problem(cfg_path, config) == ""

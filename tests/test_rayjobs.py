@@ -198,6 +198,11 @@ def test_a_job_reaches_the_entry_and_the_verbs_work(ray_cluster, tmp_path):
         raise AssertionError(vr("status", str(run)).stdout + vr("logs", str(run)).stdout[-4000:]) from None
     report = json.loads((run / "probe.json").read_text())
     assert report["in_ray_worker"] and report["config"]["ray_kwargs"]["ray_init"]["address"] == "auto"
+    from vrun.rundir import records
+
+    # the job's entry checked the checkpoint (no launcher before it did): none yet, recorded in the run dir
+    (back,) = [e for e in records.events(str(run)) if e["event"] == "resumed"]
+    assert back["step"] is None and back["line"] == "resume: no checkpoint yet: starts from step 0", back
     assert report["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     vr = lambda *a: subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True,
                                    timeout=120)
@@ -210,6 +215,39 @@ def test_a_job_reaches_the_entry_and_the_verbs_work(ray_cluster, tmp_path):
                                                               if f.is_file())
     gone = vr("cancel", str(run))
     assert gone.returncode == 2 and gone.stderr.count("\n") == 1 and "SUCCEEDED" in gone.stderr
+
+
+@pytest.mark.ray
+def test_a_job_refuses_another_plans_checkpoint_before_ray_starts(ray_cluster, tmp_path):
+    """run.resume=true into a run dir whose checkpoint another model saved: the job's entry refuses it in one line
+    before verl starts, the job fails, and `logs` shows the line."""
+    from vrun.rundir import checkpoints
+    from vrun.rundir.record import PlanRecord
+
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    import standin_ckpt
+
+    env = dict(grpo_env(tmp_path), RAY_ADDRESS=ray_cluster)
+    run = tmp_path / "run"
+    base = ["model=qwen3_5_35b", "algo=grpo", "cluster=ray", "mesh=8gpu", "run.task_runner=vrun_probe.ProbeTaskRunner",
+            f"hydra.run.dir={run}"]
+    first = runner(*base, "mode=plan", env=env, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    root = run / "checkpoints"
+    root.mkdir()
+    for rank in [*range(1, 8), 0]:
+        standin_ckpt.save(root, 2, rank, 8, tracker=True)
+    assert checkpoints.stamp(root, 2, PlanRecord.load(run))
+    stamp = root / "global_step_2" / checkpoints.STAMP
+    stamp.write_text(json.dumps({**json.loads(stamp.read_text()), "model": "glm5_1"}))
+    proc = runner(*base, "run.resume=true", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    vr = lambda *a: subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True,
+                                   timeout=120)
+    wait(lambda: "FAILED" in vr("status", str(run)).stdout, 240, "the job's failure")
+    logs = vr("logs", str(run)).stdout
+    assert "vrun: resume: refused" in logs and "saved by model glm5_1" in logs, logs[-3000:]
+    assert not (run / "probe.json").exists()
 
 
 @pytest.mark.ray

@@ -258,6 +258,7 @@ def test_the_node_and_the_local_launch_start_children_alike(tmp_path, monkeypatc
                                                                          "RAY_ADDRESS": "10.0.0.1:20000"}
     assert {k: v for k, v in on_node.items() if k not in ("VRUN_ATTEMPT", "RAY_ADDRESS")} == here
     assert here["VRUN_RUN_ID"] == data["run_id"] and here["VRUN_TEST_SET"] == "1" and here["VRUN_TEST_KEEP"] == "y"
+    assert here["VRUN_RESUME_CHECKED"] == "1"  # both checked the checkpoint before the command: the entry does not
     assert here["PYTHONPATH"] == "/mlite:/vrun"  # the plan's, which already ends with the planner's own
     assert not {"ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "VRUN_TEST_DROP"} & set(here)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")

@@ -39,6 +39,39 @@ def stack_problems(config_path: str) -> list[str]:
     return [p.line() for p in stack.mismatch(recorded)]
 
 
+def resume_problem(config_path: str, config) -> str:
+    """A training run's checkpoint, checked here where no launcher checked it before the command (cluster=ray,
+    cluster=kuberay: the job starts here; a SLURM node and cluster=local set checkpoints.CHECKED_ENV): what verl
+    will load is whole and this plan's, or the last whole step is made the one it loads, or none — each line said,
+    and recorded as `resumed` in the run dir when it is reachable from here. Another plan's: its one line ("" when
+    it may go on)."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from vrun.rundir import checkpoints
+    from vrun.rundir import records as rundir
+    from vrun.rundir.files import RunDirError
+    from vrun.rundir.record import PlanRecord
+
+    if os.environ.get(checkpoints.CHECKED_ENV) == "1":
+        return ""
+    here = os.path.dirname(os.path.abspath(config_path))
+    try:
+        record = PlanRecord.load(here)
+    except RunDirError as e:
+        return str(e)
+    if record.mode != "train":
+        return ""
+    root = OmegaConf.select(config, "trainer.default_local_dir", default=None) or os.path.join(here, "checkpoints")
+    decision = checkpoints.check(Path(str(root)), record, lambda line: print(line, flush=True))
+    if decision.refused is not None:
+        return decision.refused.line()
+    if os.path.isdir(record.run_dir):
+        rundir.record(record.run_dir, "resumed", attempt=0, **checkpoints.resumed_fields(decision))
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vrun.launch.entry")
     ap.add_argument("entrypoint", choices=["ppo"])
@@ -63,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --config={args.config}: {why}; fix: plan the run again", file=sys.stderr)
         return 2
     config = OmegaConf.create(text)
+    refused = resume_problem(args.config, config)
+    if refused:  # before Ray starts, as a SLURM node's check before anything starts
+        print(refused, file=sys.stderr)
+        return 2
     missing = [n for n in args.pass_env if not os.environ.get(n)]
     if missing:
         print(f"entry: pass_env {', '.join(missing)} not set in this environment: the workers will not see them",

@@ -93,24 +93,22 @@ def resume(plan: Plan) -> None:
     from vrun.rundir import checkpoints
     from vrun.rundir.record import PlanRecord
 
-    record = PlanRecord.load(plan.run_dir)
-    root = Path(plan.run_dir) / "checkpoints"
-    decision = checkpoints.decide(root, record, allow_mesh_change=record.resume_mesh_change)
-    for line in decision.lines():
-        print(f"vrun: {line}", flush=True)
+    decision = checkpoints.check(Path(plan.run_dir) / "checkpoints", PlanRecord.load(plan.run_dir),
+                                 lambda line: print(line, flush=True))
     if decision.refused is not None:
         raise PlanError([decision.refused])
-    checkpoints.apply(decision, root)
-    rundir.record(plan.run_dir, "resumed", attempt=0, step=decision.step, tracker_step=decision.tracker_step,
-                  skipped=[[st, why] for st, why in decision.skipped], line="; ".join(decision.lines()))
+    rundir.record(plan.run_dir, "resumed", attempt=0, **checkpoints.resumed_fields(decision))
 
 
 def child_env(plan: Plan, environ: dict | None = None) -> dict:
     """The command's environment (vrun.launch.environment), inherited by every process the run starts."""
     from vrun.launch.environment import child_environ
+    from vrun.rundir import checkpoints
 
-    return child_environ(os.environ if environ is None else environ, plan.env, plan.env_unset,
-                         rundir.run_id(plan.run_dir), plan.run_dir)
+    env = child_environ(os.environ if environ is None else environ, plan.env, plan.env_unset,
+                        rundir.run_id(plan.run_dir), plan.run_dir)
+    env[checkpoints.CHECKED_ENV] = "1"  # checked before the command starts (resume)
+    return env
 
 
 def train(plan: Plan) -> int:

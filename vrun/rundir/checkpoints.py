@@ -453,3 +453,26 @@ def apply(resume: Resume, root: Path) -> bool:
     if resume.step is not None:
         writer.write_text(path, str(resume.step), root=str(root), verbatim=True)
     return True
+
+
+def check(root: Path, plan, say) -> Resume:
+    """Before a training attempt starts: decide what verl will load (decide), say each line (say: a function of one
+    line), and make verl load it (apply) unless refused. The caller records `resumed` (resumed_fields) or stops on
+    decision.refused."""
+    decision = decide(Path(root), plan, allow_mesh_change=bool(getattr(plan, "resume_mesh_change", False)))
+    for line in decision.lines():
+        say(f"vrun: {line}")
+    if decision.refused is None:
+        apply(decision, Path(root))
+    return decision
+
+
+def resumed_fields(decision: Resume) -> dict:
+    """The `resumed` event's fields (vrun.rundir.state reads them)."""
+    return dict(step=decision.step, tracker_step=decision.tracker_step,
+                skipped=[[s, why] for s, why in decision.skipped], line="; ".join(decision.lines()))
+
+
+# set in the environment of a command whose launcher already checked the checkpoint (a SLURM node, cluster=local):
+# vrun.launch.entry checks it itself otherwise (cluster=ray, cluster=kuberay)
+CHECKED_ENV = "VRUN_RESUME_CHECKED"

@@ -172,24 +172,23 @@ class Node:
         one is made the one it loads, or none (step 0) — each said in the log and recorded as `resumed`."""
         from vrun.rundir import checkpoints
 
-        root = Path(self.job.run_dir) / "checkpoints"
-        decision = checkpoints.decide(root, self.plan, allow_mesh_change=self.plan.resume_mesh_change)
-        for line in decision.lines():
-            print(f"vrun: {line}", flush=True)
+        decision = checkpoints.check(Path(self.job.run_dir) / "checkpoints", self.plan,
+                                     lambda line: print(line, flush=True))
         if decision.refused is not None:
             raise RuntimeError(decision.refused.line())
-        checkpoints.apply(decision, root)
-        self.record("resumed", step=decision.step, tracker_step=decision.tracker_step,
-                    skipped=[[s, why] for s, why in decision.skipped], line="; ".join(decision.lines()))
+        self.record("resumed", **checkpoints.resumed_fields(decision))
 
     # ---------------------------------------------------------------- children
     def environ(self, extra: dict) -> dict:
         """The environment children start with: the run's (vrun.launch.environment, from the task's, with
         ROCR/HIP unset when SLURM set CUDA_VISIBLE_DEVICES on this node), the job's deadline for verl's
         pre-deadline save (vrun.launch.deadline), this attempt's number, then `extra`."""
+        from vrun.rundir import checkpoints
+
         e = child_environ(os.environ, self.plan.env, self.plan.env_unset, self.plan.run_id, self.job.run_dir)
         e.update(self.deadline_env())
         e["VRUN_ATTEMPT"] = str(self.job.attempt)
+        e[checkpoints.CHECKED_ENV] = "1"  # node 0 checked it before anything started (resume)
         e.update(extra)
         return e
 
