@@ -205,3 +205,24 @@ def assert_a_fix(line: str, typed: str) -> None:
     key, fix = m.group(1), m.group(4).strip()
     assert key.lstrip("+~") and key != "hydra" and key != "?", line
     assert fix not in (typed, f"{m.group(1)}={m.group(2)}"), line
+
+
+def another_models_checkpoint(run_dir) -> tuple:
+    """A whole global_step_2 of 8 ranks in <run_dir>/checkpoints (tests/support/standin_ckpt.py), the tracker naming
+    it, stamped as this plan's (its plan.json) and then rewritten as saved by model glm5_1. Returns (the stamp's
+    path, this plan's stamp text) to put back."""
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    import standin_ckpt
+
+    from vrun.rundir import checkpoints
+    from vrun.rundir.record import PlanRecord
+
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    for rank in [*range(1, 8), 0]:
+        standin_ckpt.save(root, 2, rank, 8, tracker=True)
+    assert checkpoints.stamp(root, 2, PlanRecord.load(run_dir))
+    stamp = root / "global_step_2" / checkpoints.STAMP
+    good = stamp.read_text()
+    stamp.write_text(json.dumps({**json.loads(good), "model": "glm5_1"}))
+    return stamp, good

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import PY, ROOT, plan, runner, verl_has
+from conftest import PY, ROOT, another_models_checkpoint, plan, runner, verl_has
 
 
 def grpo_env(tmp_path):
@@ -148,13 +148,7 @@ def test_a_local_train_resumes_only_this_plans_whole_checkpoint(tmp_path):
     """cluster=local, mode=train, run.resume=true: before the command starts, the checkpoint verl would load is
     checked as on a SLURM node — another model's is refused in one line and nothing starts; this plan's whole one is
     said and recorded (`resumed`), then the run goes on."""
-    import sys
-
-    from vrun.rundir import checkpoints, records
-    from vrun.rundir.record import PlanRecord
-
-    sys.path.insert(0, str(ROOT / "tests" / "support"))
-    import standin_ckpt
+    from vrun.rundir import records
 
     env = grpo_env(tmp_path)
     run = tmp_path / "run"
@@ -162,14 +156,7 @@ def test_a_local_train_resumes_only_this_plans_whole_checkpoint(tmp_path):
             "cluster.ray.num_cpus=2", "run.task_runner=vrun_probe.ProbeTaskRunner", f"hydra.run.dir={run}"]
     first = runner(*base, "mode=plan", env=env)
     assert first.returncode == 0, first.stderr[-2000:]
-    root = run / "checkpoints"
-    root.mkdir()
-    for rank in [*range(1, 8), 0]:
-        standin_ckpt.save(root, 2, rank, 8, tracker=True)
-    assert checkpoints.stamp(root, 2, PlanRecord.load(run))
-    stamp = root / "global_step_2" / checkpoints.STAMP
-    good = stamp.read_text()
-    stamp.write_text(json.dumps({**json.loads(good), "model": "glm5_1"}))
+    stamp, good = another_models_checkpoint(run)
     refused = runner(*base, "mode=train", "run.resume=true", env=env, timeout=400)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
     errors = [x for x in refused.stderr.splitlines() if x.startswith("error: ")]
@@ -188,29 +175,17 @@ def test_the_entry_checks_the_checkpoint_where_no_launcher_did(tmp_path, monkeyp
     """vrun.launch.entry (the command of cluster=ray and cluster=kuberay jobs) checks the checkpoint verl will load
     when the environment does not say a launcher did (VRUN_RESUME_CHECKED): another model's is one line; this plan's
     whole step is said and recorded as `resumed`; a plan not for training checks nothing."""
-    import sys
-
     from omegaconf import OmegaConf
 
     from conftest import record_json
     from vrun.launch import entry
     from vrun.rundir import checkpoints, records
-    from vrun.rundir.record import PlanRecord
-
-    sys.path.insert(0, str(ROOT / "tests" / "support"))
-    import standin_ckpt
 
     run = tmp_path / "run"
     run.mkdir()
     (run / "plan.json").write_text(json.dumps(record_json(run, mode="train", cluster="ray")))
+    stamp, good = another_models_checkpoint(run)
     root = run / "checkpoints"
-    root.mkdir()
-    for rank in [*range(1, 8), 0]:
-        standin_ckpt.save(root, 2, rank, 8, tracker=True)
-    assert checkpoints.stamp(root, 2, PlanRecord.load(run))
-    stamp = root / "global_step_2" / checkpoints.STAMP
-    good = stamp.read_text()
-    stamp.write_text(json.dumps({**json.loads(good), "model": "glm5_1"}))
     config = OmegaConf.create({"trainer": {"default_local_dir": str(root)}})
     cfg_path = str(run / "verl_config.yaml")
     monkeypatch.delenv(checkpoints.CHECKED_ENV, raising=False)

@@ -221,11 +221,7 @@ def test_a_job_reaches_the_entry_and_the_verbs_work(ray_cluster, tmp_path):
 def test_a_job_refuses_another_plans_checkpoint_before_ray_starts(ray_cluster, tmp_path):
     """run.resume=true into a run dir whose checkpoint another model saved: the job's entry refuses it in one line
     before verl starts, the job fails, and `logs` shows the line."""
-    from vrun.rundir import checkpoints
-    from vrun.rundir.record import PlanRecord
-
-    sys.path.insert(0, str(ROOT / "tests" / "support"))
-    import standin_ckpt
+    from conftest import another_models_checkpoint
 
     env = dict(grpo_env(tmp_path), RAY_ADDRESS=ray_cluster)
     run = tmp_path / "run"
@@ -233,13 +229,7 @@ def test_a_job_refuses_another_plans_checkpoint_before_ray_starts(ray_cluster, t
             f"hydra.run.dir={run}"]
     first = runner(*base, "mode=plan", env=env, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    root = run / "checkpoints"
-    root.mkdir()
-    for rank in [*range(1, 8), 0]:
-        standin_ckpt.save(root, 2, rank, 8, tracker=True)
-    assert checkpoints.stamp(root, 2, PlanRecord.load(run))
-    stamp = root / "global_step_2" / checkpoints.STAMP
-    stamp.write_text(json.dumps({**json.loads(stamp.read_text()), "model": "glm5_1"}))
+    another_models_checkpoint(run)
     proc = runner(*base, "run.resume=true", env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     vr = lambda *a: subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True,
