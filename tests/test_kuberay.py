@@ -70,7 +70,9 @@ def test_every_models_manifest_matches_the_pinned_schema(tmp_path, model):
         assert pod["spec"]["volumes"] == [{"name": mount["name"], "persistentVolumeClaim": {"claimName": "runs"}}]
     assert doc["spec"]["entrypoint"].startswith("python -m vrun.launch.entry ppo --config ")
     assert f"{run}/verl_config.yaml" in doc["spec"]["entrypoint"]
-    assert yaml.safe_load(doc["spec"]["runtimeEnvYAML"])["env_vars"]["VRUN_RUN_ID"]
+    env_vars = yaml.safe_load(doc["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert env_vars["VRUN_RUN_ID"] and env_vars["WANDB_RUN_ID"] == f"vrun-{env_vars['VRUN_RUN_ID']}"
+    assert env_vars["WANDB_RESUME"] == "allow"
     assert doc["spec"]["activeDeadlineSeconds"] == 240 * 60 and doc["spec"]["submissionMode"] == "K8sJobMode"
     assert len(doc["metadata"]["name"]) <= 47 and doc["metadata"]["namespace"] == "default"
     assert SECRET not in (run / "rayjob.yaml").read_text()

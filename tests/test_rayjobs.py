@@ -204,6 +204,10 @@ def test_a_job_reaches_the_entry_and_the_verbs_work(ray_cluster, tmp_path):
     (back,) = [e for e in records.events(str(run)) if e["event"] == "resumed"]
     assert back["step"] is None and back["line"] == "resume: no checkpoint yet: starts from step 0", back
     assert report["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    # the tracker's run id, as a SLURM node's processes get it: a job submitted again continues the same run
+    from vrun.rundir.records import run_id
+
+    assert (report["env"]["WANDB_RUN_ID"], report["env"]["WANDB_RESUME"]) == (f"vrun-{run_id(str(run))}", "allow")
     vr = lambda *a: subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True,
                                    timeout=120)
     wait(lambda: "SUCCEEDED" in vr("status", str(run)).stdout, 120, "the job's end")

@@ -171,12 +171,17 @@ def entrypoint(plan) -> str:
 
 def job_env(plan) -> dict:
     """A Ray job's env_vars: the plan's environment (secrets are not in it: they pass by name; ROCR/HIP, which the
-    plan unsets, are the cluster's), the run's id, and the merge verl's own ray.init needs inside a job."""
+    plan unsets, are the cluster's), the run's id, the experiment tracker's run id (a job submitted again with
+    run.resume=true continues the same tracker run, as a requeued SLURM job does; unless the plan sets it), and the
+    merge verl's own ray.init needs inside a job."""
+    from vrun.launch.environment import tracker_env
     from vrun.rundir.records import run_id
 
     # PYTHONPATH names this checkout's paths, which do not travel
     env = {k: str(v) for k, v in plan.env.items() if k != "PYTHONPATH"}
-    env["VRUN_RUN_ID"] = run_id(plan.run_dir)
+    rid = run_id(plan.run_dir)
+    env["VRUN_RUN_ID"] = rid
+    env.update({k: v for k, v in tracker_env(rid).items() if k not in env})
     # verl's run_ppo calls ray.init with the config's runtime env (the same variables): inside a job Ray refuses
     # the repeated keys unless told to merge them
     env["RAY_OVERRIDE_JOB_RUNTIME_ENV"] = "1"
