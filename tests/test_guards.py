@@ -670,6 +670,13 @@ def test_a_stall_that_follows_the_run_is_not_requeued_past_max_requeues():
     assert stalls_in_a_row(run((4, False), (4, True), (4, False))) == 1
     assert stalls_in_a_row(run((4, True), (3, True), (2, False))) == 2  # resumed from an earlier checkpoint each time
     assert stalls_in_a_row(run(("9", True), (True, True), (4, False))) == 2
+    # a stall before any step of its job stands where the run stood: past it later is progress
+    assert stalls_in_a_row(run((4, True), (None, True), (10, False))) == 0
+    assert stalls_in_a_row(run((4, True), (None, True), (None, True), (500, False))) == 0
+    assert stalls_in_a_row(run((4, True), (None, True), (None, False))) == 2
+    assert stalls_in_a_row(run((4, True), (10, True), (None, True), (None, False))) == 2
+    assert stalls_in_a_row(run((4, True), (4.0, True), (900, False))) == 0      # a whole float is a step
+    assert stalls_in_a_row(run((4, True), (4.5, True), (float("nan"), False))) == 2
     cancelled = {"event": "stall_action", "t": 2.0, "action": "cancelled"}
     assert stalls_in_a_row(run((4, False)) + [cancelled] + run((4, False))) == 0
 

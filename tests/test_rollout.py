@@ -201,6 +201,7 @@ def test_a_kv_cache_inside_its_band_of_one_sequence_plans_with_a_warning():
     low end but not at its high end, the plan is made with a warning naming the band (as the training step's
     memory inside its band), whether the estimate itself holds one or not; refused only where none fits at all."""
     from conftest import problems_of
+    from vrun.launch import preflight
 
     base = ["model=glm5_1", "mesh=256gpu", "mode=plan"]
     for u, held in (("0.36", "it holds none by the estimate"), ("0.37", "it holds 8 at once by the estimate")):
@@ -212,6 +213,9 @@ def test_a_kv_cache_inside_its_band_of_one_sequence_plans_with_a_warning():
         assert "the KV cache may not hold one 3072-token prompt+response" in w.why and held in w.why, w.why
         assert f"0–{r.fits_band[1]} sequences at once as the reserve runs 0.5–2× its estimate" in w.why, w.why
         assert w.fix.endswith(" to hold one at the band's end"), w.fix
+        # what a launch checks (preflight: local train, SLURM's login, a Ray cluster's) keeps it a warning
+        found = preflight.memory_problems(p)
+        assert [x.why for x in found] == [w.why] and all(x.warning for x in found), found
     assert problems_of(base + ["verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.345"])
 
 

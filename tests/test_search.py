@@ -367,9 +367,13 @@ def test_times_within_the_resolution_of_the_fastest_tie():
     import math
 
     step = math.log1p(search.TIME_RESOLUTION)
-    edge = math.exp((search.step_bucket(180.0) + 0.5) * step)
+    edge = math.exp((search.step_bucket(180.0) - search.BUCKET_BASE + 0.5) * step)
     times = {(4, 1): edge * 0.999, (2, 1): edge * 1.001, (8, 1): edge * 1.3}
     assert search.step_bucket(times[(4, 1)]) != search.step_bucket(times[(2, 1)])
+    # near a second too (the steps of the absolute scale must not read as "no time" there)
+    one = {(1, 1): 1.0101, **{(tp, 1): 1.0099 for tp in (2, 4, 8)}}
+    ranked = search.rank([Mesh(1, 8, tp=tp) for tp in (1, 2, 4, 8)], step_time=_timed(one))
+    assert [c.mesh.tp for c in ranked] == [1, 2, 4, 8], [c.mesh.tp for c in ranked]
     meshes = [Mesh(1, 8, tp=tp) for tp in (4, 2, 8)]
     for fn in (_timed(times), lambda m, e: _timed(times)(m, e)):
         ranked = search.rank(meshes, step_time=fn)
@@ -382,12 +386,14 @@ def test_times_within_the_resolution_of_the_fastest_tie():
 
 def test_the_bound_leaves_untimed_only_meshes_that_cannot_enter_the_first():
     """With a lower bound, rank() times exactly only while a mesh can still enter the first HEAD: its first HEAD
-    equal those of ranking every mesh exactly, over random times (some within the resolution of each other)."""
+    equal those of ranking every mesh exactly, over random times (some within the resolution of each other, some
+    of a second or less)."""
     rng = random.Random(7)
     shapes = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8, 16)]
     meshes = [Mesh(16, 8, tp=tp, pp=pp) for tp, pp in shapes]
-    for _ in range(200):
-        base = rng.uniform(50, 500)
+    assert search.step_bucket(1.0) > 0 and search.step_bucket(0.01) > 0 and search.step_bucket(0.0) == 0.0
+    for i in range(300):
+        base = rng.uniform(50, 500) if i % 3 else rng.uniform(0.5, 1.5)
         times = {s: base * (1 + rng.choice([0.0, 0.005, 0.015, 0.03, 0.08, 0.3]) * rng.random() * 3) for s in shapes}
         fn = _timed(times)
         pruned = search.rank(meshes, step_time=fn)

@@ -373,6 +373,11 @@ def test_experts_split_over_ep_ranks_wait_for_the_busiest():
     assert st.phases["train"].low == pytest.approx(base.phases["train"].low)
     assert base.phases["train"].middle < st.phases["train"].middle < st.phases["train"].high
     assert attn > 0 and "FEPLB" in st.summary()["factors"]["moe_balance"]["source"]
+    assert "waiting for the busiest" in " ".join(st.assumptions)
+    # listed only where it applies
+    for other in (dataclasses.replace(w, ep=1), case_workload("v03_llama3_1_70b_64xh100")):
+        o = steptime.estimate(other, h100)
+        assert "moe_balance" not in o.summary()["factors"] and "waiting for the busiest" not in " ".join(o.assumptions)
     ep1 = dataclasses.replace(w, ep=1)
     assert steptime.estimate(ep1, h100, collectives=False).phases["train"].high == pytest.approx(
         steptime.estimate(ep1, h100, factors={**steptime.FACTORS, "moe_balance": steptime.Factor(1.0, 1.0, "")},

@@ -31,12 +31,17 @@ def step_s(st) -> float:
     return step_bucket(st.central) if st is not None else 0.0
 
 
+# step_bucket's steps start this far above 0 (which stands for no time), so that every time, a second or less
+# included, is a positive step
+BUCKET_BASE = 100_000
+
+
 def step_bucket(seconds: float) -> float:
-    """Seconds in steps of TIME_RESOLUTION on a log scale (monotone; 0.0: none): the order in which rank() times the
-    meshes exactly, before the fastest is known."""
+    """Seconds in steps of TIME_RESOLUTION on a log scale (monotone; every time a positive step, 0.0: none): the
+    order in which rank() times the meshes exactly, before the fastest is known."""
     if not seconds > 0:
         return 0.0
-    return round(math.log(seconds) / math.log1p(TIME_RESOLUTION))
+    return float(max(1, round(math.log(seconds) / math.log1p(TIME_RESOLUTION)) + BUCKET_BASE))
 
 
 def step_from(seconds: float, fastest: float) -> float:

@@ -835,11 +835,15 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
         "all-gather per optimizer step; refit: the whole bf16 model through every rank at the measured refit "
         "rate, a measured cost per tensor, the engine's wake-up; offload: parameters pinned, optimizer states "
         "pageable, gradients freed; the host-bound costs (refit, offload) slower on another cluster at the "
-        "pessimistic end; experts split over EP ranks waiting for the busiest; not modelled: reward, DP imbalance, "
-        "CP and PP traffic, kernel-launch overheads, a CPU optimizer's step, start-up, checkpoint saves",
+        "pessimistic end; " + ("experts split over EP ranks waiting for the busiest; " if routed else "") +
+        "not modelled: reward, DP imbalance, CP and PP traffic, kernel-launch overheads, a CPU optimizer's step, "
+        "start-up, checkpoint saves",
     )
+    host_bound = "sync" in phases or "offload" in phases or (
+        "rollout" in phases and any(n == "sleep" for n, _ in phases["rollout"].parts))
+    unused = {"moe_balance": not routed, "host": not host_bound}
     used = {"train_mfu" if not w.moe else "train_mfu_moe": mfu,
-            **{k: v for k, v in f.items() if not k.startswith("train_mfu") and (k != "moe_balance" or w.moe)}}
+            **{k: v for k, v in f.items() if not k.startswith("train_mfu") and not unused.get(k, False)}}
     if "sync" in phases:
         used.update(refit_rate=REFIT_RATE, refit_tensor_s=REFIT_TENSOR_S, engine_wake_s=ENGINE_WAKE_S)
     return StepTime(phases=phases, rollout_at_mean=at_mean, rollout_at_max=at_max, assumptions=assumptions,

@@ -146,8 +146,6 @@ def dataclass_fields(path: Path, cls: str) -> set[str]:
 
 
 def memory_problems(plan: Plan) -> list[Problem]:
-    import dataclasses
-
     from vrun.planning import phases
 
     e = plan.memory
@@ -155,17 +153,19 @@ def memory_problems(plan: Plan) -> list[Problem]:
         return []
     allow = plan.config.run.allow_memory_overrun
     out = []
-    # the rollout cannot hold one prompt+response: vLLM would fail at wake-up (a warning in the plan)
+    # the rollout may not hold one prompt+response: vLLM would not start (the plan's verdict by the reserve's band:
+    # refused unless allowed where none fits even at its low end, a warning where one fits over part of it)
     r = e.rollout_detail
-    if r is not None and not r.holds_one:
-        out += [dataclasses.replace(p, warning=allow) for p in phases.rollout_problems(r)]
+    if r is not None and r.fits_band[0] < 1:
+        out += phases.rollout_problems(r, allow_overrun=allow, share=False)
     if e.fits:
         return out
     gib = GIB
     # inside the band: a warning; above its low end: refused unless run.allow_memory_overrun
     return out + [Problem("memory", f"{e.peak / gib:.1f}GiB", f"the per-GPU estimate (stage {e.stage}) against "
                     f"{e.gpu_mem / gib:g} GiB per GPU (cluster.gpu / cluster.gpu_mem_gib): {e.verdict()}",
-                    "a smaller token budget, mesh=auto, a larger PP·EP mesh or more offload"
+                    "a smaller token budget, " + ("" if plan.config.mesh.search else "mesh=auto, ")
+                    + "a larger PP·EP mesh or more offload"
                     + ("" if allow or e.may_fit else "; or run.allow_memory_overrun=true"),
                     warning=allow or e.may_fit)]
 

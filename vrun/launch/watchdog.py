@@ -95,24 +95,37 @@ class LogTail:
 
 def stalls_in_a_row(events: list) -> int:
     """How many times in a row the run was submitted again after a stall without getting past the step it stalled
-    at: walking back from the newest stall (the one being acted on), each earlier stall followed by a `stall_action`
-    requeued counts while the newer stall's step is not past it (a stall before any step of its job: no step). A
-    step that is not a whole number counts as none (the progress file is an input)."""
+    at: each stall at the run's furthest step so far (a stall before any step of its job stands where the stall
+    before it did), walked back from the newest (the one being acted on) while the earlier stall was followed by a
+    `stall_action` requeued and the newer one is not past it. A step that is not a finite whole number counts as
+    none (the progress file is an input)."""
     stalls: list = []   # [step, requeued]
     for e in events:
         if e.get("event") == "stalled":
-            step = e.get("step")
-            stalls.append([step if isinstance(step, int) and not isinstance(step, bool) else None, False])
+            stalls.append([_whole(e.get("step")), False])
         elif e.get("event") == "stall_action" and e.get("action") == "requeued" and stalls:
             stalls[-1][1] = True
+    last = None
+    for s in stalls:   # no step in its job: where the run stood at the stall before
+        s[0] = last = s[0] if s[0] is not None else last
     if not stalls:
         return 0
     n, cur = 0, stalls[-1][0]
     for step, requeued in reversed(stalls[:-1]):
         if not requeued or (cur is not None and step is not None and cur > step):
             break
-        n, cur = n + 1, step
+        n, cur = n + 1, step if step is not None else cur
     return n
+
+
+def _whole(v) -> Optional[int]:
+    import math
+
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+        return None
+    return int(v)
 
 
 def next_stall_dir(run_dir: str) -> tuple[int, Path]:

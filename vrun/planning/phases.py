@@ -126,13 +126,15 @@ def rollout_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh, rpa
 
 def rollout_problems(r: Optional[rollout.RolloutEstimate], key: str = f"{ROLLOUT}.gpu_memory_utilization",
                      tp_key: str = rollout.ROLLOUT_TP,
-                     fix: Optional[rollout.RolloutEstimate] = None, allow_overrun: bool = False) -> list:
+                     fix: Optional[rollout.RolloutEstimate] = None, allow_overrun: bool = False,
+                     share: bool = True) -> list:
     """A replica whose weights alone exceed vLLM's share of the GPU is an error (certain: weights are counted, not
     estimated). One that cannot hold a single prompt+response even at the low end of the reserve's band (its terms
     are approximated, ×0.5–2) is refused too, unless run.allow_memory_overrun (then a warning); one whose band's
     high end leaves no room for one is a warning (inside the band, as the training step's verdict). One that cannot
     hold a replica's share of the step at once is a warning (vLLM queues the rest). The fix names the smallest
-    replica that fits, as overrides."""
+    replica that fits, as overrides. share=False leaves the share's warning out (preflight repeats only what could
+    stop vLLM from starting)."""
     from vrun.core.problems import Problem
 
     if r is None:
@@ -167,7 +169,7 @@ def rollout_problems(r: Optional[rollout.RolloutEstimate], key: str = f"{ROLLOUT
         out.append(Problem(tp_key, r.tp, f"{size}: the KV cache may not hold one {r.seq_len}-token prompt+response "
                            f"({g(r.per_sequence)} GiB): it holds {held} by the estimate, {band}; vLLM does not start "
                            "without room for one", cure + " to hold one at the band's end", warning=True))
-    if r.holds_one and not r.holds_share:
+    if share and r.holds_one and not r.holds_share:
         out.append(Problem(tp_key, r.tp, f"{size}: the KV cache holds {r.fits} sequences per replica at once, fewer "
                            f"than the {r.step_share} of the step each of {r.replicas} replicas generates (vLLM queues "
                            "the rest)", cure, warning=True))
