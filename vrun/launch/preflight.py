@@ -14,7 +14,7 @@ from pathlib import Path
 
 from vrun.core import dotted
 from vrun.compose import mlite, stack, verl_tree
-from vrun.planning.plan import Plan
+from vrun.planning.plan import Plan, memory_cure
 from vrun.core.units import GIB
 from vrun.core.problems import PlanError, Problem
 from vrun.config.schema import ClusterName
@@ -164,9 +164,7 @@ def memory_problems(plan: Plan) -> list[Problem]:
     # inside the band: a warning; above its low end: refused unless run.allow_memory_overrun
     return out + [Problem("memory", f"{e.peak / gib:.1f}GiB", f"the per-GPU estimate (stage {e.stage}) against "
                     f"{e.gpu_mem / gib:g} GiB per GPU (cluster.gpu / cluster.gpu_mem_gib): {e.verdict()}",
-                    "a smaller token budget, " + ("" if plan.config.mesh.search else "mesh=auto, ")
-                    + "a larger PP·EP mesh or more offload"
-                    + ("" if allow or e.may_fit else "; or run.allow_memory_overrun=true"),
+                    memory_cure(plan.config) + ("" if allow or e.may_fit else "; or run.allow_memory_overrun=true"),
                     warning=allow or e.may_fit)]
 
 

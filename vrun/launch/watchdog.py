@@ -17,6 +17,7 @@ While it watches it also stamps each checkpoint the job finishes with the plan i
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -119,8 +120,6 @@ def stalls_in_a_row(events: list) -> int:
 
 
 def _whole(v) -> Optional[int]:
-    import math
-
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):

@@ -422,14 +422,12 @@ def memory_problems(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh:
         out += phases.rollout_problems(r, fix=fix, allow_overrun=allow)
     states = max(s.params + s.grads + s.optimizer for s in est.stages) if est.stages else 0.0
     where = f"(cluster.gpu {config.cluster.gpu} / cluster.gpu_mem_gib)"
-    # under mesh=auto the mesh was searched already: it is not offered again
-    auto = "" if config.mesh.search else ", or mesh=auto"
-    cure = "a larger PP·EP mesh, more offload, a smaller token budget" + auto
+    cure = memory_cure(config)
     # certain only where the real build checks the count (fsdp2: tests/test_memory_oracle.py); dist_opt's is a formula
     if states > est.gpu_mem and inputs_optimizer(config, entrypoint, verl) == "fsdp2":
         out.append(Problem("memory", f"{states / GIB:.1f}GiB", f"the parameter shards, gradients and optimizer "
                            f"states alone exceed the {est.gpu_mem / GIB:g} GiB per GPU {where} on a pipeline "
-                           "stage", "a larger PP·EP mesh or more offload" + auto))
+                           "stage", memory_cure(config, tokens=False)))
     elif est.rollout + est.rollout_residents > est.gpu_mem:
         u = est.rollout / est.gpu_mem
         room = max(est.gpu_mem - est.rollout_residents, 0) / est.gpu_mem
@@ -443,6 +441,15 @@ def memory_problems(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh:
     elif not est.fits:
         out.append(band_problem(config, entrypoint, verl, mesh, params, est, where, cure, allow))
     return out
+
+
+def memory_cure(config: RunConfig, tokens: bool = True) -> str:
+    """What shrinks a stage's memory, in general words (a verdict's fallback fix): a larger PP·EP mesh, more offload,
+    a smaller token budget (not for the states alone, which it does not shrink), mesh=auto only where the mesh was
+    given (under mesh=auto it was searched already)."""
+    base = "a larger PP·EP mesh, more offload, a smaller token budget" if tokens else \
+        "a larger PP·EP mesh or more offload"
+    return base + ("" if config.mesh.search else ", or mesh=auto")
 
 
 def band_problem(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params, est: Estimate, where: str,

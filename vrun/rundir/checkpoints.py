@@ -459,7 +459,7 @@ def check(root: Path, plan, say) -> Resume:
     """Before a training attempt starts: decide what verl will load (decide), say each line (say: a function of one
     line), and make verl load it (apply) unless refused. The caller records `resumed` (resumed_fields) or stops on
     decision.refused."""
-    decision = decide(Path(root), plan, allow_mesh_change=bool(getattr(plan, "resume_mesh_change", False)))
+    decision = decide(Path(root), plan, allow_mesh_change=plan.resume_mesh_change)
     for line in decision.lines():
         say(f"vrun: {line}")
     if decision.refused is None:
