@@ -226,3 +226,34 @@ def another_models_checkpoint(run_dir) -> tuple:
     good = stamp.read_text()
     stamp.write_text(json.dumps({**json.loads(good), "model": "glm5_1"}))
     return stamp, good
+
+
+# ==================================================================== the checkout left as found
+def _untracked() -> set | None:
+    """`git status --porcelain` of the checkout (what git does not ignore and does not track, or changed); None
+    outside a git checkout (a user's unpacked copy), where the check cannot be made."""
+    try:
+        p = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=all"],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return set(p.stdout.splitlines()) if p.returncode == 0 else None
+
+
+def pytest_sessionstart(session):
+    session.config._vrun_checkout = _untracked()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The suite fails when it leaves a file in the checkout that git would show (a test's output belongs in its
+    tmp_path, or in a git-ignored dir it names)."""
+    before = getattr(session.config, "_vrun_checkout", None)
+    after = _untracked() if before is not None else None
+    if before is None or after is None:
+        return
+    left = sorted(after - before)
+    if left:
+        print(f"\nerror: the tests left {len(left)} file(s) in the checkout {ROOT} (git status): "
+              + ", ".join(x[3:] for x in left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
+              + "; fix: write them under the test's tmp_path", file=sys.stderr)
+        session.exitstatus = 1
