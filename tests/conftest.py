@@ -241,7 +241,10 @@ def _untracked() -> set | None:
 
 
 def pytest_sessionstart(session):
-    session.config._vrun_checkout = _untracked()
+    # once, in the process that collects the whole session (not in each of pytest-xdist's workers, which would see
+    # one another's files come and go)
+    if not hasattr(session.config, "workerinput"):
+        session.config._vrun_checkout = _untracked()
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -128,9 +128,7 @@ def cmd_status(a) -> int:
     from vrun.planning import measured
 
     r = one_run(a.run)
-    m = measured.of(r)
-    if m.steps:
-        measured.learn(r.dir, m)  # the calibration record learns what this run measured (idempotent)
+    m = measured.of(r)  # read only: the calibration learns when the run ends, in the job's own process
     if a.json:
         print(json.dumps({**r.summary(), "events": r.events, "predicted": measured.predicted(r),
                           "measured": m.summary()}, indent=1))
