@@ -227,9 +227,9 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     if [x for x in problems if not x.warning]:
         hints = []
         if any(x.key.startswith("mesh.") and not x.warning for x in found):
-            from vrun.estimate import search as searching
+            from vrun.estimate import meshes
 
-            hints = searching.hints(rules, mesh, resolved, ep)
+            hints = meshes.hints(rules, mesh, resolved, ep)
         raise PlanError(problems, hints=hints)
     argv = ep.command(config, run_dir, mesh, python or sys.executable)
     source = mlite.find_source()
@@ -505,13 +505,13 @@ def mesh_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, 
              inputs: Optional[dict]) -> Optional[str]:
     """The mesh of the same GPUs, with the configured rollout replica, that mesh=auto's memory ranking puts first,
     when its band fits the GPU; as overrides with its band. None when none does."""
-    from vrun.estimate import search
+    from vrun.estimate import meshes, search
 
     if params is None:
         return None
     tps = [(get(verl, rollout.ROLLOUT_TP) or 1, get(verl, rollout.ROLLOUT_DP) or 1)] \
         if entrypoint.rollout_inputs(verl) is not None else None
-    valid = search.valid_meshes(rules_of(config, entrypoint, verl), mesh.nnodes, mesh.gpus_per_node, verl,
+    valid = meshes.valid_meshes(rules_of(config, entrypoint, verl), mesh.nnodes, mesh.gpus_per_node, verl,
                                 entrypoint, tps)
     found = search.rank(valid, lambda m: memory.estimate(params, m, **inputs),
                         cp_matters=memory.cp_matters(inputs["layer_shapes"]))
@@ -533,7 +533,7 @@ def nothing_fits(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: 
                  inputs: dict, best, best_overrides: str, tps) -> Problem:
     """mesh=auto when no mesh of the GPUs fits by the estimate: the lowest-peak mesh, and the fewest nodes (doubling)
     on which the search finds a mesh that fits."""
-    from vrun.estimate import search
+    from vrun.estimate import meshes, search
 
     gpn = mesh.gpus_per_node
     fix = "more GPUs (mesh.nnodes), more offload, or a smaller token budget"
@@ -543,7 +543,7 @@ def nothing_fits(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: 
         world = n * gpn
         tp_opts = rollout.choices(world, gpn, config.model.arch.facts(), phases.rollout_ep(verl) > 1) \
             if tps is not None else None
-        found = search.rank(search.valid_meshes(rules, n, gpn, verl, entrypoint, tp_opts),
+        found = search.rank(meshes.valid_meshes(rules, n, gpn, verl, entrypoint, tp_opts),
                             lambda m: memory.estimate(params, m, **inputs))
         if found and found[0].fits:
             fix = f"mesh.nnodes={n} ({world} GPUs: {found[0].mesh.overrides()} peaks at " \
@@ -563,7 +563,7 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
     plan records about the search (with the ranking entry that chose the mesh)."""
     import time
 
-    from vrun.estimate import search
+    from vrun.estimate import meshes, search
     from vrun.planning import steptime_plan
 
     model, arch = config.model, config.model.arch.facts()
@@ -577,7 +577,7 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
         tps = rollout.choices(world, gpn, arch, ep_on)
         if pinned is not None:
             tps = [x for x in tps if x[0] == pinned]
-    valid = search.valid_meshes(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
+    valid = meshes.valid_meshes(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
     inputs = phases.memory_inputs(config, entrypoint, verl) if params is not None else None
     ropts = []
     # the rollout replica depends on the GPUs, not on the training mesh: chosen first, the step times use it
