@@ -59,7 +59,7 @@ def case_workload(name):
         kv_per_sequence=r.kv.per_sequence, kv_fits=r.fits, attn_flops_per_key=attn, attn_keys_cap=cap,
         param_bytes=est.weights, grad_bytes=est.grads, optimizer_bytes=est.optimizer, param_offload=True,
         optimizer_offload=True, tensors=steptime.tensor_count(arch), engine_sleep_level=c.engine_sleep_level,
-        grad_reduce_bytes=c.grad_reduce_bytes)
+        grad_reduce_bytes=c.grad_reduce_bytes, refit_host=c.refit_host)
 
 
 def predictions():
@@ -168,19 +168,53 @@ def test_the_refit_moves_the_whole_model_through_every_rank():
 
 def test_offload_moves_parameters_pinned_and_optimizer_states_pageable():
     """Each way over PCIe: the parameters at the pinned rate, the optimizer states at the pageable one (pinned ×
-    PAGEABLE), the gradients not at all (Megatron's grad buffer is freed); NeMo RL's refit holds the way out."""
+    PAGEABLE), the gradients not at all (Megatron's grad buffer is freed). NeMo RL's refit ("state") sends both to
+    the host inside the sync phase (its Refit timer), the offload phase holding their way back alone."""
     w = case_workload("v03_llama3_1_8b_8xh100")
+    assert w.refit_host == "state"
     h100 = hardware.PARTS["H100"]
     f = steptime.FACTORS
     st = steptime.estimate(w, h100)
     pcie, page, host = f["pcie"], f["pageable"], f["host"]
-    one_way = (w.param_bytes / (h100.pcie * pcie.low) + w.optimizer_bytes / (h100.pcie * pcie.low * page.low)) / \
-        host.low
-    assert st.part("offload", "to_host").high == pytest.approx(one_way)
-    assert st.part("offload", "to_gpu").high == pytest.approx(one_way)
-    assert st.phase("offload").high == pytest.approx(2 * one_way)
+    weights = w.param_bytes / (h100.pcie * pcie.low) / host.low
+    optim = w.optimizer_bytes / (h100.pcie * pcie.low * page.low) / host.low
+    assert st.part("sync", "weights_to_host").high == pytest.approx(weights)
+    assert st.part("sync", "optimizer_to_host").high == pytest.approx(optim)
+    assert st.part("offload", "to_host").high == 0.0
+    assert st.part("offload", "to_gpu").high == pytest.approx(weights + optim)
+    assert st.phase("offload").high == pytest.approx(weights + optim)
     assert w.grad_bytes > 0  # there, and not moved
     assert "pull 5301" in st.summary()["factors"]["pageable"]["source"]
+
+
+def test_the_refit_moves_the_training_state_off_the_gpu():
+    """What a colocated refit moves beside the weights it hands the engine (steptime.REFIT_HOST): under NeMo RL's
+    refit the optimizer states and the weights to the host (the dense Llama refits of the v0.3 post are mostly that:
+    8B's 5 s refit against 1.2 s of gather, transfer and wake-up); under verl's the offloaded weights to the GPU for
+    the export and back after it, the optimizer's round trip staying in the offload phase. The step's total is the
+    same sum of costs either way for NeMo RL; verl's refit adds the weights' round trip."""
+    import dataclasses
+
+    h100 = hardware.PARTS["H100"]
+    w = case_workload("v03_llama3_1_8b_8xh100")
+    st = steptime.estimate(w, h100)
+    sync = st.phase("sync")
+    names = {n for n, _ in sync.parts}
+    assert names >= {"transfer", "tensors", "wake", "restore", "optimizer_to_host", "weights_to_host"}
+    engine = sum(p.middle for n, p in sync.parts if n in steptime.REFIT_ENGINE_PARTS)
+    host = st.part("sync", "optimizer_to_host").middle + st.part("sync", "weights_to_host").middle
+    assert host > engine > 0 and sync.middle == pytest.approx(engine + host)
+    verl = steptime.estimate(dataclasses.replace(w, refit_host="weights"), h100)
+    assert {n for n, _ in verl.phase("sync").parts} >= {"weights_to_gpu", "weights_to_host"}
+    assert "optimizer_to_host" not in {n for n, _ in verl.phase("sync").parts}
+    assert verl.part("sync", "weights_to_gpu").middle == pytest.approx(st.part("sync", "weights_to_host").middle)
+    assert verl.part("offload", "to_host").middle == pytest.approx(st.part("offload", "to_gpu").middle)
+    assert verl.central == pytest.approx(st.central + 2 * st.part("sync", "weights_to_host").middle)
+    # no offload: nothing moved beside the engine's side
+    none = steptime.estimate(dataclasses.replace(w, refit_host="weights", param_offload=False,
+                                                 optimizer_offload=False), h100)
+    assert {n for n, _ in none.phase("sync").parts} <= set(steptime.REFIT_ENGINE_PARTS)
+    assert "offload" not in none.phases
 
 
 def test_the_optimizers_dp_traffic_per_optimizer_step():

@@ -36,12 +36,17 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               engine loads it whole, keeping its shard), never less than an ideal reshard of the rollout rank's own
               shard; + a measured cost per tensor handed over (REFIT_TENSOR_S × the model's tensor count,
               tensor_count); + the rollout engine's wake-up (ENGINE_WAKE_S) and, when it slept at vLLM's level 1
-              (weights kept in host memory), its weights copied back over PCIe
-  offload     over PCIe per GPU (offload_parts), to the host after use and back before: the parameters
-              (param_offload; into and out of pinned host memory) and the optimizer states (optimizer_offload; to
-              pageable host memory: the pinned rate × PAGEABLE). Gradients are not copied: Megatron's grad buffer
-              is freed and zeroed again (megatron-core ParamAndGradBuffer.offload_to_cpu, Megatron Lite's
-              offload_model_to_cpu)
+              (weights kept in host memory), its weights copied back over PCIe; + what the colocated refit itself
+              moves between the GPU and the host to make room for the engine (refit_host_parts, REFIT_HOST): verl
+              brings the offloaded training weights to the GPU for the export and sends them back after it; NeMo RL
+              sends the optimizer states and the training weights to the host. For a dense model that is most of
+              the refit (NeMo RL v0.3's Llama-3.1-8B: 2.8 s of its host copies beside 1.2 s of gather and wake-up)
+  offload     over PCIe per GPU (host_copies, offload_parts), what the refit does not move: under verl the
+              weights and optimizer states to the host after the update and back before it; under NeMo RL their
+              way back. The parameters (param_offload) in and out of pinned host memory, the optimizer states
+              (optimizer_offload) through pageable host memory (the pinned rate × PAGEABLE). Gradients are not
+              copied: Megatron's grad buffer is freed and zeroed again (megatron-core
+              ParamAndGradBuffer.offload_to_cpu, Megatron Lite's offload_model_to_cpu)
   sft         training and bubble only; T = train_batch_size · max_length · the mean fraction
 Collectives stay at NVLink speed inside the part's NVLink domain (nvlink_span: a node's GPUs, or a whole NVL72 rack),
 at the node's network speed across domains.
@@ -208,6 +213,22 @@ from vrun.estimate.rollout import MAX_NUM_SEQS  # noqa: E402
 # kept in host memory) for LoRA adapters and MTP
 ENGINE_SLEEP_LEVEL = 2
 
+# What a colocated refit moves between the GPU and the host beside the weights it hands the rollout engine: the
+# training engine's state leaves the GPU inside the refit, to make room for the engine's weights and KV cache.
+#   "weights": verl (verl/workers/engine_workers.py update_weights @ 1dda039b: the engine's
+#              get_per_tensor_param loads the offloaded training weights to the GPU before the export — Megatron
+#              Lite's verl_mlite/engine/mlite_engine.py get_per_tensor_param @ d48bd6be, verl's Megatron engine
+#              load_megatron_model_to_gpu — and update_weights sends them back to the host after it, before the
+#              KV cache wakes); the optimizer states move in update_actor, outside the refit (the offload phase)
+#   "state":   NeMo RL (nemo_rl/algorithms/grpo.py refit_policy_generation @ v0.3.0 b1c86a81 and alike at v0.4.0,
+#              inside its prepare_for_generation timer: offload_before_refit sends the optimizer states to the host
+#              with Tensor.to("cpu"), pageable memory, and frees the gradient buffers; offload_after_refit sends the
+#              weights to pinned host memory, megatron-core ParamAndGradBuffer.offload_to_cpu); their way back is in
+#              logprob_inference_prep and training_prep, no published phase (the offload phase)
+REFIT_HOST = ("weights", "state")
+# the refit's costs on the rollout engine's side (refit_parts), which no training mesh changes
+REFIT_ENGINE_PARTS = ("transfer", "tensors", "wake", "restore")
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -254,6 +275,7 @@ class Workload:
     optimizer_offload: bool = False
     tensors: int = 0                # tensors a refit hands over (tensor_count)
     engine_sleep_level: int = ENGINE_SLEEP_LEVEL
+    refit_host: str = "weights"     # what the refit itself moves to and from the host (REFIT_HOST): verl's
     mean_source: str = f"mean prompt and response = {MEAN_FRACTION:g} × their maxima (assumed)"
 
     @property
@@ -641,20 +663,47 @@ def on_host(p: Phase, f: dict) -> Phase:
     return Phase(p.low / h.high, p.high / h.low, p.note, p.middle / middle(h), p.parts)
 
 
-def offload_parts(w: Workload, part: Part, f: dict) -> dict:
-    """Per GPU over PCIe, each way: the parameters (param_offload) at the pinned rate, the optimizer states
-    (optimizer_offload) at the pageable rate (pinned × PAGEABLE). to_host after use, to_gpu before; gradients are
-    freed, not copied."""
+def host_copies(w: Workload, part: Part, f: dict) -> tuple[Phase, Phase]:
+    """(the training weights, the optimizer states) one way over PCIe per GPU, each a Phase at the host factor's
+    ends: the weights (param_offload) at the pinned rate, the optimizer states (optimizer_offload) at the pageable
+    rate (pinned × PAGEABLE); zero where not offloaded. Gradients are freed, not copied."""
     pcie, pageable = f["pcie"], f["pageable"]
+    params = w.param_bytes if w.param_offload else 0.0
+    optim = w.optimizer_bytes if w.optimizer_offload else 0.0
 
-    def one_way(e_pcie: float, e_page: float) -> float:
-        params = w.param_bytes if w.param_offload else 0.0
-        optim = w.optimizer_bytes if w.optimizer_offload else 0.0
-        return params / (part.pcie * e_pcie) + optim / (part.pcie * e_page * e_pcie)
+    def way(nbytes: float, page: Factor) -> Phase:
+        return on_host(Phase(nbytes / (part.pcie * pcie.high * page.high), nbytes / (part.pcie * pcie.low * page.low),
+                             "", nbytes / (part.pcie * middle(pcie) * middle(page))), f)
 
-    way = on_host(Phase(one_way(pcie.high, pageable.high), one_way(pcie.low, pageable.low), "",
-                        one_way(middle(pcie), middle(pageable))), f)
-    return {"to_host": way, "to_gpu": way} if way.high > 0 else {}
+    flat = Factor(1.0, 1.0, "")
+    return way(params, flat), way(optim, pageable)
+
+
+def plus(a: Phase, b: Phase) -> Phase:
+    """Two costs one after the other."""
+    return Phase(a.low + b.low, a.high + b.high, "", a.middle + b.middle)
+
+
+def refit_host_parts(w: Workload, part: Part, f: dict) -> dict:
+    """What the colocated refit itself moves between the GPU and the host beside the weights it hands the engine
+    (REFIT_HOST, w.refit_host): verl's ("weights") brings the offloaded training weights to the GPU for the export
+    and sends them back after it; NeMo RL's ("state") sends the optimizer states and then the training weights to
+    the host. Each a Phase; those of zero bytes left out by summed()."""
+    weights, optim = host_copies(w, part, f)
+    if w.refit_host == "state":
+        return {"optimizer_to_host": optim, "weights_to_host": weights}
+    return {"weights_to_gpu": weights, "weights_to_host": weights}
+
+
+def offload_parts(w: Workload, part: Part, f: dict) -> dict:
+    """The offload outside the refit, per GPU over PCIe (host_copies): under verl's refit ("weights") the weights and
+    optimizer states to the host after the update and back before it; under NeMo RL's ("state"), whose refit sends
+    both to the host (refit_host_parts), their way back alone."""
+    weights, optim = host_copies(w, part, f)
+    way = plus(weights, optim)
+    if way.high <= 0:
+        return {}
+    return {"to_gpu": way} if w.refit_host == "state" else {"to_host": way, "to_gpu": way}
 
 
 def attention_flops_per_key(arch: dict) -> tuple[float, Optional[int]]:
@@ -811,18 +860,23 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
         g = [gradient_sync_s(w, part, e) for e in (net.high, net.low, middle(net))]
         train = Phase(train.low + g[0], train.high + g[1], train.note, train.middle + g[2])
     phases["train"] = train
-    if w.rollout and same_rollout is not None:
-        phases["sync"] = same_rollout.phases["sync"]
-    elif w.rollout:
+    if w.rollout:
+        # the engine's side of the refit does not depend on the training mesh (taken from same_rollout when given);
+        # what the refit moves to and from the host does (the per-GPU bytes of the training engine's state)
+        engine = dict(same_rollout.phases["sync"].parts) if same_rollout is not None else refit_parts(w, part, f)
+        engine = {n: p for n, p in engine.items() if n in REFIT_ENGINE_PARTS}
         r = REFIT_RATE
-        phases["sync"] = summed(refit_parts(w, part, f),
+        host = " beside it " + ("the training weights to the GPU for the export and back to the host"
+                                if w.refit_host != "state" else "the optimizer states and training weights to the host")
+        phases["sync"] = summed({**engine, **refit_host_parts(w, part, f)},
                                 f"every rank handles the whole bf16 model ({refit_bytes(w) / 1e9:.0f} GB) at "
                                 f"{r.low / 1e9:.0f}–{r.high / 1e9:.0f} GB/s (the frameworks' per-tensor refit), "
-                                f"{w.tensors:,} tensors, the engine's wake-up")
+                                f"{w.tensors:,} tensors, the engine's wake-up;{host}")
     moved = offload_parts(w, part, f)
     if moved:
         per_way = (w.param_bytes if w.param_offload else 0.0) + (w.optimizer_bytes if w.optimizer_offload else 0.0)
-        phases["offload"] = summed(moved, f"{per_way / 2 ** 30:.0f} GiB per GPU each way over PCIe (optimizer "
+        ways = "back" if w.refit_host == "state" else "each way"
+        phases["offload"] = summed(moved, f"{per_way / 2 ** 30:.0f} GiB per GPU {ways} over PCIe (optimizer "
                                           "states through pageable memory)")
     assumptions = (
         "ESTIMATE: roofline per phase with the efficiencies listed (low time = the optimistic efficiency; the "
@@ -833,8 +887,8 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
         "domain adds its whole TP group's by NCCL's latency model + bytes; training and log-prob: TP all-reduce "
         "and EP all-to-all bytes, NVLink inside the part's NVLink domain; the optimizer's DP reduce-scatter and "
         "all-gather per optimizer step; refit: the whole bf16 model through every rank at the measured refit "
-        "rate, a measured cost per tensor, the engine's wake-up; offload: parameters pinned, optimizer states "
-        "pageable, gradients freed; the host-bound costs (refit, offload) slower on another cluster at the "
+        "rate, a measured cost per tensor, the engine's wake-up, the training state the refit moves to and from "
+        "the host; offload: parameters pinned, optimizer states pageable, gradients freed; the host-bound costs (refit, offload) slower on another cluster at the "
         "pessimistic end; " + ("experts split over EP ranks waiting for the busiest; " if routed else "") +
         "not modelled: reward, DP imbalance, CP and PP traffic, kernel-launch overheads, a CPU optimizer's step, "
         "start-up, checkpoint saves",
