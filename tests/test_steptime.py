@@ -121,9 +121,12 @@ def test_every_published_value_inside_its_band():
 def test_bands_are_no_wider_than_they_need():
     """A phase's band spans only its own factors (the widths per case and phase are in README's table): compute (MFU,
     network and, for experts split over EP ranks, the MoE balance) under 3×; the refit (rate, cost per tensor, PCIe,
-    the host factor) and offload at most 6×; the rollout (lengths from the paged cache at the mean to the longest
-    tail, MBU, its trend carried past TP8 for the wider replicas) under 5.5×; the step under 5×."""
-    limits = {"total": 5.0, "train": 3.0, "log_prob": 3.0, "sync": 6.0, "rollout": 5.5}
+    the host factor) and offload under 7.5× (was 6×: at the optimistic end the per-tensor export runs beside the
+    transfer, below — Qwen3-30B-A3B's 18,000 small tensors 5.97× -> 7.29×); the rollout (lengths from the paged cache at the mean to the longest
+    tail, MBU, its trend carried past TP8 for the wider replicas) under 5.5×; the step under 5.3× (was 5×: the
+    refit's optimistic end runs the per-tensor export beside the transfer, as the refit its rate was measured on did
+    — NeMo RL's DeepSeek-V3 256×H100 total 4.92× -> 5.25×, its refit's optimistic end the source's 14 s)."""
+    limits = {"total": 5.3, "train": 3.0, "log_prob": 3.0, "sync": 7.5, "rollout": 5.5}
     for name, rows in table().items():
         for ph, (v, lo, mid, hi) in rows.items():
             assert hi / lo <= limits[ph], (name, ph, round(hi / lo, 2))
@@ -145,6 +148,12 @@ def test_the_refit_moves_the_whole_model_through_every_rank():
     mh = steptime.middle(host)
     transfer = st.part("sync", "transfer")
     assert transfer.low == pytest.approx(whole / r.high) and transfer.high == pytest.approx(whole / r.low / host.low)
+    # the optimistic end: the per-tensor export beside the transfer (the refit the optimistic rate was measured on
+    # overlapped them), only its excess on top; the pessimistic end one after the other
+    tensors = st.part("sync", "tensors")
+    assert tensors.low == pytest.approx(max(0.0, w.tensors * per.high - whole / r.high))
+    assert tensors.high == pytest.approx(w.tensors * per.low / host.low)
+    assert transfer.low + tensors.low == pytest.approx(max(whole / r.high, w.tensors * per.high))
     assert transfer.middle == pytest.approx(whole / math.sqrt(r.low * r.high) / mh)
     assert 45_000 < w.tensors < 46_000
     assert st.part("sync", "tensors").middle == pytest.approx(w.tensors * math.sqrt(per.low * per.high) / mh)
@@ -341,6 +350,13 @@ def test_decode_is_memory_bound_until_the_batch_is_large():
     alone = steptime.decode_step_s(wide, h100, 1, 1000, 0.5, 0.3)
     with_ar = steptime.decode_step_s(wide, h100, 1, 1000, 0.5, 0.3, 0.7)
     assert with_ar - alone == pytest.approx(2 * 94 * steptime.allreduce_s(16, 8, 4096 * 2.0, h100, 0.7))
+    # TP8's measured figure held flat (the optimistic end) already holds 8/16 of TP8's all-reduces: only the rest
+    flat = steptime.decode_step_s(wide, h100, 1, 1000, 0.5, 0.3, 0.7, measured_flat=True)
+    assert flat - alone == pytest.approx(2 * 94 * (steptime.allreduce_s(16, 8, 4096 * 2.0, h100, 0.7) -
+                                                   steptime.allreduce_s(8, 8, 4096 * 2.0, h100, 0.7) * 8 / 16))
+    assert alone < flat < with_ar
+    # within a node nothing is on top either way
+    assert steptime.decode_step_s(w, h100, 1, 1000, 0.5, 0.3, 0.7, measured_flat=True) == one
 
 
 def test_decode_mbu_is_the_figure_measured_at_the_rollouts_tp():
@@ -377,7 +393,7 @@ def test_a_rollout_replica_wider_than_the_source_measured_is_banded_by_its_trend
     assert st.rollout_at_max.high == pytest.approx(steptime.rollout_s(
         w, h20, w.response_max, steptime.decode_mbu_worst(32, band), mfu.low, True, net.low))
     assert st.rollout_at_max.low == pytest.approx(steptime.rollout_s(w, h20, w.response_max, 0.25, mfu.high, True,
-                                                                     net.high))
+                                                                     net.high, measured_flat=True))
     narrow = dataclasses.replace(w, rollout_tp=8)
     st8 = steptime.estimate(narrow, h20)
     assert st8.rollout_at_max.high == pytest.approx(steptime.rollout_s(narrow, h20, narrow.response_max, band.low,

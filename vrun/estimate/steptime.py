@@ -12,7 +12,9 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               the middle between them. A replica wider than its NVLink domain adds the
               step's two all-reduces per decoder layer (Shoeybi et al. 2019) of its bf16 activations over the TP
               group: NCCL's own latency model (Ring or Tree, LL; vrun/estimate/hardware.py NCCL_LATENCY_US, from
-              NCCL's tuning.cc) + 2(n−1)/n·bytes over the node's network. Prefill: 2·N·prompt tokens / (G·P·MFU).
+              NCCL's tuning.cc) + 2(n−1)/n·bytes over the node's network (at the optimistic end, TP8's figure held
+              flat, less the share of TP8's own all-reduces that figure already holds: decode_step_s measured_flat).
+              Prefill: 2·N·prompt tokens / (G·P·MFU).
               spread_rollout_s: the response lengths spread as the maximum-entropy distribution on
               [0, max_response_length] with the known mean (Lengths); C = min(S, DP·max_num_seqs, the KV cache's fit
               at the longest sequence) decoding at full batch while any wait, then draining as they finish; the step
@@ -35,7 +37,8 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               (REFIT_RATE: verl's and NeMo RL's refit gather each tensor in full on every rank, and the rollout
               engine loads it whole, keeping its shard), never less than an ideal reshard of the rollout rank's own
               shard; + a measured cost per tensor handed over (REFIT_TENSOR_S × the model's tensor count,
-              tensor_count); + the rollout engine's wake-up (ENGINE_WAKE_S) and, when it slept at vLLM's level 1
+              tensor_count; at the optimistic end beside the transfer, as in the refit REFIT_RATE's optimistic
+              figure was measured on); + the rollout engine's wake-up (ENGINE_WAKE_S) and, when it slept at vLLM's level 1
               (weights kept in host memory), its weights copied back over PCIe; + what the colocated refit itself
               moves between the GPU and the host to make room for the engine (refit_host_parts, REFIT_HOST): verl
               brings the offloaded training weights to the GPU for the export and sends them back after it; NeMo RL
@@ -275,7 +278,8 @@ class Workload:
     optimizer_offload: bool = False
     tensors: int = 0                # tensors a refit hands over (tensor_count)
     engine_sleep_level: int = ENGINE_SLEEP_LEVEL
-    refit_host: str = "weights"     # what the refit itself moves to and from the host (REFIT_HOST): verl's
+    refit_host: str = "state"       # what the refit itself moves to and from the host (REFIT_HOST): NeMo RL's,
+                                    # whose refits REFIT_RATE and the host factor were measured on; a plan: verl's
     mean_source: str = f"mean prompt and response = {MEAN_FRACTION:g} × their maxima (assumed)"
 
     @property
@@ -457,21 +461,25 @@ def allreduce_s(ranks: int, gpus_per_node: int, nbytes: float, part: Part, net: 
     return min(ring, tree) * 1e-6 + 2 * (ranks - 1) / ranks * nbytes / (bw * net)
 
 
-def tp_collectives_s(w: Workload, part: Part, per_rank: float, net: float) -> float:
+def tp_collectives_s(w: Workload, part: Part, per_rank: float, net: float, ranks: Optional[int] = None) -> float:
     """A decode step's tensor-parallel all-reduces: two per decoder layer (after the attention output projection and
     after the MLP/MoE down projection: Shoeybi et al. 2019, arXiv:1909.08053 §3), each of the step's bf16
-    activations (per_rank tokens × hidden × 2 bytes) over the replica's TP group."""
-    if w.rollout_tp <= 1 or not w.layers or not w.hidden:
+    activations (per_rank tokens × hidden × 2 bytes) over the replica's TP group (ranks: over that many GPUs)."""
+    n = w.rollout_tp if ranks is None else ranks
+    if n <= 1 or not w.layers or not w.hidden:
         return 0.0
-    return 2 * w.layers * allreduce_s(w.rollout_tp, nvlink_span(w.gpus_per_node, part), per_rank * w.hidden * 2.0,
-                                      part, net)
+    return 2 * w.layers * allreduce_s(n, nvlink_span(w.gpus_per_node, part), per_rank * w.hidden * 2.0, part, net)
 
 
 def decode_step_s(w: Workload, part: Part, concurrent: float, context: float, mbu: float, mfu: float,
-                  net: Optional[float] = None) -> float:
+                  net: Optional[float] = None, measured_flat: bool = False) -> float:
     """One decode step of a replica with `concurrent` sequences at `context` tokens each: the roofline, then, for a
     replica wider than its NVLink domain, its TP all-reduces (net: the network efficiency; None leaves them out).
-    Within a domain they are in the measured MBU (DECODE_MBU_AT_TP)."""
+    Within a domain they are in the measured MBU (DECODE_MBU_AT_TP).
+    measured_flat: `mbu` is the widest measured TP's figure held flat (decode_mbu_best, the optimistic end). That
+    figure's step at TP m held TP m's all-reduces; held flat at TP `tp` its time shrinks to m/tp of it, the
+    all-reduces' share with it, so m/tp of TP m's all-reduces are counted already and only the rest of the whole
+    group's come on top (the middle and the pessimistic end count the whole group's on top: a pessimistic bias)."""
     tp, dp = w.rollout_tp, w.rollout_dp
     per_rank = concurrent / dp
     touched = 1.0 if not w.experts else 1 - (1 - w.top_k / w.experts) ** concurrent
@@ -479,8 +487,14 @@ def decode_step_s(w: Workload, part: Part, concurrent: float, context: float, mb
     kv = per_rank * (context * w.kv_per_token + w.kv_per_sequence)
     memory = (weights + kv) / (part.hbm * mbu)
     flops = 2 * w.active_params * per_rank / tp / (part.bf16_flops * mfu)
-    wide = tp > nvlink_span(w.gpus_per_node, part)
-    return max(memory, flops) + (tp_collectives_s(w, part, per_rank, net) if net is not None and wide else 0.0)
+    span = nvlink_span(w.gpus_per_node, part)
+    if net is None or tp <= span:
+        return max(memory, flops)
+    collectives = tp_collectives_s(w, part, per_rank, net)
+    if measured_flat:
+        m = min(span, max(DECODE_MBU_AT_TP))
+        collectives -= tp_collectives_s(w, part, per_rank, net, ranks=m) * m / tp
+    return max(memory, flops) + collectives
 
 
 def _replicas(w: Workload) -> tuple[int, int]:
@@ -494,19 +508,19 @@ def prefill_s(w: Workload, part: Part, mfu: float) -> float:
 
 
 def rollout_s(w: Workload, part: Part, response: float, mbu: float, mfu: float, longest: bool,
-              net: Optional[float] = None) -> float:
+              net: Optional[float] = None, measured_flat: bool = False) -> float:
     """Every response at `response` tokens (longest=False), or (longest=True) the last wave's whole batch decoding
     `response` steps. Concurrency: at the mean, as many sequences as the paged KV cache holds at their mean occupancy
     (concurrency); at the longest, the KV cache's fit at the longest sequence (kv_fits); in waves."""
     _, share = _replicas(w)
     c = max(1, int(concurrency(w, w.prompt_mean + w.response_mean / 2 if not longest else None)))
     waves = -(-share // c)
-    mean_step = decode_step_s(w, part, c, w.prompt_mean + w.response_mean / 2, mbu, mfu, net)
+    mean_step = decode_step_s(w, part, c, w.prompt_mean + w.response_mean / 2, mbu, mfu, net, measured_flat)
     if not longest:
         decode = waves * response * mean_step
     else:
         decode = (waves - 1) * w.response_mean * mean_step + \
-            response * decode_step_s(w, part, c, w.prompt_mean + response / 2, mbu, mfu, net)
+            response * decode_step_s(w, part, c, w.prompt_mean + response / 2, mbu, mfu, net, measured_flat)
     return decode + prefill_s(w, part, mfu)
 
 
@@ -589,7 +603,7 @@ def _mean_of(a: float) -> float:
 
 
 def spread_rollout_s(w: Workload, part: Part, mbu: float, mfu: float, net: Optional[float] = None,
-                     paged: bool = False, segments: int = 48) -> float:
+                     paged: bool = False, segments: int = 48, measured_flat: bool = False) -> float:
     """The middle rollout: response lengths spread as Lengths(mean, max). A replica decodes as many sequences at
     once as its KV cache holds at the longest sequence (concurrency, kv_fits); while sequences wait, the slots decode
     at full batch (the queue's tokens over the slots), each at the prompt and the mean age of a sequence in flight;
@@ -603,12 +617,12 @@ def spread_rollout_s(w: Workload, part: Part, mbu: float, mfu: float, net: Optio
     occupancy = w.prompt_mean + age
     c = concurrency(w, occupancy if paged else None)
     queued = max(0.0, (share - c) * w.response_mean / c)
-    full = queued * decode_step_s(w, part, c, occupancy, mbu, mfu, net) if queued else 0.0
+    full = queued * decode_step_s(w, part, c, occupancy, mbu, mfu, net, measured_flat) if queued else 0.0
     h, drain = longest / segments, 0.0
     for i in range(segments):
         t = (i + 0.5) * h
         alive = max(1.0, c * (1 - lengths.cdf(t, a)))
-        drain += h * decode_step_s(w, part, alive, w.prompt_mean + t, mbu, mfu, net)
+        drain += h * decode_step_s(w, part, alive, w.prompt_mean + t, mbu, mfu, net, measured_flat)
     return full + drain + prefill_s(w, part, mfu)
 
 
@@ -644,11 +658,15 @@ def sync_s(w: Workload, part: Part, net: float, rate: float) -> float:
 def refit_parts(w: Workload, part: Part, f: dict) -> dict:
     """The refit's costs, each a Phase (pessimistic, optimistic, middle): the transfer (sync_s), the cost per tensor
     handed over (REFIT_TENSOR_S × w.tensors), the engine's wake-up (ENGINE_WAKE_S) and, for an engine that slept at
-    level 1, its weights copied back from pinned host memory over PCIe."""
+    level 1, its weights copied back from pinned host memory over PCIe. The optimistic end runs the per-tensor
+    export beside the transfer, only its excess over the transfer on top: REFIT_RATE's optimistic figure is the
+    refit measured after NeMo RL overlapped the export with the broadcast (its pessimistic figure before, the two
+    one after the other: summed at the pessimistic end and the middle). Summed at the optimistic end too, DeepSeek-V3's
+    refit would take 14 s + 4.5 s, above the 14 s the source measured for it."""
     net, pcie, r, per, wake = f["network"], f["pcie"], REFIT_RATE, REFIT_TENSOR_S, ENGINE_WAKE_S
-    out = {"transfer": Phase(sync_s(w, part, net.high, r.high), sync_s(w, part, net.low, r.low), "",
-                             sync_s(w, part, middle(net), middle(r))),
-           "tensors": Phase(w.tensors * per.high, w.tensors * per.low, "", w.tensors * middle(per)),
+    best = sync_s(w, part, net.high, r.high)
+    out = {"transfer": Phase(best, sync_s(w, part, net.low, r.low), "", sync_s(w, part, middle(net), middle(r))),
+           "tensors": Phase(max(0.0, w.tensors * per.high - best), w.tensors * per.low, "", w.tensors * middle(per)),
            "wake": Phase(wake.high, wake.low, "", middle(wake))}
     if w.engine_sleep_level == 1:
         b = rollout_shard_bytes(w) / part.pcie
@@ -830,13 +848,13 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
     elif w.rollout:
         at_tp, worst = decode_mbu(w.rollout_tp, mbu), decode_mbu_worst(w.rollout_tp, mbu)
         best = decode_mbu_best(w.rollout_tp, mbu)
-        at_mean = Phase(rollout_s(w, part, w.response_mean, best, mfu.high, False, net.high),
+        at_mean = Phase(rollout_s(w, part, w.response_mean, best, mfu.high, False, net.high, True),
                         rollout_s(w, part, w.response_mean, worst, mfu.low, False, net.low), "",
                         rollout_s(w, part, w.response_mean, at_tp, middle(mfu), False, middle(net)))
-        at_max = Phase(rollout_s(w, part, w.response_max, best, mfu.high, True, net.high),
+        at_max = Phase(rollout_s(w, part, w.response_max, best, mfu.high, True, net.high, True),
                        rollout_s(w, part, w.response_max, worst, mfu.low, True, net.low), "",
                        rollout_s(w, part, w.response_max, at_tp, middle(mfu), True, middle(net)))
-        decode = Phase(spread_rollout_s(w, part, best, mfu.high, net.high, paged=True),
+        decode = Phase(spread_rollout_s(w, part, best, mfu.high, net.high, paged=True, measured_flat=True),
                        max(spread_rollout_s(w, part, worst, mfu.low, net.low), at_max.high), "",
                        spread_rollout_s(w, part, at_tp, middle(mfu), middle(net)))
         parts = {"decode": decode}
