@@ -312,26 +312,41 @@ def test_gpu_parts_name_their_node_and_nvlink_domain_apart():
 
 
 def test_nvl72_traffic_inside_the_domain_is_nvlink_not_cross_node():
-    """On GB200 NVL72 nodes of 4 GPUs, a TP16 rollout replica and training's TP2·EP16 collectives span 4–8 nodes but
-    one NVLink domain: costed at NVLink speed (no cross-node all-reduce added to a decode step, the all-to-all over
-    NVLink), where a part whose NVLink domain is its node of 4 pays the network for the same traffic."""
+    """On GB200 NVL72 nodes of 4 GPUs, a TP16 rollout replica and training's TP2·EP16 collectives on 64 GPUs span
+    4–16 nodes but one NVLink domain: costed at NVLink speed (no cross-node all-reduce added to a decode step, the
+    all-to-all over NVLink), where a part whose NVLink domain is its node of 4 pays the network for the same
+    traffic. On 128 GPUs the job fills one rack's 72 GPUs and goes on in the next: the EP16 block of ranks 64–79
+    straddles the edge, 8 ranks each side, and its all-to-all sends half its bytes over the network."""
     import dataclasses
 
     gb = hardware.PARTS["GB200"]
     per_node = dataclasses.replace(gb, nvlink_domain=4)
-    w = dataclasses.replace(case_workload("qwen3_235b_a22b_128xh100"), gpus_per_node=4)
-    assert (w.rollout_tp, w.tp, w.ep) == (16, 2, 16)
+    w = dataclasses.replace(case_workload("qwen3_235b_a22b_128xh100"), gpus_per_node=4, world=64)
+    assert (w.rollout_tp, w.tp, w.ep, w.pp) == (16, 2, 16, 8)
     decode = steptime.decode_step_s(w, gb, 1, 1000, 0.5, 0.3)
     assert steptime.decode_step_s(w, gb, 1, 1000, 0.5, 0.3, 0.7) == decode
     assert steptime.decode_step_s(w, per_node, 1, 1000, 0.5, 0.3, 0.7) > decode
-    tokens = w.tokens / ((w.world // (w.pp * w.tp * w.cp)) * w.cp)
-    moved = tokens / w.tp * w.top_k * w.hidden * 2.0 * (1 - 1 / w.ep)
-    tp_bytes = 2 * w.layers / w.pp * 2 * (w.tp - 1) / w.tp * tokens * w.hidden * 2.0
+
+    def parts(wl):
+        tokens = wl.tokens / ((wl.world // (wl.pp * wl.tp * wl.cp)) * wl.cp)
+        moved = tokens / wl.tp * wl.top_k * wl.hidden * 2.0 * (1 - 1 / wl.ep)
+        tp_bytes = 2 * wl.layers / wl.pp * 2 * (wl.tp - 1) / wl.tp * tokens * wl.hidden * 2.0
+        return tp_bytes, moved
+
+    tp_bytes, moved = parts(w)
     inside = (tp_bytes / gb.nvlink + 2 * w.moe_layers / w.pp * moved / gb.nvlink) / 0.7
     assert steptime.training_collectives_s(w, gb, 1, 0.7) == pytest.approx(inside)
     assert steptime.training_collectives_s(w, per_node, 1, 0.7) > 2 * inside
     # the optimizer's expert-DP traffic too: EDP groups strided by EP16 inside 72 GPUs ride NVLink
     assert steptime.gradient_sync_s(w, gb, 0.7) < steptime.gradient_sync_s(w, per_node, 0.7)
+    # 128 GPUs: two racks, the block at the edge straddles
+    wide = dataclasses.replace(w, world=128)
+    assert steptime.in_domain(128, 72, 16, 1) == 8 and steptime.in_domain(64, 72, 16, 1) == 16
+    assert steptime.in_domain(144, 72, 8, 1) == 8 and steptime.in_domain(128, 8, 16, 1) == 8
+    tp_bytes, moved = parts(wide)
+    a2a = max(moved * 0.5 / gb.nvlink, moved * 0.5 / (gb.network / 4))
+    assert steptime.training_collectives_s(wide, gb, 1, 0.7) == pytest.approx(
+        (tp_bytes / gb.nvlink + 2 * wide.moe_layers / wide.pp * a2a) / 0.7)
 
 
 def test_decode_is_memory_bound_until_the_batch_is_large():
@@ -554,3 +569,20 @@ def test_predicted_step_is_the_middle(tmp_path):
     s = steptime_plan.predicted_step_s(p)
     assert s == pytest.approx(p.time.central) and p.time.low < s < p.time.high
     assert math.isfinite(json.loads(json.dumps(p.time.summary()))["step_middle_s"])
+
+
+def test_a_mesh_timed_from_another_keeps_its_own_host_copies_in_the_refit():
+    """mesh=auto takes the refit's engine side from the first mesh timed (same_rollout); what the refit moves to and
+    from the host follows each mesh's own per-GPU bytes, as a fresh estimate on that mesh has it."""
+    import dataclasses
+
+    h100 = hardware.PARTS["H100"]
+    first = dataclasses.replace(case_workload("v03_llama3_1_70b_64xh100"), refit_host="weights")
+    other = dataclasses.replace(first, param_bytes=first.param_bytes * 2, optimizer_bytes=first.optimizer_bytes * 3)
+    reused = steptime.estimate(other, h100, same_rollout=steptime.estimate(first, h100))
+    fresh = steptime.estimate(other, h100)
+    for ph in ("sync", "offload"):
+        a, b = reused.phase(ph), fresh.phase(ph)
+        assert (a.low, a.middle, a.high) == pytest.approx((b.low, b.middle, b.high)), ph
+    assert reused.part("sync", "weights_to_gpu").middle == pytest.approx(
+        2 * steptime.estimate(first, h100).part("sync", "weights_to_gpu").middle)

@@ -52,7 +52,8 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               ParamAndGradBuffer.offload_to_cpu, Megatron Lite's offload_model_to_cpu)
   sft         training and bubble only; T = train_batch_size · max_length · the mean fraction
 Collectives stay at NVLink speed inside the part's NVLink domain (nvlink_span: a node's GPUs, or a whole NVL72 rack),
-at the node's network speed across domains.
+at the node's network speed across domains; a job fills one domain after another, so a group whose block of ranks
+meets a domain's edge (an EP16 block on a 72-GPU rack) straddles two (in_domain).
   optimizer   per optimizer step, the distributed optimizer's gradient reduce-scatter and parameter all-gather over
               data parallel (gradient_sync_s), added to training
   host        the refit, offload and the engine's sleep copy are host-bound: their pessimistic ends on a slower
@@ -420,8 +421,8 @@ def mfu_factor(w: Workload, f: dict) -> Factor:
 
 def nvlink_span(gpus_per_node: int, part: Part) -> int:
     """How many consecutive GPUs talk over NVLink: the part's NVLink domain where it spans more GPUs than one of its
-    nodes (GB200/GB300 NVL72: 72 GPUs, 4 per compute tray), else the mesh's node. A group of up to that many GPUs
-    is taken to sit inside one domain (a job on NVL72 racks is placed by rack)."""
+    nodes (GB200/GB300 NVL72: 72 GPUs, 4 per compute tray), else the mesh's node. A job fills one domain after
+    another; which of a training mesh's groups then straddle two domains: in_domain."""
     return part.nvlink_domain if part.nvlink_domain > part.gpus_per_node else gpus_per_node
 
 
@@ -759,6 +760,36 @@ def tensor_count(arch: dict) -> int:
     return layers * attention + dense_layers * 3 + (layers - dense_layers) * moe + 3
 
 
+@functools.lru_cache(maxsize=1024)
+def in_domain(world: int, span: int, members: int, stride: int) -> int:
+    """The fewest ranks of one group that share an NVLink domain with any of its members: groups of `members` ranks
+    `stride` apart, in blocks of members·stride consecutive ranks (megatron-core's rank order, TP innermost, PP
+    outermost), the job's ranks filling one domain of `span` GPUs after another. Where the domain is a multiple
+    of the block, every group lies inside one domain (or splits evenly over whole domains); where it is not — an
+    NVL72 rack's 72 GPUs and EP16 or EP32 blocks — the block that meets the rack's edge straddles two domains, and
+    a collective waits for its ranks with the fewest peers on NVLink."""
+    block = members * stride
+    if members <= 1 or world <= span or span % block == 0:
+        return members
+    if block % span == 0:  # each block over whole domains, stride dividing them evenly
+        return max(1, members * span // block) if span % stride == 0 else _fewest(world, span, members, stride)
+    return _fewest(world, span, members, stride)
+
+
+def _fewest(world: int, span: int, members: int, stride: int) -> int:
+    """in_domain counted group by group."""
+    block = members * stride
+    fewest = members
+    for start in range(0, max(world, block), block):
+        for t in range(stride):
+            ranks = [start + t + stride * i for i in range(members)]
+            counts: dict = {}
+            for r in ranks:
+                counts[r // span] = counts.get(r // span, 0) + 1
+            fewest = min(fewest, min(counts.values()))
+    return fewest
+
+
 def training_collectives_s(w: Workload, part: Part, passes: float, net: float, mesh=None) -> float:
     """Per GPU, the training mesh's collectives over `passes` forward-equivalent passes of the step's tokens (a
     training step: forward + backward = 2, 3 with full recompute; a log-prob pass: 1), bandwidth only (at these
@@ -766,7 +797,7 @@ def training_collectives_s(w: Workload, part: Part, passes: float, net: float, m
     of its tokens' bf16 activations, 2(TP−1)/TP of them per GPU over NVLink (Shoeybi et al. 2019, arXiv:1909.08053
     §3: two in the forward, their conjugates in the backward); per pass and MoE layer of the stage an EP dispatch
     and combine all-to-all of its tokens' top-k bf16 activations, the share on other EP ranks, over NVLink within
-    the NVLink domain (nvlink_span) and the node's network (its per-GPU share) beyond it (Lepikhin et al. 2020,
+    the NVLink domain (nvlink_span; the ranks of the worst-placed group, in_domain) and the node's network (its per-GPU share) beyond it (Lepikhin et al. 2020,
     GShard, arXiv:2006.16668: two all-to-alls per MoE layer forward, two backward). Tokens per GPU: the step's /
     (DP·CP), over TP again for the dispatch (sequence parallelism). Not counted here: the DP gradient reduction
     (gradient_sync_s), CP's KV exchange, ETP's reductions, PP's sends. mesh: the training mesh's sizes (tp, cp,
@@ -784,7 +815,7 @@ def training_collectives_s(w: Workload, part: Part, passes: float, net: float, m
         out += 2 * w.layers / pp * 2 * (tp - 1) / tp * tokens * w.hidden * 2.0 / (bw * net)
     if ep > 1 and w.moe_layers and w.top_k:
         moved = tokens / tp * w.top_k * w.hidden * 2.0 * (1 - 1 / ep)
-        per_domain = min(ep, max(span // max(etp, 1), 1))
+        per_domain = in_domain(w.world, span, ep, max(etp, 1))
         remote = 1 - per_domain / ep
         t = max(moved * (1 - remote) / part.nvlink, moved * remote / (part.network / w.gpus_per_node))
         out += 2 * w.moe_layers / pp * t / net
@@ -805,7 +836,7 @@ def gradient_sync_s(w: Workload, part: Part, net: float, mesh=None) -> float:
     def ring(params: float, group: int, stride: int) -> float:
         if group <= 1 or params <= 0:
             return 0.0
-        bw = part.nvlink if stride * group <= span else part.network / w.gpus_per_node
+        bw = part.nvlink if in_domain(w.world, span, group, stride) == group else part.network / w.gpus_per_node
         return (group - 1) / group * params * (w.grad_reduce_bytes + 2.0) / (bw * net)
 
     dp = max(w.world // (pp * tp * cp), 1)
