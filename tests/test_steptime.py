@@ -120,12 +120,12 @@ def test_every_published_value_inside_its_band():
 
 def test_bands_are_no_wider_than_they_need():
     """A phase's band spans only its own factors (the widths per case and phase are in README's table): compute (MFU,
-    network and, for experts split over EP ranks, the MoE balance) under 3×; the refit (rate, cost per tensor, PCIe,
-    the host factor) and offload under 7.5× (was 6×: at the optimistic end the per-tensor export runs beside the
-    transfer, below — Qwen3-30B-A3B's 18,000 small tensors 5.97× -> 7.29×); the rollout (lengths from the paged cache at the mean to the longest
-    tail, MBU, its trend carried past TP8 for the wider replicas) under 5.5×; the step under 5.3× (was 5×: the
-    refit's optimistic end runs the per-tensor export beside the transfer, as the refit its rate was measured on did
-    — NeMo RL's DeepSeek-V3 256×H100 total 4.92× -> 5.25×, its refit's optimistic end the source's 14 s)."""
+    network and, for experts split over EP ranks, the MoE balance) under 3×; the refit (rate, cost per tensor, PCIe, the
+    host factor) and offload under 7.5× (was 6×: at the optimistic end the per-tensor export runs beside the transfer,
+    below — Qwen3-30B-A3B's 18,000 small tensors 5.97× -> 7.29×); the rollout (lengths from the paged cache at the mean
+    to the longest tail, MBU, its trend carried past TP8 for the wider replicas) under 5.5×; the step under 5.3× (was
+    5×: the refit's optimistic end runs the per-tensor export beside the transfer, as the refit its rate was measured on
+    did — NeMo RL's DeepSeek-V3 256×H100 total 4.92× -> 5.25×, its refit's optimistic end the source's 14 s)."""
     limits = {"total": 5.3, "train": 3.0, "log_prob": 3.0, "sync": 7.5, "rollout": 5.5}
     for name, rows in table().items():
         for ph, (v, lo, mid, hi) in rows.items():

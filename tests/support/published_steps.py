@@ -81,6 +81,11 @@ end), and the host-bound costs (refit, offload) 1.5× slower on a second cluster
   qwen3_32b_32xh100            4       393 s  1.37×   1.48×  1.48×  1.68×  1.61×   0.93×   0.94× (368 s)
   verl_deepseek_v3_96xh20     32      1700 s  0.45×   0.53×  0.54×  0.54×  0.70×   0.76×   0.99× (1687 s)
 The middle of each case per phase, and its band, are in README's step-time table (tests/test_steptime.py table()).
+The refit as its own phase (the plan's sync, which a run's weight-sync phase is bounded by): before the refit held
+the training state it sends to the host, NeMo RL v0.3's refits read as the sync phase alone were 0.24× (Llama-3.1-8B,
+1.2 s of 5 s), 0.33× (Llama-3.1-70B, 4.7 s of 14 s), 0.33× (Qwen3-32B) and 0.59× (Qwen3-30B-A3B); with it (the
+optimizer states and weights to the host, steptime.REFIT_HOST "state") 0.81×, 0.54×, 0.54× and 0.71×, the same
+figures the phase mapping gave before it, the totals unchanged.
 Tried for the rollout's middle and not kept: counting the sequences a replica decodes at once at their mean KV
 occupancy (vLLM's paged cache admits that many) rather than at the longest sequence — verl's DeepSeek-V3 rollout came
 to 385 s (0.37×) against its 1,050 s; it is the band's optimistic end instead.

@@ -36,14 +36,14 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
   sync        the weight refit (refit_parts): the whole bf16 model through every rank at a measured refit rate
               (REFIT_RATE: verl's and NeMo RL's refit gather each tensor in full on every rank, and the rollout
               engine loads it whole, keeping its shard), never less than an ideal reshard of the rollout rank's own
-              shard; + a measured cost per tensor handed over (REFIT_TENSOR_S × the model's tensor count,
-              tensor_count; at the optimistic end beside the transfer, as in the refit REFIT_RATE's optimistic
-              figure was measured on); + the rollout engine's wake-up (ENGINE_WAKE_S) and, when it slept at vLLM's level 1
-              (weights kept in host memory), its weights copied back over PCIe; + what the colocated refit itself
-              moves between the GPU and the host to make room for the engine (refit_host_parts, REFIT_HOST): verl
-              brings the offloaded training weights to the GPU for the export and sends them back after it; NeMo RL
-              sends the optimizer states and the training weights to the host. For a dense model that is most of
-              the refit (NeMo RL v0.3's Llama-3.1-8B: 2.8 s of its host copies beside 1.2 s of gather and wake-up)
+              shard; + a measured cost per tensor handed over (REFIT_TENSOR_S × the model's tensor count, tensor_count;
+              at the optimistic end beside the transfer, as in the refit REFIT_RATE's optimistic figure was measured
+              on); + the rollout engine's wake-up (ENGINE_WAKE_S) and, when it slept at vLLM's level 1 (weights kept in
+              host memory), its weights copied back over PCIe; + what the colocated refit itself moves between the GPU
+              and the host to make room for the engine (refit_host_parts, REFIT_HOST): verl brings the offloaded
+              training weights to the GPU for the export and sends them back after it; NeMo RL sends the optimizer
+              states and the training weights to the host. For a dense model that is most of the refit (NeMo RL v0.3's
+              Llama-3.1-8B: 2.8 s of its host copies beside 1.2 s of gather and wake-up)
   offload     over PCIe per GPU (host_copies, offload_parts), what the refit does not move: under verl the
               weights and optimizer states to the host after the update and back before it; under NeMo RL their
               way back. The parameters (param_offload) in and out of pinned host memory, the optimizer states
@@ -796,12 +796,12 @@ def training_collectives_s(w: Workload, part: Part, passes: float, net: float, m
     message sizes, MBs per call, the latency is small): per pass and decoder layer of the stage two TP all-reduces
     of its tokens' bf16 activations, 2(TP−1)/TP of them per GPU over NVLink (Shoeybi et al. 2019, arXiv:1909.08053
     §3: two in the forward, their conjugates in the backward); per pass and MoE layer of the stage an EP dispatch
-    and combine all-to-all of its tokens' top-k bf16 activations, the share on other EP ranks, over NVLink within
-    the NVLink domain (nvlink_span; the ranks of the worst-placed group, in_domain) and the node's network (its per-GPU share) beyond it (Lepikhin et al. 2020,
-    GShard, arXiv:2006.16668: two all-to-alls per MoE layer forward, two backward). Tokens per GPU: the step's /
-    (DP·CP), over TP again for the dispatch (sequence parallelism). Not counted here: the DP gradient reduction
-    (gradient_sync_s), CP's KV exchange, ETP's reductions, PP's sends. mesh: the training mesh's sizes (tp, cp,
-    ep, etp, pp; default: the workload's)."""
+    and combine all-to-all of its tokens' top-k bf16 activations, the share on other EP ranks, over NVLink within the
+    NVLink domain (nvlink_span; the ranks of the worst-placed group, in_domain) and the node's network (its per-GPU
+    share) beyond it (Lepikhin et al. 2020, GShard, arXiv:2006.16668: two all-to-alls per MoE layer forward, two
+    backward). Tokens per GPU: the step's / (DP·CP), over TP again for the dispatch (sequence parallelism). Not counted
+    here: the DP gradient reduction (gradient_sync_s), CP's KV exchange, ETP's reductions, PP's sends. mesh: the
+    training mesh's sizes (tp, cp, ep, etp, pp; default: the workload's)."""
     m = mesh if mesh is not None else w
     tp, cp, ep, pp, etp = m.tp, m.cp, m.ep, m.pp, m.etp
     if (tp <= 1 and ep <= 1) or not w.hidden:
@@ -937,8 +937,9 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
         "and EP all-to-all bytes, NVLink inside the part's NVLink domain; the optimizer's DP reduce-scatter and "
         "all-gather per optimizer step; refit: the whole bf16 model through every rank at the measured refit "
         "rate, a measured cost per tensor, the engine's wake-up, the training state the refit moves to and from "
-        "the host; offload: parameters pinned, optimizer states pageable, gradients freed; the host-bound costs (refit, offload) slower on another cluster at the "
-        "pessimistic end; " + ("experts split over EP ranks waiting for the busiest; " if routed else "") +
+        "the host; offload: parameters pinned, optimizer states pageable, gradients freed; the host-bound costs "
+        "(refit, offload) slower on another cluster at the pessimistic end; " +
+        ("experts split over EP ranks waiting for the busiest; " if routed else "") +
         "not modelled: reward, DP imbalance, CP and PP traffic, kernel-launch overheads, a CPU optimizer's step, "
         "start-up, checkpoint saves",
     )
