@@ -12,7 +12,9 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               the middle between them. A replica wider than its NVLink domain adds the
               step's two all-reduces per decoder layer (Shoeybi et al. 2019) of its bf16 activations over the TP
               group: NCCL's own latency model (Ring or Tree, LL; vrun/estimate/hardware.py NCCL_LATENCY_US, from
-              NCCL's tuning.cc) + 2(n−1)/n·bytes over the node's network. Prefill: 2·N·prompt tokens / (G·P·MFU).
+              NCCL's tuning.cc) + 2(n−1)/n·bytes over the node's network (at the optimistic end, TP8's figure held
+              flat, less the share of TP8's own all-reduces that figure already holds: decode_step_s measured_flat).
+              Prefill: 2·N·prompt tokens / (G·P·MFU).
               spread_rollout_s: the response lengths spread as the maximum-entropy distribution on
               [0, max_response_length] with the known mean (Lengths); C = min(S, DP·max_num_seqs, the KV cache's fit
               at the longest sequence) decoding at full batch while any wait, then draining as they finish; the step
@@ -34,17 +36,24 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
   sync        the weight refit (refit_parts): the whole bf16 model through every rank at a measured refit rate
               (REFIT_RATE: verl's and NeMo RL's refit gather each tensor in full on every rank, and the rollout
               engine loads it whole, keeping its shard), never less than an ideal reshard of the rollout rank's own
-              shard; + a measured cost per tensor handed over (REFIT_TENSOR_S × the model's tensor count,
-              tensor_count); + the rollout engine's wake-up (ENGINE_WAKE_S) and, when it slept at vLLM's level 1
-              (weights kept in host memory), its weights copied back over PCIe
-  offload     over PCIe per GPU (offload_parts), to the host after use and back before: the parameters
-              (param_offload; into and out of pinned host memory) and the optimizer states (optimizer_offload; to
-              pageable host memory: the pinned rate × PAGEABLE). Gradients are not copied: Megatron's grad buffer
-              is freed and zeroed again (megatron-core ParamAndGradBuffer.offload_to_cpu, Megatron Lite's
-              offload_model_to_cpu)
+              shard; + a measured cost per tensor handed over (REFIT_TENSOR_S × the model's tensor count, tensor_count;
+              at the optimistic end beside the transfer, as in the refit REFIT_RATE's optimistic figure was measured
+              on); + the rollout engine's wake-up (ENGINE_WAKE_S) and, when it slept at vLLM's level 1 (weights kept in
+              host memory), its weights copied back over PCIe; + what the colocated refit itself moves between the GPU
+              and the host to make room for the engine (refit_host_parts, REFIT_HOST): verl brings the offloaded
+              training weights to the GPU for the export and sends them back after it; NeMo RL sends the optimizer
+              states and the training weights to the host. For a dense model that is most of the refit (NeMo RL v0.3's
+              Llama-3.1-8B: 2.8 s of its host copies beside 1.2 s of gather and wake-up)
+  offload     over PCIe per GPU (host_copies, offload_parts), what the refit does not move: under verl the
+              weights and optimizer states to the host after the update and back before it; under NeMo RL their
+              way back. The parameters (param_offload) in and out of pinned host memory, the optimizer states
+              (optimizer_offload) through pageable host memory (the pinned rate × PAGEABLE). Gradients are not
+              copied: Megatron's grad buffer is freed and zeroed again (megatron-core
+              ParamAndGradBuffer.offload_to_cpu, Megatron Lite's offload_model_to_cpu)
   sft         training and bubble only; T = train_batch_size · max_length · the mean fraction
 Collectives stay at NVLink speed inside the part's NVLink domain (nvlink_span: a node's GPUs, or a whole NVL72 rack),
-at the node's network speed across domains.
+at the node's network speed across domains; a job fills one domain after another, so a group whose block of ranks
+meets a domain's edge (an EP16 block on a 72-GPU rack) straddles two (in_domain).
   optimizer   per optimizer step, the distributed optimizer's gradient reduce-scatter and parameter all-gather over
               data parallel (gradient_sync_s), added to training
   host        the refit, offload and the engine's sleep copy are host-bound: their pessimistic ends on a slower
@@ -208,6 +217,22 @@ from vrun.estimate.rollout import MAX_NUM_SEQS  # noqa: E402
 # kept in host memory) for LoRA adapters and MTP
 ENGINE_SLEEP_LEVEL = 2
 
+# What a colocated refit moves between the GPU and the host beside the weights it hands the rollout engine: the
+# training engine's state leaves the GPU inside the refit, to make room for the engine's weights and KV cache.
+#   "weights": verl (verl/workers/engine_workers.py update_weights @ 1dda039b: the engine's
+#              get_per_tensor_param loads the offloaded training weights to the GPU before the export — Megatron
+#              Lite's verl_mlite/engine/mlite_engine.py get_per_tensor_param @ d48bd6be, verl's Megatron engine
+#              load_megatron_model_to_gpu — and update_weights sends them back to the host after it, before the
+#              KV cache wakes); the optimizer states move in update_actor, outside the refit (the offload phase)
+#   "state":   NeMo RL (nemo_rl/algorithms/grpo.py refit_policy_generation @ v0.3.0 b1c86a81 and alike at v0.4.0,
+#              inside its prepare_for_generation timer: offload_before_refit sends the optimizer states to the host
+#              with Tensor.to("cpu"), pageable memory, and frees the gradient buffers; offload_after_refit sends the
+#              weights to pinned host memory, megatron-core ParamAndGradBuffer.offload_to_cpu); their way back is in
+#              logprob_inference_prep and training_prep, no published phase (the offload phase)
+REFIT_HOST = ("weights", "state")
+# the refit's costs on the rollout engine's side (refit_parts), which no training mesh changes
+REFIT_ENGINE_PARTS = ("transfer", "tensors", "wake", "restore")
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -254,6 +279,8 @@ class Workload:
     optimizer_offload: bool = False
     tensors: int = 0                # tensors a refit hands over (tensor_count)
     engine_sleep_level: int = ENGINE_SLEEP_LEVEL
+    refit_host: str = "state"       # what the refit itself moves to and from the host (REFIT_HOST): NeMo RL's,
+                                    # whose refits REFIT_RATE and the host factor were measured on; a plan: verl's
     mean_source: str = f"mean prompt and response = {MEAN_FRACTION:g} × their maxima (assumed)"
 
     @property
@@ -394,8 +421,8 @@ def mfu_factor(w: Workload, f: dict) -> Factor:
 
 def nvlink_span(gpus_per_node: int, part: Part) -> int:
     """How many consecutive GPUs talk over NVLink: the part's NVLink domain where it spans more GPUs than one of its
-    nodes (GB200/GB300 NVL72: 72 GPUs, 4 per compute tray), else the mesh's node. A group of up to that many GPUs
-    is taken to sit inside one domain (a job on NVL72 racks is placed by rack)."""
+    nodes (GB200/GB300 NVL72: 72 GPUs, 4 per compute tray), else the mesh's node. A job fills one domain after
+    another; which of a training mesh's groups then straddle two domains: in_domain."""
     return part.nvlink_domain if part.nvlink_domain > part.gpus_per_node else gpus_per_node
 
 
@@ -435,21 +462,25 @@ def allreduce_s(ranks: int, gpus_per_node: int, nbytes: float, part: Part, net: 
     return min(ring, tree) * 1e-6 + 2 * (ranks - 1) / ranks * nbytes / (bw * net)
 
 
-def tp_collectives_s(w: Workload, part: Part, per_rank: float, net: float) -> float:
+def tp_collectives_s(w: Workload, part: Part, per_rank: float, net: float, ranks: Optional[int] = None) -> float:
     """A decode step's tensor-parallel all-reduces: two per decoder layer (after the attention output projection and
     after the MLP/MoE down projection: Shoeybi et al. 2019, arXiv:1909.08053 §3), each of the step's bf16
-    activations (per_rank tokens × hidden × 2 bytes) over the replica's TP group."""
-    if w.rollout_tp <= 1 or not w.layers or not w.hidden:
+    activations (per_rank tokens × hidden × 2 bytes) over the replica's TP group (ranks: over that many GPUs)."""
+    n = w.rollout_tp if ranks is None else ranks
+    if n <= 1 or not w.layers or not w.hidden:
         return 0.0
-    return 2 * w.layers * allreduce_s(w.rollout_tp, nvlink_span(w.gpus_per_node, part), per_rank * w.hidden * 2.0,
-                                      part, net)
+    return 2 * w.layers * allreduce_s(n, nvlink_span(w.gpus_per_node, part), per_rank * w.hidden * 2.0, part, net)
 
 
 def decode_step_s(w: Workload, part: Part, concurrent: float, context: float, mbu: float, mfu: float,
-                  net: Optional[float] = None) -> float:
+                  net: Optional[float] = None, measured_flat: bool = False) -> float:
     """One decode step of a replica with `concurrent` sequences at `context` tokens each: the roofline, then, for a
     replica wider than its NVLink domain, its TP all-reduces (net: the network efficiency; None leaves them out).
-    Within a domain they are in the measured MBU (DECODE_MBU_AT_TP)."""
+    Within a domain they are in the measured MBU (DECODE_MBU_AT_TP).
+    measured_flat: `mbu` is the widest measured TP's figure held flat (decode_mbu_best, the optimistic end). That
+    figure's step at TP m held TP m's all-reduces; held flat at TP `tp` its time shrinks to m/tp of it, the
+    all-reduces' share with it, so m/tp of TP m's all-reduces are counted already and only the rest of the whole
+    group's come on top (the middle and the pessimistic end count the whole group's on top: a pessimistic bias)."""
     tp, dp = w.rollout_tp, w.rollout_dp
     per_rank = concurrent / dp
     touched = 1.0 if not w.experts else 1 - (1 - w.top_k / w.experts) ** concurrent
@@ -457,8 +488,14 @@ def decode_step_s(w: Workload, part: Part, concurrent: float, context: float, mb
     kv = per_rank * (context * w.kv_per_token + w.kv_per_sequence)
     memory = (weights + kv) / (part.hbm * mbu)
     flops = 2 * w.active_params * per_rank / tp / (part.bf16_flops * mfu)
-    wide = tp > nvlink_span(w.gpus_per_node, part)
-    return max(memory, flops) + (tp_collectives_s(w, part, per_rank, net) if net is not None and wide else 0.0)
+    span = nvlink_span(w.gpus_per_node, part)
+    if net is None or tp <= span:
+        return max(memory, flops)
+    collectives = tp_collectives_s(w, part, per_rank, net)
+    if measured_flat:
+        m = min(span, max(DECODE_MBU_AT_TP))
+        collectives -= tp_collectives_s(w, part, per_rank, net, ranks=m) * m / tp
+    return max(memory, flops) + collectives
 
 
 def _replicas(w: Workload) -> tuple[int, int]:
@@ -472,19 +509,19 @@ def prefill_s(w: Workload, part: Part, mfu: float) -> float:
 
 
 def rollout_s(w: Workload, part: Part, response: float, mbu: float, mfu: float, longest: bool,
-              net: Optional[float] = None) -> float:
+              net: Optional[float] = None, measured_flat: bool = False) -> float:
     """Every response at `response` tokens (longest=False), or (longest=True) the last wave's whole batch decoding
     `response` steps. Concurrency: at the mean, as many sequences as the paged KV cache holds at their mean occupancy
     (concurrency); at the longest, the KV cache's fit at the longest sequence (kv_fits); in waves."""
     _, share = _replicas(w)
     c = max(1, int(concurrency(w, w.prompt_mean + w.response_mean / 2 if not longest else None)))
     waves = -(-share // c)
-    mean_step = decode_step_s(w, part, c, w.prompt_mean + w.response_mean / 2, mbu, mfu, net)
+    mean_step = decode_step_s(w, part, c, w.prompt_mean + w.response_mean / 2, mbu, mfu, net, measured_flat)
     if not longest:
         decode = waves * response * mean_step
     else:
         decode = (waves - 1) * w.response_mean * mean_step + \
-            response * decode_step_s(w, part, c, w.prompt_mean + response / 2, mbu, mfu, net)
+            response * decode_step_s(w, part, c, w.prompt_mean + response / 2, mbu, mfu, net, measured_flat)
     return decode + prefill_s(w, part, mfu)
 
 
@@ -567,7 +604,7 @@ def _mean_of(a: float) -> float:
 
 
 def spread_rollout_s(w: Workload, part: Part, mbu: float, mfu: float, net: Optional[float] = None,
-                     paged: bool = False, segments: int = 48) -> float:
+                     paged: bool = False, segments: int = 48, measured_flat: bool = False) -> float:
     """The middle rollout: response lengths spread as Lengths(mean, max). A replica decodes as many sequences at
     once as its KV cache holds at the longest sequence (concurrency, kv_fits); while sequences wait, the slots decode
     at full batch (the queue's tokens over the slots), each at the prompt and the mean age of a sequence in flight;
@@ -581,12 +618,12 @@ def spread_rollout_s(w: Workload, part: Part, mbu: float, mfu: float, net: Optio
     occupancy = w.prompt_mean + age
     c = concurrency(w, occupancy if paged else None)
     queued = max(0.0, (share - c) * w.response_mean / c)
-    full = queued * decode_step_s(w, part, c, occupancy, mbu, mfu, net) if queued else 0.0
+    full = queued * decode_step_s(w, part, c, occupancy, mbu, mfu, net, measured_flat) if queued else 0.0
     h, drain = longest / segments, 0.0
     for i in range(segments):
         t = (i + 0.5) * h
         alive = max(1.0, c * (1 - lengths.cdf(t, a)))
-        drain += h * decode_step_s(w, part, alive, w.prompt_mean + t, mbu, mfu, net)
+        drain += h * decode_step_s(w, part, alive, w.prompt_mean + t, mbu, mfu, net, measured_flat)
     return full + drain + prefill_s(w, part, mfu)
 
 
@@ -622,11 +659,15 @@ def sync_s(w: Workload, part: Part, net: float, rate: float) -> float:
 def refit_parts(w: Workload, part: Part, f: dict) -> dict:
     """The refit's costs, each a Phase (pessimistic, optimistic, middle): the transfer (sync_s), the cost per tensor
     handed over (REFIT_TENSOR_S × w.tensors), the engine's wake-up (ENGINE_WAKE_S) and, for an engine that slept at
-    level 1, its weights copied back from pinned host memory over PCIe."""
+    level 1, its weights copied back from pinned host memory over PCIe. The optimistic end runs the per-tensor
+    export beside the transfer, only its excess over the transfer on top: REFIT_RATE's optimistic figure is the
+    refit measured after NeMo RL overlapped the export with the broadcast (its pessimistic figure before, the two
+    one after the other: summed at the pessimistic end and the middle). Summed at the optimistic end too, DeepSeek-V3's
+    refit would take 14 s + 4.5 s, above the 14 s the source measured for it."""
     net, pcie, r, per, wake = f["network"], f["pcie"], REFIT_RATE, REFIT_TENSOR_S, ENGINE_WAKE_S
-    out = {"transfer": Phase(sync_s(w, part, net.high, r.high), sync_s(w, part, net.low, r.low), "",
-                             sync_s(w, part, middle(net), middle(r))),
-           "tensors": Phase(w.tensors * per.high, w.tensors * per.low, "", w.tensors * middle(per)),
+    best = sync_s(w, part, net.high, r.high)
+    out = {"transfer": Phase(best, sync_s(w, part, net.low, r.low), "", sync_s(w, part, middle(net), middle(r))),
+           "tensors": Phase(max(0.0, w.tensors * per.high - best), w.tensors * per.low, "", w.tensors * middle(per)),
            "wake": Phase(wake.high, wake.low, "", middle(wake))}
     if w.engine_sleep_level == 1:
         b = rollout_shard_bytes(w) / part.pcie
@@ -641,20 +682,47 @@ def on_host(p: Phase, f: dict) -> Phase:
     return Phase(p.low / h.high, p.high / h.low, p.note, p.middle / middle(h), p.parts)
 
 
-def offload_parts(w: Workload, part: Part, f: dict) -> dict:
-    """Per GPU over PCIe, each way: the parameters (param_offload) at the pinned rate, the optimizer states
-    (optimizer_offload) at the pageable rate (pinned × PAGEABLE). to_host after use, to_gpu before; gradients are
-    freed, not copied."""
+def host_copies(w: Workload, part: Part, f: dict) -> tuple[Phase, Phase]:
+    """(the training weights, the optimizer states) one way over PCIe per GPU, each a Phase at the host factor's
+    ends: the weights (param_offload) at the pinned rate, the optimizer states (optimizer_offload) at the pageable
+    rate (pinned × PAGEABLE); zero where not offloaded. Gradients are freed, not copied."""
     pcie, pageable = f["pcie"], f["pageable"]
+    params = w.param_bytes if w.param_offload else 0.0
+    optim = w.optimizer_bytes if w.optimizer_offload else 0.0
 
-    def one_way(e_pcie: float, e_page: float) -> float:
-        params = w.param_bytes if w.param_offload else 0.0
-        optim = w.optimizer_bytes if w.optimizer_offload else 0.0
-        return params / (part.pcie * e_pcie) + optim / (part.pcie * e_page * e_pcie)
+    def way(nbytes: float, page: Factor) -> Phase:
+        return on_host(Phase(nbytes / (part.pcie * pcie.high * page.high), nbytes / (part.pcie * pcie.low * page.low),
+                             "", nbytes / (part.pcie * middle(pcie) * middle(page))), f)
 
-    way = on_host(Phase(one_way(pcie.high, pageable.high), one_way(pcie.low, pageable.low), "",
-                        one_way(middle(pcie), middle(pageable))), f)
-    return {"to_host": way, "to_gpu": way} if way.high > 0 else {}
+    flat = Factor(1.0, 1.0, "")
+    return way(params, flat), way(optim, pageable)
+
+
+def plus(a: Phase, b: Phase) -> Phase:
+    """Two costs one after the other."""
+    return Phase(a.low + b.low, a.high + b.high, "", a.middle + b.middle)
+
+
+def refit_host_parts(w: Workload, part: Part, f: dict) -> dict:
+    """What the colocated refit itself moves between the GPU and the host beside the weights it hands the engine
+    (REFIT_HOST, w.refit_host): verl's ("weights") brings the offloaded training weights to the GPU for the export
+    and sends them back after it; NeMo RL's ("state") sends the optimizer states and then the training weights to
+    the host. Each a Phase; those of zero bytes left out by summed()."""
+    weights, optim = host_copies(w, part, f)
+    if w.refit_host == "state":
+        return {"optimizer_to_host": optim, "weights_to_host": weights}
+    return {"weights_to_gpu": weights, "weights_to_host": weights}
+
+
+def offload_parts(w: Workload, part: Part, f: dict) -> dict:
+    """The offload outside the refit, per GPU over PCIe (host_copies): under verl's refit ("weights") the weights and
+    optimizer states to the host after the update and back before it; under NeMo RL's ("state"), whose refit sends
+    both to the host (refit_host_parts), their way back alone."""
+    weights, optim = host_copies(w, part, f)
+    way = plus(weights, optim)
+    if way.high <= 0:
+        return {}
+    return {"to_gpu": way} if w.refit_host == "state" else {"to_host": way, "to_gpu": way}
 
 
 def attention_flops_per_key(arch: dict) -> tuple[float, Optional[int]]:
@@ -692,18 +760,48 @@ def tensor_count(arch: dict) -> int:
     return layers * attention + dense_layers * 3 + (layers - dense_layers) * moe + 3
 
 
+@functools.lru_cache(maxsize=1024)
+def in_domain(world: int, span: int, members: int, stride: int) -> int:
+    """The fewest ranks of one group that share an NVLink domain with any of its members: groups of `members` ranks
+    `stride` apart, in blocks of members·stride consecutive ranks (megatron-core's rank order, TP innermost, PP
+    outermost), the job's ranks filling one domain of `span` GPUs after another. Where the domain is a multiple
+    of the block, every group lies inside one domain (or splits evenly over whole domains); where it is not — an
+    NVL72 rack's 72 GPUs and EP16 or EP32 blocks — the block that meets the rack's edge straddles two domains, and
+    a collective waits for its ranks with the fewest peers on NVLink."""
+    block = members * stride
+    if members <= 1 or world <= span or span % block == 0:
+        return members
+    if block % span == 0:  # each block over whole domains, stride dividing them evenly
+        return max(1, members * span // block) if span % stride == 0 else _fewest(world, span, members, stride)
+    return _fewest(world, span, members, stride)
+
+
+def _fewest(world: int, span: int, members: int, stride: int) -> int:
+    """in_domain counted group by group."""
+    block = members * stride
+    fewest = members
+    for start in range(0, max(world, block), block):
+        for t in range(stride):
+            ranks = [start + t + stride * i for i in range(members)]
+            counts: dict = {}
+            for r in ranks:
+                counts[r // span] = counts.get(r // span, 0) + 1
+            fewest = min(fewest, min(counts.values()))
+    return fewest
+
+
 def training_collectives_s(w: Workload, part: Part, passes: float, net: float, mesh=None) -> float:
     """Per GPU, the training mesh's collectives over `passes` forward-equivalent passes of the step's tokens (a
     training step: forward + backward = 2, 3 with full recompute; a log-prob pass: 1), bandwidth only (at these
     message sizes, MBs per call, the latency is small): per pass and decoder layer of the stage two TP all-reduces
     of its tokens' bf16 activations, 2(TP−1)/TP of them per GPU over NVLink (Shoeybi et al. 2019, arXiv:1909.08053
     §3: two in the forward, their conjugates in the backward); per pass and MoE layer of the stage an EP dispatch
-    and combine all-to-all of its tokens' top-k bf16 activations, the share on other EP ranks, over NVLink within
-    the NVLink domain (nvlink_span) and the node's network (its per-GPU share) beyond it (Lepikhin et al. 2020,
-    GShard, arXiv:2006.16668: two all-to-alls per MoE layer forward, two backward). Tokens per GPU: the step's /
-    (DP·CP), over TP again for the dispatch (sequence parallelism). Not counted here: the DP gradient reduction
-    (gradient_sync_s), CP's KV exchange, ETP's reductions, PP's sends. mesh: the training mesh's sizes (tp, cp,
-    ep, etp, pp; default: the workload's)."""
+    and combine all-to-all of its tokens' top-k bf16 activations, the share on other EP ranks, over NVLink within the
+    NVLink domain (nvlink_span; the ranks of the worst-placed group, in_domain) and the node's network (its per-GPU
+    share) beyond it (Lepikhin et al. 2020, GShard, arXiv:2006.16668: two all-to-alls per MoE layer forward, two
+    backward). Tokens per GPU: the step's / (DP·CP), over TP again for the dispatch (sequence parallelism). Not counted
+    here: the DP gradient reduction (gradient_sync_s), CP's KV exchange, ETP's reductions, PP's sends. mesh: the
+    training mesh's sizes (tp, cp, ep, etp, pp; default: the workload's)."""
     m = mesh if mesh is not None else w
     tp, cp, ep, pp, etp = m.tp, m.cp, m.ep, m.pp, m.etp
     if (tp <= 1 and ep <= 1) or not w.hidden:
@@ -717,7 +815,7 @@ def training_collectives_s(w: Workload, part: Part, passes: float, net: float, m
         out += 2 * w.layers / pp * 2 * (tp - 1) / tp * tokens * w.hidden * 2.0 / (bw * net)
     if ep > 1 and w.moe_layers and w.top_k:
         moved = tokens / tp * w.top_k * w.hidden * 2.0 * (1 - 1 / ep)
-        per_domain = min(ep, max(span // max(etp, 1), 1))
+        per_domain = in_domain(w.world, span, ep, max(etp, 1))
         remote = 1 - per_domain / ep
         t = max(moved * (1 - remote) / part.nvlink, moved * remote / (part.network / w.gpus_per_node))
         out += 2 * w.moe_layers / pp * t / net
@@ -738,7 +836,7 @@ def gradient_sync_s(w: Workload, part: Part, net: float, mesh=None) -> float:
     def ring(params: float, group: int, stride: int) -> float:
         if group <= 1 or params <= 0:
             return 0.0
-        bw = part.nvlink if stride * group <= span else part.network / w.gpus_per_node
+        bw = part.nvlink if in_domain(w.world, span, group, stride) == group else part.network / w.gpus_per_node
         return (group - 1) / group * params * (w.grad_reduce_bytes + 2.0) / (bw * net)
 
     dp = max(w.world // (pp * tp * cp), 1)
@@ -781,13 +879,13 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
     elif w.rollout:
         at_tp, worst = decode_mbu(w.rollout_tp, mbu), decode_mbu_worst(w.rollout_tp, mbu)
         best = decode_mbu_best(w.rollout_tp, mbu)
-        at_mean = Phase(rollout_s(w, part, w.response_mean, best, mfu.high, False, net.high),
+        at_mean = Phase(rollout_s(w, part, w.response_mean, best, mfu.high, False, net.high, True),
                         rollout_s(w, part, w.response_mean, worst, mfu.low, False, net.low), "",
                         rollout_s(w, part, w.response_mean, at_tp, middle(mfu), False, middle(net)))
-        at_max = Phase(rollout_s(w, part, w.response_max, best, mfu.high, True, net.high),
+        at_max = Phase(rollout_s(w, part, w.response_max, best, mfu.high, True, net.high, True),
                        rollout_s(w, part, w.response_max, worst, mfu.low, True, net.low), "",
                        rollout_s(w, part, w.response_max, at_tp, middle(mfu), True, middle(net)))
-        decode = Phase(spread_rollout_s(w, part, best, mfu.high, net.high, paged=True),
+        decode = Phase(spread_rollout_s(w, part, best, mfu.high, net.high, paged=True, measured_flat=True),
                        max(spread_rollout_s(w, part, worst, mfu.low, net.low), at_max.high), "",
                        spread_rollout_s(w, part, at_tp, middle(mfu), middle(net)))
         parts = {"decode": decode}
@@ -811,18 +909,23 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
         g = [gradient_sync_s(w, part, e) for e in (net.high, net.low, middle(net))]
         train = Phase(train.low + g[0], train.high + g[1], train.note, train.middle + g[2])
     phases["train"] = train
-    if w.rollout and same_rollout is not None:
-        phases["sync"] = same_rollout.phases["sync"]
-    elif w.rollout:
+    if w.rollout:
+        # the engine's side of the refit does not depend on the training mesh (taken from same_rollout when given);
+        # what the refit moves to and from the host does (the per-GPU bytes of the training engine's state)
+        engine = dict(same_rollout.phases["sync"].parts) if same_rollout is not None else refit_parts(w, part, f)
+        engine = {n: p for n, p in engine.items() if n in REFIT_ENGINE_PARTS}
         r = REFIT_RATE
-        phases["sync"] = summed(refit_parts(w, part, f),
+        host = " beside it " + ("the training weights to the GPU for the export and back to the host"
+                                if w.refit_host != "state" else "the optimizer states and training weights to the host")
+        phases["sync"] = summed({**engine, **refit_host_parts(w, part, f)},
                                 f"every rank handles the whole bf16 model ({refit_bytes(w) / 1e9:.0f} GB) at "
                                 f"{r.low / 1e9:.0f}–{r.high / 1e9:.0f} GB/s (the frameworks' per-tensor refit), "
-                                f"{w.tensors:,} tensors, the engine's wake-up")
+                                f"{w.tensors:,} tensors, the engine's wake-up;{host}")
     moved = offload_parts(w, part, f)
     if moved:
         per_way = (w.param_bytes if w.param_offload else 0.0) + (w.optimizer_bytes if w.optimizer_offload else 0.0)
-        phases["offload"] = summed(moved, f"{per_way / 2 ** 30:.0f} GiB per GPU each way over PCIe (optimizer "
+        ways = "back" if w.refit_host == "state" else "each way"
+        phases["offload"] = summed(moved, f"{per_way / 2 ** 30:.0f} GiB per GPU {ways} over PCIe (optimizer "
                                           "states through pageable memory)")
     assumptions = (
         "ESTIMATE: roofline per phase with the efficiencies listed (low time = the optimistic efficiency; the "
@@ -833,9 +936,10 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
         "domain adds its whole TP group's by NCCL's latency model + bytes; training and log-prob: TP all-reduce "
         "and EP all-to-all bytes, NVLink inside the part's NVLink domain; the optimizer's DP reduce-scatter and "
         "all-gather per optimizer step; refit: the whole bf16 model through every rank at the measured refit "
-        "rate, a measured cost per tensor, the engine's wake-up; offload: parameters pinned, optimizer states "
-        "pageable, gradients freed; the host-bound costs (refit, offload) slower on another cluster at the "
-        "pessimistic end; " + ("experts split over EP ranks waiting for the busiest; " if routed else "") +
+        "rate, a measured cost per tensor, the engine's wake-up, the training state the refit moves to and from "
+        "the host; offload: parameters pinned, optimizer states pageable, gradients freed; the host-bound costs "
+        "(refit, offload) slower on another cluster at the pessimistic end; " +
+        ("experts split over EP ranks waiting for the busiest; " if routed else "") +
         "not modelled: reward, DP imbalance, CP and PP traffic, kernel-launch overheads, a CPU optimizer's step, "
         "start-up, checkpoint saves",
     )
