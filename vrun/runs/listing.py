@@ -77,6 +77,9 @@ def cmd_runs(a) -> int:
     from vrun.runs import rayjobs
 
     rayjobs.refresh(runs)  # cluster=ray rows: their jobs' states from the dashboards
+    from vrun.runs import kuberay
+
+    kuberay.refresh(runs)  # cluster=kuberay rows: their RayJobs' status from kubectl
     if a.state:
         want = set(a.state.split(","))
         runs = [r for r in runs if r.state in want]
@@ -128,6 +131,9 @@ def cmd_status(a) -> int:
     from vrun.planning import measured
 
     r = one_run(a.run)
+    from vrun.runs import kuberay
+
+    kuberay.refresh([r])  # a cluster=kuberay run: its RayJob's status from kubectl
     m = measured.of(r)
     if m.steps:
         measured.learn(r.dir, m)  # the calibration record learns what this run measured (idempotent)
