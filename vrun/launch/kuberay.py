@@ -273,6 +273,11 @@ def path_problems(plan, mount: str) -> list[Problem]:
     return out
 
 
+def _cut(v, most: int = 80):
+    """A value as a refusal quotes it: long strings cut (a 5,000-character image is said by its length)."""
+    return v if not isinstance(v, str) or len(v) <= most else f"{v[:most - 1]}…"
+
+
 def knob_problems(plan) -> list[Problem]:
     """cluster.kuberay's knobs by the grammars and ranges of the fields they become (errors in every mode: a
     manifest is built from them)."""
@@ -281,23 +286,24 @@ def knob_problems(plan) -> list[Problem]:
     if k.image is not None:
         why = api.image_why(k.image)
         if why:
-            out.append(Problem("cluster.kuberay.image", k.image, why, "cluster.kuberay.image=<registry>/<path>:<tag>"))
+            out.append(Problem("cluster.kuberay.image", _cut(k.image), why,
+                               "cluster.kuberay.image=<registry>/<path>:<tag>"))
     for key, v, kind in (("cluster.kuberay.namespace", k.namespace, "label"),
                          ("cluster.kuberay.claim", k.claim, "subdomain"),
                          ("cluster.kuberay.env_from", k.env_from, "subdomain")):
         why = api.name_why(v, kind) if v is not None or key.endswith("namespace") else ""
         if why:
-            out.append(Problem(key, v, f"a Kubernetes name: {why}", f"{key}=<an RFC 1123 {kind}, e.g. "
+            out.append(Problem(key, _cut(v), f"a Kubernetes name: {why}", f"{key}=<an RFC 1123 {kind}, e.g. "
                                f"{'ml-jobs' if kind == 'label' else 'train-runs'}>"))
     why = api.resource_why(k.gpu_resource)
     if why:
-        out.append(Problem("cluster.kuberay.gpu_resource", k.gpu_resource, f"a GPU's resource name in a pod's "
+        out.append(Problem("cluster.kuberay.gpu_resource", _cut(k.gpu_resource), f"a GPU's resource name in a pod's "
                            f"limits: {why}", "cluster.kuberay.gpu_resource=nvidia.com/gpu (or your device "
                            "plugin's, e.g. amd.com/gpu)"))
     mp = k.mount_path
     if mp is not None:
         if not isinstance(mp, str) or not mp.startswith("/") or ":" in mp or "\0" in mp:
-            out.append(Problem("cluster.kuberay.mount_path", mp, "the claim's mount point in the pods: an absolute "
+            out.append(Problem("cluster.kuberay.mount_path", _cut(mp), "the claim's mount point in the pods: an absolute "
                                "path (no ':'), the same as this machine's", "cluster.kuberay.mount_path=/<path>"))
         elif os.path.normpath(mp) in ("/", "/dev", "/dev/shm", "/proc", "/sys", "/tmp/ray"):
             out.append(Problem("cluster.kuberay.mount_path", mp, f"{os.path.normpath(mp)} is the pods' own (the "
