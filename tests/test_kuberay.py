@@ -294,3 +294,30 @@ def test_the_entry_trusts_the_planners_files_where_told(tmp_path, monkeypatch):
     assert fs.read_checked(f, own=True) == ("{}", None)
     monkeypatch.setenv("VRUN_TRUST_UID", "4243")
     assert fs.read_checked(f, own=True)[0] is None
+
+
+def test_the_entry_refuses_an_image_of_another_ray_or_python(tmp_path):
+    """The plan records the planner's Ray and Python (plan.json stack.runtime); the job's entry, in the image, checks
+    them with the rest of the stack before any Ray work: a mismatch is one line in the job's log and exit 2."""
+    import subprocess
+
+    from conftest import PY, ROOT
+    from vrun.compose import stack
+
+    proc = _plan(tmp_path, "model=qwen3_5_35b")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / "claim" / "r"
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["stack"]["runtime"] == stack.runtime()
+    here = stack.runtime()
+    plan["stack"]["runtime"] = {"ray": "1.13.0", "python": "2.7.18"}
+    (run / "plan.json").write_text(json.dumps(plan))
+    p = subprocess.run([PY, "-m", "vrun.launch.entry", "ppo", "--config", str(run / "verl_config.yaml")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 2 and "Traceback" not in p.stderr, p.stderr
+    assert lines[0].startswith(f"error: ray={here['ray']}: the plan was made with Ray 1.13.0") and "; fix: " in lines[0]
+    assert lines[1].startswith(f"error: python={here['python']}: the plan was made with Python 2.7.18")
+    # a patch release of the same Python, or a plan of an older vrun that records none, is not refused
+    assert stack.runtime_mismatch({"ray": here["ray"], "python": here["python"].rsplit(".", 1)[0] + ".99"}, here) == []
+    assert stack.runtime_mismatch(None, here) == []

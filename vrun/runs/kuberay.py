@@ -196,16 +196,17 @@ def resubmit(d: Path, record, ns: str, name: str) -> int:
     return 0
 
 
-def refresh(runs: list) -> None:
+def refresh(runs: list) -> dict:
     """cluster=kuberay rows of `status` and `runs`: each applied RayJob's status from kubectl (bounded; kubectl on
     PATH), proven the run's by its label; a run cancelled with `vrun cancel` stays cancelled; kubectl that cannot
-    say leaves the run dir's state and says why."""
+    say leaves the run dir's state and says why. Returns {run dir: the RayJob's line} for those kubectl answered."""
     import shutil
 
     from vrun.launch import kubectl
 
+    said: dict = {}
     if shutil.which("kubectl") is None:
-        return
+        return said
     for r in runs:
         plan = getattr(r, "plan", None)
         if getattr(plan, "cluster", None) != "kuberay" or r.state in ("planned", "cancelled") or not r.attempts:
@@ -225,3 +226,5 @@ def refresh(runs: list) -> None:
         r.state, r.phase = st.state, f"RayJob {st.line()}"
         if r.state == "pending":
             r.reason = r.phase
+        said[str(r.dir)] = f"{ns}/{name}: {st.line()}"
+    return said

@@ -133,7 +133,7 @@ def cmd_status(a) -> int:
     r = one_run(a.run)
     from vrun.runs import kuberay
 
-    kuberay.refresh([r])  # a cluster=kuberay run: its RayJob's status from kubectl
+    rayjob = kuberay.refresh([r]).get(str(r.dir))  # a cluster=kuberay run: its RayJob's status from kubectl
     m = measured.of(r)
     if m.steps:
         measured.learn(r.dir, m)  # the calibration record learns what this run measured (idempotent)
@@ -147,6 +147,8 @@ def cmd_status(a) -> int:
           f"{m.world} GPUs = {m.nnodes}×{m.gpus_per_node}, TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} EP{m.ep} "
           f"ETP{m.etp} EDP{m.edp}")
     print(f"state    {state.describe(r)}")
+    if rayjob:
+        print(f"rayjob   {rayjob}")
     if r.failure and r.state == "failed":
         print(f"failed   on {r.failure['node']}: {r.failure['error']}")
     if r.stall:
