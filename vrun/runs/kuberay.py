@@ -18,7 +18,7 @@ from vrun.core import fs
 from vrun.runs.common import Usage
 
 VERBS = ("logs", "cancel", "resubmit")
-# `runs` asks kubectl at most this long per run (a listing never waits a whole kubectl timeout)
+# `status` and `runs` ask kubectl for at most this long in all (a listing never waits a whole kubectl timeout)
 LIST_TIMEOUT_S = 10.0
 
 
@@ -55,7 +55,11 @@ def where(record) -> tuple[str, str]:
     if why:
         raise Usage(f"error: plan.json=cluster_group.kuberay.namespace: {fs_shown(ns)}: {why}; fix: plan the run "
                     "again")
-    return ns, name_of(record.model.name, record.run_id)
+    name = name_of(record.model.name, record.run_id)
+    if len(name) > api.NAME_MAX or not api.NAME.match(name):
+        raise Usage(f"error: plan.json=run_id: {fs_shown(record.run_id)}: the RayJob's name from it, "
+                    f"{fs_shown(name)}, is not a Kubernetes name; fix: plan the run again")
+    return ns, name
 
 
 def fs_shown(v) -> str:
@@ -70,7 +74,9 @@ def proven(d: Path, record, doc) -> tuple[str, str]:
     from vrun.launch.kuberay import RUN_ID_LABEL
     from vrun.rundir.records import run_id
 
-    if record.run_id != run_id(str(d)):
+    import os
+
+    if record.run_id != run_id(str(d)) and os.path.realpath(d) != os.path.realpath(record.run_dir):
         raise Usage(f"error: run={d}: plan.json's run_id {fs_shown(record.run_id)} is not this run dir's; fix: plan "
                     "the run again (a plan.json copied from another run dir names that run)")
     labels = ((doc or {}).get("metadata") or {}).get("labels") if isinstance(doc, dict) and isinstance(
@@ -104,16 +110,17 @@ def dispatch(a) -> Optional[int]:
 
     if a.verb not in VERBS:
         return None
-    for path in (a.runs if a.verb == "cancel" else [a.run]):
-        found = job_of(path)
-        if found is None:
-            continue
-        d, record, doc = found
-        if state.load(d).state == "planned":  # never applied: the verbs' own answer for a plan
-            continue
-        ns, name = proven(d, record, doc)
-        return {"logs": logs, "cancel": cancel, "resubmit": resubmit}[a.verb](d, record, ns, name)
-    return None
+    paths = a.runs if a.verb == "cancel" else [a.run]
+    found = [job_of(p) for p in paths]
+    # applied RayJobs only: a plan that never was is the verbs' own answer for a plan
+    ours = [f for f in found if f is not None and state.load(f[0]).state != "planned"]
+    if not ours:
+        return None
+    if len(ours) != len(paths):
+        raise Usage(f"error: runs={' '.join(paths)}: cluster=kuberay runs mixed with others; fix: cancel them apart")
+    verb = {"logs": logs, "cancel": cancel, "resubmit": resubmit}[a.verb]
+    codes = [verb(d, record, *proven(d, record, doc)) for d, record, doc in ours]
+    return max(codes)
 
 
 def logs(d: Path, record, ns: str, name: str) -> int:
@@ -204,9 +211,12 @@ def refresh(runs: list) -> dict:
 
     from vrun.launch import kubectl
 
+    import time
+
     said: dict = {}
     if shutil.which("kubectl") is None:
         return said
+    end, stuck = time.monotonic() + LIST_TIMEOUT_S, ""
     for r in runs:
         plan = getattr(r, "plan", None)
         if getattr(plan, "cluster", None) != "kuberay" or r.state in ("planned", "cancelled") or not r.attempts:
@@ -215,7 +225,13 @@ def refresh(runs: list) -> dict:
             ns, name = where(plan)
         except Usage:
             continue
-        st, why = kubectl.get_status(ns, name, LIST_TIMEOUT_S)
+        left = end - time.monotonic()
+        if stuck or left <= 0:  # one bound for the whole listing: kubectl is not asked again once it hung
+            r.reason = f"RayJob {ns}/{name}: kubectl not asked ({stuck or f'{LIST_TIMEOUT_S:g} s spent on others'})"
+            continue
+        st, why = kubectl.get_status(ns, name, left)
+        if "did not end within" in why:
+            stuck = "it did not answer for another run"
         if st is None:
             r.reason = f"RayJob {ns}/{name}: " + ("not found on the cluster (deleted?)" if why == "not found" else why)
             r.phase = r.phase or r.reason
