@@ -76,7 +76,7 @@ def run(args: list, timeout: float = TIMEOUT_S, limit: int = LIMIT) -> Answer:
         while sel.get_map():
             left = end - time.monotonic()
             if left <= 0:
-                why = f"did not end within {timeout:g} s"
+                why = f"did not end within {timeout:.0f} s"
                 break
             for key, _ in sel.select(min(left, 0.5)):
                 chunk = key.fileobj.read(65536)
