@@ -321,3 +321,31 @@ def test_the_entry_refuses_an_image_of_another_ray_or_python(tmp_path):
     # a patch release of the same Python, or a plan of an older vrun that records none, is not refused
     assert stack.runtime_mismatch({"ray": here["ray"], "python": here["python"].rsplit(".", 1)[0] + ".99"}, here) == []
     assert stack.runtime_mismatch(None, here) == []
+
+
+def test_site_sizes_for_the_pods(tmp_path):
+    """cluster.cpus_per_task and cluster.mem_gb size each pod where the site knows better; a memory below what the
+    plan offloads to the host is said, with the size the plan would give."""
+    from vrun.launch import kuberay
+
+    proc = _plan(tmp_path, "model=qwen3_5_35b", "cluster.cpus_per_task=96", "cluster.mem_gb=64")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / "claim" / "r"
+    res = yaml.safe_load((run / "rayjob.yaml").read_text())["spec"]["rayClusterSpec"]["headGroupSpec"]["template"][
+        "spec"]["containers"][0]["resources"]
+    assert res["requests"] == {"cpu": 96, "memory": "64Gi"} and res["limits"]["memory"] == "64Gi"
+    plan = json.loads((run / "plan.json").read_text())
+    need = kuberay.pod_memory_gib(kuberay.host_gib_per_gpu(plan["memory"]), 8, False)
+    assert f"warning: cluster.mem_gb=64: each pod's memory limit" in proc.stdout + proc.stderr
+    assert f"fix: cluster.mem_gb={need} " in proc.stdout + proc.stderr
+
+
+def test_pod_memory_holds_the_object_store_beside_the_states():
+    """Ray's object store (30% of the limit, at most 200 GB) lives in the operator's /dev/shm, inside the limit."""
+    from vrun.launch import kuberay, kuberay_checks
+
+    for host, gpus in ((0.0, 1), (10.0, 8), (80.6, 8), (400.0, 8)):
+        limit = kuberay.pod_memory_gib(host, gpus, False)
+        states = gpus * (host + kuberay_checks.PROCESS_GIB_PER_GPU)
+        store = min(0.3 * limit, 200e9 / 2 ** 30)
+        assert states + store <= limit + 1 and limit - states - store < 2, (host, gpus, limit)

@@ -58,6 +58,10 @@ def applied(tmp_path_factory):
                   "cluster.kuberay.claim=runs", f"cluster.kuberay.mount_path={claim}", "cluster.kuberay.namespace=ml",
                   f"hydra.run.dir='{run}'", env=env, cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # the printed apply pastes as one command, whatever the run dir holds
+    said = next(x for x in proc.stdout.splitlines() if x.startswith("plan only: RayJob "))
+    cmd = said[said.index("; kubectl apply") + 2:said.rindex(" starts it")]
+    assert shlex.split(cmd) == ["kubectl", "apply", "-n", "ml", "-f", f"{run}/rayjob.yaml"], said
     plan = json.loads((run / "plan.json").read_text())
     (run / "plan.json").write_text(json.dumps({**plan, "mode": "train"}))
     doc = yaml.safe_load((run / "rayjob.yaml").read_text())
