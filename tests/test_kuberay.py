@@ -101,8 +101,10 @@ def test_secrets_by_name_from_a_secret(tmp_path):
     text = (tmp_path / "claim" / "r" / "rayjob.yaml").read_text()
     doc = yaml.safe_load(text)
     env = doc["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
-    assert env == [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "train-keys",
-                                                                            "key": "WANDB_API_KEY", "optional": True}}}]
+    # HOME writable by the pods' uid; the secret by name
+    assert env == [{"name": "HOME", "value": "/tmp/vrun-home"},
+                   {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "train-keys", "key": "WANDB_API_KEY",
+                                                                            "optional": True}}}]
     assert "--pass-env WANDB_API_KEY" in doc["spec"]["entrypoint"] and SECRET not in text
     assert kuberay_schema.check(doc) == []
     # without a Secret: said, naming the variables, and none of them in the pods

@@ -15,7 +15,8 @@ entry reads; cluster.kuberay.run_as_uid/run_as_gid name a site's own, and the jo
 uid as the one whose run dir files the entry trusts (VRUN_TRUST_UID, vrun.core.fs). Each pod requests CPUs
 (cluster.cpus_per_task, else CPUS_PER_GPU per GPU) and memory (cluster.mem_gb, else pod_memory_gib: the states the
 plan offloads to the host, each GPU's worker, Ray's object store) with the memory limit equal to the request, so no
-pod is BestEffort; the operator mounts a memory-backed /dev/shm itself, sized by that limit.
+pod is BestEffort; the operator mounts a memory-backed /dev/shm itself, sized by that limit. HOME is /tmp/vrun-home
+(the image's home may not be the pods' uid's to write; Triton's and vLLM's caches go under it).
 
 Checked before anything is written, as the other clusters check theirs: the image (a reference by its grammar),
 the claim and its mount path (the run dir under it: the pods read the plan there and write checkpoints and progress
@@ -44,6 +45,9 @@ NAME_MAX = api.NAME_MAX
 VOLUME = "run-dir"
 KUBECTL_TIMEOUT_S = 120
 RUN_ID_LABEL = "vrun/run-id"
+# the pods' home: their uid (the planner's) has none in the image, whose own home (the Ray images' /home/ray) it may
+# not write, while the caches under it must be written (Triton's, vLLM's, torch's); /tmp is writable wherever Ray runs
+HOME = "/tmp/vrun-home"
 
 
 @dataclass(frozen=True)
@@ -143,14 +147,14 @@ def job_env(job: Job) -> dict:
 def _pod(job: Job, role: str, head: bool) -> dict:
     k, g = job.kuberay, job.gpus_per_node
     # optional: a variable the Secret lacks stays unset, as one this machine lacks is not passed
-    env = [{"name": n, "valueFrom": {"secretKeyRef": {"name": k["env_from"], "key": n, "optional": True}}}
-           for n in job.pass_env] if k.get("env_from") else []
+    env = [{"name": "HOME", "value": HOME}] + ([
+        {"name": n, "valueFrom": {"secretKeyRef": {"name": k["env_from"], "key": n, "optional": True}}}
+        for n in job.pass_env] if k.get("env_from") else [])
     mem = f"{pod_memory(job, head)}Gi"
     container: dict = {"name": f"ray-{role}", "image": k["image"],
                        "resources": {"requests": {"cpu": pod_cpus(job), "memory": mem},
                                      "limits": {k["gpu_resource"]: g, "memory": mem}}}
-    if env:
-        container["env"] = env
+    container["env"] = env
     uid, gid = run_as(job)
     container["volumeMounts"] = [{"name": VOLUME, "mountPath": k["mount_path"]}]
     spec: dict = {"securityContext": {"runAsUser": uid, "runAsGroup": gid, "fsGroup": gid},
