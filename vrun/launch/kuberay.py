@@ -249,8 +249,9 @@ def launch(sweep) -> list:
         p, k = point.plan, point.plan.config.cluster.kuberay
         doc = docs.get(point.idx)
         if doc is None:  # plan mode without image or claim: the plan, and no manifest that could not be applied
-            print(f"plan only: no RayJob manifest written in {p.run_dir}: {', '.join(missing(p))} not given; plan "
-                  "again with them to write one", flush=True)
+            gone = missing(p)
+            print(f"plan only: no RayJob manifest written in {p.run_dir}: {', '.join(gone)} not given; give "
+                  f"{'it' if len(gone) == 1 else 'them'} and plan again to write one", flush=True)
             continue
         path = Path(p.run_dir) / MANIFEST
         writer.write_text(path, yaml.safe_dump(doc, sort_keys=False), root=p.run_dir)

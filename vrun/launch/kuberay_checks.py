@@ -126,6 +126,10 @@ def knob_problems(plan) -> list[Problem]:
         if not isinstance(mp, str) or not mp.startswith("/") or ":" in mp or "\0" in mp:
             out.append(Problem("cluster.kuberay.mount_path", _cut(mp), "the claim's mount point in the pods: an absolute "
                                "path (no ':'), the same as this machine's", "cluster.kuberay.mount_path=/<path>"))
+        elif os.path.normpath(mp) != (mp.rstrip("/") or "/"):
+            out.append(Problem("cluster.kuberay.mount_path", _cut(mp), "the claim's mount point in the pods: a path "
+                               "without '.', '..' or doubled '/' parts (the pods take it as written)",
+                               f"cluster.kuberay.mount_path={os.path.normpath(mp)}"))
         elif os.path.normpath(mp) in ("/", "/dev", "/dev/shm", "/proc", "/sys", "/tmp/ray"):
             out.append(Problem("cluster.kuberay.mount_path", mp, f"{os.path.normpath(mp)} is the pods' own (the "
                                "root, the operator's /dev/shm, Ray's session dir): a claim mounted there hides it",
