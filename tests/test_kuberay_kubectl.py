@@ -230,3 +230,28 @@ def test_printed_commands_paste_as_one_command_each(applied, tmp_path):
     delete, apply = fix.split(" && ")
     assert shlex.split(delete) == ["kubectl", "delete", "rayjob", "-n", "ml", doc["metadata"]["name"]], fix
     assert shlex.split(apply) == ["kubectl", "apply", "-n", "ml", "-f", f"{run}/rayjob.yaml"], fix
+
+
+def test_the_bounded_reader_ends_every_kubectl(tmp_path, monkeypatch):
+    """vrun.launch.kubectl.run on kubectls that misbehave: one that closes its output and lingers, one that prints
+    past the bound, one that is not there: each answered in one line within its deadline (a generous bound)."""
+    import time
+
+    from vrun.launch import kubectl
+
+    import shutil
+
+    sleep, head = shutil.which("sleep"), shutil.which("head")
+    k = tmp_path / "kubectl"
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for script, said in ((f"exec >&- 2>&-; exec {sleep} 600", "did not end within 2 s"),
+                         (f"exec {head} -c 9000000 /dev/zero", f"printed more than {kubectl.LIMIT} bytes"),
+                         ("echo 'ok'", "")):
+        k.write_text("#!/bin/sh\n" + script + "\n")
+        k.chmod(0o755)
+        t = time.monotonic()
+        a = kubectl.run(["get", "x"], timeout=2)
+        assert a.why == said and time.monotonic() - t < 60, (script, a)
+        assert len(a.out) <= kubectl.LIMIT
+    k.unlink()
+    assert kubectl.run(["get", "x"]).why == "kubectl is not on PATH"

@@ -95,9 +95,10 @@ def run(args: list, timeout: float = TIMEOUT_S, limit: int = LIMIT) -> Answer:
         if why:
             p.kill()
         try:
-            code = p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = None
+            code = p.wait(timeout=max(end - time.monotonic(), 1.0))
+        except subprocess.TimeoutExpired:  # its output closed, the process still there
+            p.kill()
+            code, why = p.wait(), why or f"did not end within {timeout:.0f} s"
         for f in bufs:
             f.close()
     return Answer(None if why else code, bytes(bufs[p.stdout][:limit]), bytes(bufs[p.stderr][:limit]), why)

@@ -71,10 +71,10 @@ def fs_shown(v) -> str:
 def proven(d: Path, record, doc) -> tuple[str, str]:
     """The run's (namespace, name) once rayjob.yaml is shown to be the run's: its vrun/run-id label is the plan's
     run id, and the plan's is the run dir's own."""
+    import os
+
     from vrun.launch.kuberay import RUN_ID_LABEL
     from vrun.rundir.records import run_id
-
-    import os
 
     if record.run_id != run_id(str(d)) and os.path.realpath(d) != os.path.realpath(record.run_dir):
         raise Usage(f"error: run={d}: plan.json's run_id {fs_shown(record.run_id)} is not this run dir's; fix: plan "
