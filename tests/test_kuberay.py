@@ -322,7 +322,7 @@ def test_the_entry_refuses_an_image_of_another_ray_or_python(tmp_path):
     assert lines[1].startswith(f"error: python={here['python']}: the plan was made with Python 2.7.18")
     # a patch release of the same Python, or a plan of an older vrun that records none, is not refused
     assert stack.runtime_mismatch({"ray": here["ray"], "python": here["python"].rsplit(".", 1)[0] + ".99"}, here) == []
-    assert stack.runtime_mismatch(None, here) == []
+    assert stack.runtime_mismatch(None, here) == [] and stack.mismatch(plan["stack"]) == []
 
 
 def test_site_sizes_for_the_pods(tmp_path):

@@ -111,17 +111,19 @@ def mismatch(recorded: Optional[dict], here: Optional[dict] = None) -> list[Prob
             out.append(Problem(part, value, f"the plan was composed against {_show(a, part)}; this "
                                f"environment has {_show(b, part)}", "plan again in this environment (the same "
                                "command with mode=plan), or run where the planned stack is installed"))
-    return out + runtime_mismatch(recorded.get("runtime"), here.get("runtime"))
+    return out
 
 
 def _minor(version) -> Optional[str]:
     return ".".join(str(version).split(".")[:2]) if version else None
 
 
-def runtime_mismatch(recorded: Optional[dict], here: Optional[dict]) -> list[Problem]:
-    """Ray (the same version) and Python (the same minor version) of the plan against this environment, where the
-    plan records them (a plan of an older vrun does not): a Ray job's image or nodes run what the planner ran, or
-    the job fails here, before any Ray work, in one line."""
+def runtime_mismatch(recorded: Optional[dict], here: Optional[dict] = None) -> list[Problem]:
+    """Ray (the same version) and Python (the same minor version) of the plan (its stack's `runtime`) against this
+    environment, where the plan records them (a plan of an older vrun does not): the job's entry checks them
+    (vrun.launch.entry.stack_problems), so a Ray job's image or nodes run what the planner ran, or the job fails
+    there, before any Ray work, one line each."""
+    here = runtime() if here is None else here
     if not isinstance(recorded, dict) or not isinstance(here, dict):
         return []
     out = []
