@@ -164,7 +164,7 @@ def _pod(job: Job, role: str, head: bool) -> dict:
 
 
 def manifest(job: Job) -> dict:
-    """The RayJob of one planned point (its knobs checked by problems() first)."""
+    """The RayJob of one planned point (its knobs checked first: vrun.launch.kuberay_checks.problems)."""
     import yaml
 
     k, g = job.kuberay, job.gpus_per_node
