@@ -36,7 +36,7 @@ def stack_problems(config_path: str) -> list[str]:
         recorded = PlanRecord.load(run_dir).stack
     except RunDirError as e:
         return [str(e)]
-    return [p.line() for p in stack.mismatch(recorded)]
+    return [p.line() for p in stack.mismatch(recorded) + stack.runtime_mismatch((recorded or {}).get("runtime"))]
 
 
 def resume_problem(config_path: str, config) -> str:

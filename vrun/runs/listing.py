@@ -77,6 +77,9 @@ def cmd_runs(a) -> int:
     from vrun.runs import rayjobs
 
     rayjobs.refresh(runs)  # cluster=ray rows: their jobs' states from the dashboards
+    from vrun.runs import kuberay
+
+    kuberay.refresh(runs)  # cluster=kuberay rows: their RayJobs' status from kubectl
     if a.state:
         want = set(a.state.split(","))
         runs = [r for r in runs if r.state in want]
@@ -128,6 +131,9 @@ def cmd_status(a) -> int:
     from vrun.planning import measured
 
     r = one_run(a.run)
+    from vrun.runs import kuberay
+
+    rayjob = kuberay.refresh([r]).get(str(r.dir))  # a cluster=kuberay run: its RayJob's status from kubectl
     m = measured.of(r)  # read only: the calibration learns when the run ends, in the job's own process
     if a.json:
         print(json.dumps({**r.summary(), "events": r.events, "predicted": measured.predicted(r),
@@ -139,6 +145,8 @@ def cmd_status(a) -> int:
           f"{m.world} GPUs = {m.nnodes}×{m.gpus_per_node}, TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} EP{m.ep} "
           f"ETP{m.etp} EDP{m.edp}")
     print(f"state    {state.describe(r)}")
+    if rayjob:
+        print(f"rayjob   {rayjob}")
     if r.failure and r.state == "failed":
         print(f"failed   on {r.failure['node']}: {r.failure['error']}")
     if r.stall:
