@@ -71,7 +71,7 @@ def wait_for(what, pred, timeout=240, every=1.0):
 
 def ray_of_job(job_id: str) -> list:
     """Processes of this job's Ray cluster still alive (its ports come from the job id)."""
-    from vrun.launch.slurm.node import ports
+    from vrun.launch.slurm.procs import ports
 
     pt = ports(job_id)
     out = subprocess.run(["pgrep", "-af", f"(port|PORT)[=_ -]+({pt['gcs']}|{pt['node_manager']})\\b|HoldTaskRunner"],

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from vrun.launch.slurm.node import Node, exited, kill, node_ip, start_watchdog, stop
+from vrun.launch.slurm.node import Node, start_watchdog
+from vrun.launch.slurm.procs import exited, kill, node_ip, stop
 from vrun.rundir import records as rundir
 
 
