@@ -73,9 +73,78 @@ def _types(v: Any, b: Any, path: str, out: list) -> None:
 NON_NEGATIVE_INT = ("trainer.total_epochs", "trainer.save_freq", "trainer.test_freq")
 # read by both entrypoints when set (null: verl counts the steps from the data and epochs)
 POSITIVE_INT = ("trainer.total_training_steps",)
-RAY_ADDRESS = re.compile(r"^(local|auto|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$")
-# cluster=ray: the dashboard the Job Submission API answers on
-RAY_DASHBOARD = re.compile(r"^(auto|(https?://)?[A-Za-z0-9._-]+:[0-9]{1,5})/?$")
+# host:port as Ray and its dashboard take it: a host name (letters, digits, . _ -, not starting with -) or an IP
+# address, IPv6 in brackets ([::1], [fe80::1%eth0]); the port is checked apart (1..65535)
+HOST_PORT = re.compile(r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[^\]/\s]+\]|[A-Za-z0-9_][A-Za-z0-9._-]*)"
+                       r":(?P<port>[0-9]{1,5})(?P<slash>/?)$")
+# the ports a Ray head listens on by default (ray start --head): its GCS, its Ray client server, its dashboard
+RAY_GCS_PORT, RAY_CLIENT_PORT, RAY_DASHBOARD_PORT = 6379, 10001, 8265
+MAX_PORT = 65535
+
+
+def host_port(text, schemes: tuple) -> tuple[Optional[tuple], str]:
+    """((scheme, host, port), "") for `[scheme://]host:port` with a scheme among `schemes` ("" for none), or
+    (None, why not): a host that is neither a name nor an IP address, a port outside 1..65535."""
+    import ipaddress
+
+    m = HOST_PORT.match(text) if isinstance(text, str) else None
+    if m is None:
+        return None, "not [scheme://]host:port"
+    scheme, host, port = (m.group("scheme") or "").lower(), m.group("host"), int(m.group("port"))
+    if scheme not in schemes:
+        return None, f"the scheme {scheme or '(none)'} is not one of {', '.join(s or '(none)' for s in schemes)}"
+    if m.group("slash") and scheme not in ("http", "https"):
+        return None, "a trailing / after the port"
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return None, f"{host} is not an IPv6 address"
+    if not 1 <= port <= MAX_PORT:
+        return None, f"port {port} is not a TCP port (1..{MAX_PORT})"
+    return (scheme, host, port), ""
+
+
+def port_problems(key: str, v) -> list[Problem]:
+    """A TCP port: an integer in 1..65535 (0 asks the OS for any port: nothing could be told where to reach it)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_PORT:
+        return [Problem(key, v, f"not a TCP port (an integer in 1..{MAX_PORT})", f"{key}=29500")]
+    return []
+
+
+def address_problems(c, slurm: bool, sft: bool) -> list[Problem]:
+    """cluster.ray.address as the cluster's reader takes it: cluster=ray the dashboard ([http[s]://]host:port or
+    auto); elsewhere ray.init's address (local, auto or [ray://]host:port). A port Ray uses by default for
+    something else is a warning: the GCS's (6379) or the client's (10001) given as the dashboard, the dashboard's
+    (8265) given to ray.init."""
+    key, a = "cluster.ray.address", c.ray.address
+    if str(c.name) == "ray":
+        parsed, why = (None, "") if a == "auto" else host_port(a, ("", "http", "https"))
+        if a != "auto" and parsed is None:
+            return [Problem(key, _short(a), f"cluster=ray submits to a running cluster's dashboard ('auto': "
+                            f"RAY_ADDRESS): {why}", "cluster.ray.address=http://<head>:8265 (or auto with RAY_ADDRESS "
+                            "set)")]
+        if parsed is not None and parsed[2] in (RAY_GCS_PORT, RAY_CLIENT_PORT):
+            return [Problem(key, _short(a), f"port {parsed[2]} is where a Ray head's "
+                            f"{'GCS' if parsed[2] == RAY_GCS_PORT else 'client server'} listens by default; its Job "
+                            f"Submission API is the dashboard's, {RAY_DASHBOARD_PORT} by default",
+                            f"cluster.ray.address=http://{parsed[1]}:{RAY_DASHBOARD_PORT}", warning=True)]
+        return []
+    if a in ("local", "auto"):
+        if slurm and a == "local" and not sft:  # SFT: warned as unread
+            return [Problem(key, "local", "cluster=slurm brings up one Ray cluster over the job's nodes; 'local' "
+                            "would start a separate one-node instance on the head",
+                            "cluster.ray.address=auto (the default for cluster=slurm)")]
+        return []
+    parsed, why = host_port(a, ("", "ray"))
+    if parsed is None:
+        return [Problem(key, _short(a), f"Ray joins 'local' (a fresh instance), 'auto' (the running one) or "
+                        f"host:port: {why}", "cluster.ray.address=local|auto|<host>:<port>")]
+    if parsed[2] == RAY_DASHBOARD_PORT and parsed[0] != "ray":
+        return [Problem(key, _short(a), f"port {RAY_DASHBOARD_PORT} is a Ray head's dashboard by default; ray.init "
+                        f"joins its GCS ({RAY_GCS_PORT} by default)", f"cluster.ray.address={parsed[1]}:{RAY_GCS_PORT}",
+                        warning=True)]
+    return []
 
 
 def range_problems(verl: dict, entrypoint) -> list[Problem]:
@@ -121,39 +190,49 @@ def length_problems(verl: dict, linked: dict) -> list[Problem]:
     return out
 
 
+# the longest time limit taken: a year. SLURM keeps a limit as 32-bit minutes, Kubernetes activeDeadlineSeconds as
+# 64-bit seconds, and the deadline a node gives verl is read only up to year 2200 (vrun.launch.deadline): each would
+# take more, but a limit past a year is a typo whose GPU-hours and cost lines are meaningless
+MAX_TIME_MIN = 365 * 24 * 60
+# the largest count any reader of the integer knobs takes (sbatch's and Ray's are 32-bit signed)
+MAX_INT = 2 ** 31 - 1
+RANGE_WHY = {"cluster.time_min": " (minutes: at most a year)"}
+
+
+def INT_KNOBS(c) -> tuple:
+    """(key, value, lowest, highest) of each integer knob of the cluster group."""
+    return (("cluster.time_min", c.time_min, 1, MAX_TIME_MIN),
+            ("cluster.ray.join_timeout_s", c.ray.join_timeout_s, 1, MAX_INT),
+            ("cluster.max_requeues", c.max_requeues, 0, MAX_INT),
+            ("cluster.cpus_per_task", c.cpus_per_task, 1, MAX_INT), ("cluster.mem_gb", c.mem_gb, 1, MAX_INT),
+            ("cluster.ray.num_cpus", c.ray.num_cpus, 0, MAX_INT), ("cluster.ray.num_gpus", c.ray.num_gpus, 1, MAX_INT),
+            ("cluster.signal_delay_s", c.signal_delay_s, 1, MAX_INT))
+
+
 def run_problems(config) -> list[Problem]:
     """The run config's own ranges and conflicts (config: vrun.config.schema.RunConfig)."""
     c = config.cluster
     out = []
     slurm = str(c.name) == "slurm"
-    if str(c.name) == "ray":
-        if not isinstance(c.ray.address, str) or not RAY_DASHBOARD.match(c.ray.address):
-            out.append(Problem("cluster.ray.address", _short(c.ray.address), "cluster=ray submits to a running "
-                               "cluster's dashboard ('auto': RAY_ADDRESS)",
-                               "cluster.ray.address=http://<head>:8265 (or auto with RAY_ADDRESS set)"))
-        t = c.ray.dashboard_timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 600:
-            out.append(Problem("cluster.ray.dashboard_timeout_s", t, "must be seconds in (0, 600]: a lost dashboard "
-                               "is reported after it", "cluster.ray.dashboard_timeout_s=15"))
-    elif not isinstance(c.ray.address, str) or not RAY_ADDRESS.match(c.ray.address):
-        out.append(Problem("cluster.ray.address", _short(c.ray.address), "Ray joins 'local' (a fresh instance), "
-                           "'auto' (the running one) or host:port", "cluster.ray.address=local|auto|<host>:<port>"))
-    elif slurm and c.ray.address == "local" and str(config.algo.entrypoint) != "sft":  # SFT: warned as unread
-        out.append(Problem("cluster.ray.address", "local", "cluster=slurm brings up one Ray cluster over the job's "
-                           "nodes; 'local' would start a separate one-node instance on the head",
-                           "cluster.ray.address=auto (the default for cluster=slurm)"))
-    for key, v, low in (("cluster.time_min", c.time_min, 1), ("cluster.ray.join_timeout_s", c.ray.join_timeout_s, 1),
-                        ("cluster.max_requeues", c.max_requeues, 0), ("cluster.master_port", c.master_port, 1),
-                        ("cluster.cpus_per_task", c.cpus_per_task, 1), ("cluster.mem_gb", c.mem_gb, 1),
-                        ("cluster.ray.num_cpus", c.ray.num_cpus, 0), ("cluster.ray.num_gpus", c.ray.num_gpus, 1),
-                        ("cluster.signal_delay_s", c.signal_delay_s, 1)):
+    t = c.ray.dashboard_timeout_s
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 600:
+        out.append(Problem("cluster.ray.dashboard_timeout_s", t, "must be seconds in (0, 600]: a lost dashboard "
+                           "is reported after it", "cluster.ray.dashboard_timeout_s=15"))
+    out += address_problems(c, slurm, str(config.algo.entrypoint) == "sft")
+    for key, v, low, high in INT_KNOBS(c):
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
             why = "0 means no time limit to sbatch (and no GPU-hours to confirm)" if key == "cluster.time_min" and \
                 v == 0 else ("Ray would offer verl's workers no GPU (null: the mesh's gpus_per_node)"
-                             if key == "cluster.ray.num_gpus" and v == 0 else f"must be an integer ≥ {low}")
-            out.append(Problem(key, v, why, f"{key}=<integer ≥ {low}>"))
+                             if key == "cluster.ray.num_gpus" and v == 0 else f"must be an integer in "
+                             f"[{low}, {high:,}]{RANGE_WHY.get(key, '')}")
+            out.append(Problem(key, v, why, f"{key}=<integer in [{low}, {high:,}]>"))
+    if all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (c.time_min, c.ray.join_timeout_s)) \
+            and slurm and c.ray.join_timeout_s >= c.time_min * 60:
+        out.append(Problem("cluster.ray.join_timeout_s", c.ray.join_timeout_s, f"the head would wait for the nodes "
+                           f"past the job's own {c.time_min}-minute time limit (the job ends first, saying nothing)",
+                           f"cluster.ray.join_timeout_s=<under {c.time_min * 60}> (300 by default)"))
     if all(isinstance(x, int) and x > 0 for x in (c.time_min, c.signal_delay_s)) and c.signal_delay_s >= c.time_min * 60:
         out.append(Problem("cluster.signal_delay_s", c.signal_delay_s, f"the requeue signal would come at the start "
                            f"of a {c.time_min}-minute job (every attempt requeues at once)",
@@ -166,8 +245,7 @@ def run_problems(config) -> list[Problem]:
                            "time limit would requeue the job without counting against cluster.max_requeues, "
                            "for ever", f"cluster.signal_delay_s={min(most, 120)}"))
     out += watch_problems(config.run, slurm)
-    if not 0 < c.master_port < 65536:
-        out.append(Problem("cluster.master_port", c.master_port, "not a TCP port", "cluster.master_port=29500"))
+    out += port_problems("cluster.master_port", c.master_port)
     if c.confirm_gpu_hours is not None and not c.confirm_gpu_hours > 0:
         out.append(Problem("cluster.confirm_gpu_hours", c.confirm_gpu_hours, "must be positive",
                            "cluster.confirm_gpu_hours=1000"))
