@@ -259,6 +259,10 @@ def run_problems(config) -> list[Problem]:
         # another entrypoint's block typed on the command line: Entrypoint.typed_problems (the group files fill
         # both blocks for every algorithm, so only what was typed is a setting)
     out += entrypoints.of(config).run_problems(config)
+    from vrun.checks import unread
+
+    said = {p.key for p in out}
+    out += [p for p in unread.problems(config) if p.key not in said]
     return out
 
 
