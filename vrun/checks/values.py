@@ -266,6 +266,46 @@ def run_problems(config) -> list[Problem]:
     return out
 
 
+ESI_KEY = "verl.trainer.esi_redundant_time"
+
+
+def esi_problems(r, time_min, signal_delay_s, band: Optional[tuple], save_s: float, needed: int) -> list[Problem]:
+    """trainer.esi_redundant_time (r) against what verl does with it (vrun.estimate.timelimit): after every step
+    verl saves when the deadline is within its 60 s + the longest step so far + r, and keeps saving at every step
+    after. So r < -60 makes that window shorter than a step (the deadline can fall between two checks: no save at
+    all), and a window as long as the usable time limit makes every step from the second save; r under `needed`
+    (the plan's: this save's seconds beyond verl's 60, vrun.estimate.timelimit.redundant_time) lets a save begin
+    too late to finish, and one more step at the band's high end than needed makes the last steps each save.
+    band: the plan's step time (low, high) in seconds, None without an estimate."""
+    from vrun.estimate.timelimit import SIGNAL_EARLY_S, VERL_SAVE_S
+
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
+        return []  # a type verl reads differently: type_problems says it
+    fix = f"{ESI_KEY}={needed} (what this plan's save needs), or leave it unset (the plan sets it)"
+    if r < -VERL_SAVE_S:
+        return [Problem(ESI_KEY, r, f"verl saves once the deadline is within {VERL_SAVE_S:g} s + the longest step "
+                        f"+ this; under -{VERL_SAVE_S:g} that window is shorter than a step, so the deadline can fall "
+                        "between two of its checks and nothing is saved", fix)]
+    usable = None
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (time_min, signal_delay_s)):
+        usable = time_min * 60.0 - float(signal_delay_s) - SIGNAL_EARLY_S
+    if usable is not None and VERL_SAVE_S + r >= usable:
+        return [Problem(ESI_KEY, r, f"verl's pre-deadline window ({VERL_SAVE_S:g} s + the longest step + this) "
+                        f"holds the whole {time_min:g}-minute job ({usable:,.0f} s before the signal): every step "
+                        "from the second would save a checkpoint", fix)]
+    if r < needed:
+        return [Problem(ESI_KEY, r, f"a save verl begins inside its window may not finish before the deadline: this "
+                        f"plan's save takes about {save_s:,.0f} s, {needed} s beyond the {VERL_SAVE_S:g} verl counts",
+                        fix, warning=True)]
+    if band and band[0] and band[0] > 0 and r > needed + band[1]:
+        saves = math.ceil((VERL_SAVE_S + band[1] + r) / (band[0] + max(save_s, 0.0)))
+        return [Problem(ESI_KEY, r, f"verl's window ({VERL_SAVE_S:g} s + the longest step + this) holds up to "
+                        f"{saves} steps with their saves at the plan's {band[0]:,.0f}-{band[1]:,.0f} s a step and "
+                        f"{save_s:,.0f} s a save: each of them saves, about {saves * save_s:,.0f} s of saves where "
+                        "one is needed", fix, warning=True)]
+    return []
+
+
 def watch_problems(run, slurm: bool) -> list[Problem]:
     """run.stall_after_s and run.stall_grace_s: finite seconds (a stall bound of 0 would cancel every job at once);
     a requeue on a stall needs a cluster to submit to."""
