@@ -246,6 +246,7 @@ def run_problems(config) -> list[Problem]:
                            "for ever", f"cluster.signal_delay_s={min(most, 120)}"))
     out += watch_problems(config.run, slurm)
     out += port_problems("cluster.master_port", c.master_port)
+    out += node_local_problems(c.node_local_paths)
     if c.confirm_gpu_hours is not None and not c.confirm_gpu_hours > 0:
         out.append(Problem("cluster.confirm_gpu_hours", c.confirm_gpu_hours, "must be positive",
                            "cluster.confirm_gpu_hours=1000"))
@@ -263,6 +264,25 @@ def run_problems(config) -> list[Problem]:
 
     said = {p.key for p in out}
     out += [p for p in unread.problems(config) if p.key not in said]
+    return out
+
+
+def node_local_problems(paths) -> list[Problem]:
+    """cluster.node_local_paths: absolute paths (`~` and `~user` expanded here, as the check before sbatch expands
+    them); a relative one would be compared with the run dir's absolute path and never match, letting a run dir on
+    node-local storage through."""
+    import os
+
+    out = []
+    for i, p in enumerate(paths or []):
+        key = f"cluster.node_local_paths[{i}]"
+        if not isinstance(p, str) or not p.strip():
+            out.append(Problem(key, _short(p), "an empty entry: a path private to each node is needed",
+                               f"drop {key}"))
+        elif not os.path.isabs(os.path.expanduser(p.strip())):
+            out.append(Problem(key, _short(p), "a relative path (or a `~user` that does not exist): the run dir "
+                               "and the other paths are compared as absolute ones, so it would never match",
+                               f"{key}=/{p.strip().lstrip('~/.') or 'scratch'} (an absolute path; ~/ is expanded)"))
     return out
 
 

@@ -79,7 +79,7 @@ def node_problems(checks: dict) -> list[str]:
 # ==================================================================== shared storage
 def storage_problems(plan, folder: str) -> list[Problem]:
     """Paths the nodes must see, refused when they are under one of cluster.node_local_paths."""
-    local = [os.path.normpath(p) for p in plan.config.cluster.node_local_paths if str(p).strip()]
+    local = node_local(plan.config.cluster.node_local_paths)
     if not local:
         return []
     import vrun
@@ -95,13 +95,28 @@ def storage_problems(plan, folder: str) -> list[Problem]:
     out, seen = [], set()
     for key, path, what in paths:
         full = os.path.normpath(os.path.abspath(os.path.expanduser(str(path))))
-        under = next((loc for loc in local if full == loc or full.startswith(loc.rstrip("/") + "/")), None)
+        real = os.path.realpath(full)  # a link from shared storage into node-local storage is still node-local
+        under = next((loc for loc in local for p in (full, real)
+                      if p == loc or p.startswith(loc.rstrip("/") + "/")), None)
         if under and key not in seen:
             seen.add(key)
             out.append(Problem(key, full, f"{what} is under {under}, storage private to each node "
                                "(cluster.node_local_paths): the nodes would not see it and the job would end "
-                               "without writing a line", "put it on storage every node shares (e.g. under $HOME "
-                               "or the project's filesystem)"))
+                               "without writing a line", f"put it outside {under}, on storage every node shares "
+                               "(e.g. the project's filesystem)"))
+    return out
+
+
+def node_local(paths) -> list[str]:
+    """cluster.node_local_paths as compared: `~` expanded, normalised, each also as its real path (a link such as
+    /scratch → /local/scratch); relative entries are refused by the knob's own check (vrun.checks.values)."""
+    out: list[str] = []
+    for p in paths or []:
+        if not isinstance(p, str) or not p.strip():
+            continue
+        full = os.path.normpath(os.path.expanduser(p.strip()))
+        if os.path.isabs(full):
+            out += [x for x in dict.fromkeys((full, os.path.realpath(full))) if x not in out]
     return out
 
 
