@@ -74,6 +74,31 @@ def unknown_keys(raw: dict) -> list:
     return out
 
 
+# the maps whose keys become environment variables of the run's processes (exported on a SLURM node, set by Ray)
+ENV_GROUPS = ("env", "model.env")
+
+
+def env_name_problems(raw: dict) -> list:
+    """Keys of the env maps that no shell can export (`+env.A-B=1`, `+env.$X=1`): a variable's name is letters,
+    digits and _, not starting with a digit (POSIX's rule, vrun.checks.secret.IDENT)."""
+    import re
+
+    from vrun.core.dotted import get
+
+    out = []
+    for group in ENV_GROUPS:
+        m = get(raw, group, None)
+        for k, v in (m.items() if isinstance(m, dict) else ()):
+            if check_secrets.IDENT.fullmatch(str(k)):
+                continue
+            name = re.sub(r"[^A-Za-z0-9_]+", "_", str(k)).strip("_") or "MY_VAR"
+            name = f"_{name}" if name[0].isdigit() else name
+            out.append(Problem(f"{group}.{short(k)}", short(v), "not a variable name a shell can export (letters, "
+                               "digits and _, not starting with a digit): the run's processes could not be given it",
+                               f"+{group}.{name}=..."))
+    return out
+
+
 def config_problems(cfg: Any, environ: Optional[dict] = None, choices: Optional[dict] = None,
                     parts: Optional[tuple] = None) -> list:
     """Every problem of the composed run config found before the plan: one per key. parts: containers(cfg), when
@@ -90,6 +115,7 @@ def config_problems(cfg: Any, environ: Optional[dict] = None, choices: Optional[
                 problems.append(p)
 
     add(unknown_keys(raw))
+    add(env_name_problems(raw))
     add(check_secrets.check(raw, resolved, environ))
     for key, v in leaves(raw):
         if CONTROL.search(key):
