@@ -250,6 +250,8 @@ class PlanningSweeper(Sweeper):
                 problems, taken = self.launcher.point_problems(cfg, launcher, self._hydra_overrides, str(sweep_dir),
                                                                run_dir, key if self._single else "hydra.sweep.dir")
                 del cfg["hydra"]
+            problems += check_composed.bool_word_problems([(o.key_or_group, o.value()) for o in self._parsed(
+                tuple(overrides)) if not self._is_group(o) and not o.is_sweep_override() and not o.is_delete()])
             parts = check_composed.containers(cfg)
             problems += self.launcher.as_given(check_composed.config_problems(cfg, choices=point_choices,
                                                                               parts=parts), taken)
