@@ -58,10 +58,11 @@ def _types(v: Any, b: Any, path: str, out: list) -> None:
         word = v.strip().lower()
         meant = "true" if word in ("true", "yes", "on", "1", "y") else "false" if word in (
             "false", "no", "off", "0", "n", "") else None
-        out.append(Problem(key, _short(v), "a boolean given as a string: verl's config classes and the plan would "
-                           "read it differently", f"{key}={meant}" if meant else f"{key}=true or {key}=false"))
+        # the value shown quoted, as the string it is: `key='true'` with its fix `key=true` unquoted
+        out.append(Problem(key, _short(repr(v)), "a boolean given as a string: verl's config classes and the plan "
+                           "would read it differently", f"{key}={meant}" if meant else f"{key}=true or {key}=false"))
     elif isinstance(b, (int, float)) and not isinstance(b, bool) and isinstance(v, str) and not v.startswith("${"):
-        out.append(Problem(key, _short(v), f"a number given as a string (verl's default is {b!r})",
+        out.append(Problem(key, _short(repr(v)), f"a number given as a string (verl's default is {b!r})",
                            f"{key}=<a number, unquoted>"))
     elif isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 and \
             isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0 and not path.endswith("seed"):
