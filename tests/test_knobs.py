@@ -74,6 +74,9 @@ def _errors(overrides):
     (["cluster=slurm", "cluster.ray.join_timeout_s=14400"], "cluster.ray.join_timeout_s"),
     (["cluster=slurm", "cluster.cpus_per_task=2147483648"], "cluster.cpus_per_task"),
     (["cluster=slurm", "cluster.max_requeues=-1"], "cluster.max_requeues"),
+    (["cluster=slurm", "cluster.ray.auth_mode=tokn"], "cluster.ray.auth_mode"),
+    (["cluster=slurm", "cluster.ray.interface=-x"], "cluster.ray.interface"),
+    (["cluster=slurm", "cluster.ray.interface=averyveryverylongname"], "cluster.ray.interface"),
 ], ids=lambda x: " ".join(x) if isinstance(x, list) else x)
 def test_out_of_range_knobs_are_refused(overrides, key):
     errors = _errors(overrides)
@@ -90,6 +93,7 @@ def test_out_of_range_knobs_are_refused(overrides, key):
     ["cluster=slurm", "cluster.time_min=525600"],
     ["cluster.master_port=65535", "algo=sft", "mesh=8gpu"],
     ["cluster=slurm", "cluster.ray.join_timeout_s=14399"],
+    ["cluster=slurm", "cluster.ray.auth_mode=token", "cluster.ray.interface=ib0.8001"],
 ], ids=lambda o: " ".join(o))
 def test_legal_values_beside_them_plan(overrides):
     assert not _errors(overrides), _errors(overrides)

@@ -81,6 +81,10 @@ HOST_PORT = re.compile(r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[
 # the ports a Ray head listens on by default (ray start --head): its GCS, its Ray client server, its dashboard
 RAY_GCS_PORT, RAY_CLIENT_PORT, RAY_DASHBOARD_PORT = 6379, 10001, 8265
 MAX_PORT = 65535
+# RAY_AUTH_MODE's values (Ray 2.60: ray._private.authentication, AuthenticationMode)
+RAY_AUTH_MODES = ("disabled", "token")
+# a Linux interface name: IFNAMSIZ 16 with its NUL, no / or space; never an option to `ip`
+IFACE = re.compile(r"[A-Za-z0-9_.:@][A-Za-z0-9_.:@-]{0,14}")
 
 
 def host_port(text, schemes: tuple) -> tuple[Optional[tuple], str]:
@@ -220,6 +224,16 @@ def run_problems(config) -> list[Problem]:
         out.append(Problem("cluster.ray.dashboard_timeout_s", t, "must be seconds in (0, 600]: a lost dashboard "
                            "is reported after it", "cluster.ray.dashboard_timeout_s=15"))
     out += address_problems(c, slurm, str(config.algo.entrypoint) == "sft")
+    if not isinstance(c.ray.auth_mode, str) or c.ray.auth_mode.lower() not in RAY_AUTH_MODES:
+        out.append(Problem("cluster.ray.auth_mode", _short(c.ray.auth_mode), f"RAY_AUTH_MODE is one of "
+                           f"{', '.join(RAY_AUTH_MODES)} (Ray 2.60's AuthenticationMode); Ray reads anything else as "
+                           "neither", "cluster.ray.auth_mode=disabled (or token, with the token on every node)"))
+    iface = c.ray.interface
+    if iface is not None and not (isinstance(iface, str) and IFACE.fullmatch(iface)):
+        out.append(Problem("cluster.ray.interface", _short(iface), "a network interface name (at most 15 "
+                           "characters: letters, digits and . _ : @ -, not starting with -), as `ip addr show dev` "
+                           "on each node takes it", "cluster.ray.interface=ib0 (ip -o link lists a node's), or null "
+                           "(the hostname's address)"))
     for key, v, low, high in INT_KNOBS(c):
         if v is None:
             continue
