@@ -48,6 +48,15 @@ def test_the_readers_record_is_the_codes(knob):
             assert not _reads(paths, knob), f"cluster.{knob}: {cluster}'s modules read it; READERS says they do not"
 
 
+def test_the_watched_clusters_are_the_codes():
+    """The stall knobs are read by the watchdog: the clusters whose modules start it are WATCHED."""
+    from vrun.checks.unread import WATCHED
+
+    for cluster, paths in MODULES.items():
+        starts = any("watchdog" in p.read_text() for p in paths)
+        assert starts == (cluster in WATCHED), cluster
+
+
 def _lines(overrides):
     from vrun.checks import values
     from vrun.config import schema
@@ -65,6 +74,8 @@ def _lines(overrides):
     (["cluster=slurm", "run.on_stall=requeue", "cluster.max_requeues=0"], "warning: run.on_stall=requeue: "
      "cluster.max_requeues=0 allows no requeue"),
     (["run.on_stall=report", "run.stall_grace_s=60"], "warning: run.stall_grace_s=60.0: "),
+    (["cluster=ray", "run.on_stall=requeue"], "warning: run.on_stall=requeue: read by the watchdog"),
+    (["cluster=kuberay", "run.stall_after_s=600"], "warning: run.stall_after_s=600.0: read by the watchdog"),
 ], ids=lambda c: " ".join(c[0]))
 def test_an_unread_knob_is_warned(case):
     overrides, start = case

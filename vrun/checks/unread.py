@@ -31,6 +31,10 @@ READERS = {
     **{f"kuberay.{k}": (KUBERAY,) for k in ("image", "namespace", "claim", "mount_path", "env_from", "gpu_resource",
                                             "ttl_s", "apply")},
 }
+# the clusters whose jobs the watchdog watches (vrun.launch.watchdog: beside a local run, on a SLURM job's node 0):
+# the run.* stall knobs are read there only
+WATCHED = (LOCAL, SLURM)
+STALL_KNOBS = ("on_stall", "stall_after_s", "stall_grace_s")
 # the value each cluster group file gives a knob (conf/cluster/*.yaml), where it is not the schema's default
 GROUP_VALUES = {"ray.address": {LOCAL: "local", SLURM: "auto", RAY: "auto", KUBERAY: "auto"}}
 
@@ -71,8 +75,16 @@ def cluster_problems(config) -> list[Problem]:
 
 
 def policy_problems(config) -> list[Problem]:
-    """Stall-policy settings the policy chosen never reads (where a cluster reads the policy at all)."""
+    """Stall-policy settings the policy chosen never reads, and on a cluster whose jobs no watchdog watches, all of
+    them."""
+    from vrun.config.schema import RunSettings
+
     run, c = config.run, config.cluster
+    if str(c.name) not in WATCHED:
+        return [Problem(f"run.{k}", getattr(run, k), f"read by the watchdog, which watches cluster="
+                        f"{' and cluster='.join(WATCHED)} jobs; a cluster={c.name} job is not watched: read by "
+                        "nothing", f"drop run.{k}, or cluster=slurm", warning=True)
+                for k in STALL_KNOBS if getattr(run, k) != getattr(RunSettings(), k)]
     out = []
     if str(c.name) == SLURM and str(run.on_stall) == "requeue" and c.max_requeues == 0:
         out.append(Problem("run.on_stall", "requeue", "cluster.max_requeues=0 allows no requeue: the first stall "
