@@ -85,7 +85,8 @@ def test_a_known_launcher_key_plans(tmp_path):
 
 
 @pytest.mark.parametrize("typed,fix", [("+env.A-B=1", "+env.A_B="), ("+env.$X=1", "+env.X="),
-                                       ("+model.env.VLLM-X=1", "+model.env.VLLM_X=")])
+                                       ("+model.env.VLLM-X=1", "+model.env.VLLM_X="), ("+env.1A=1", "+env._1A="),
+                                       ("+env.É=1", "+env.MY_VAR=")])
 def test_env_names_no_shell_exports_are_refused(tmp_path, typed, fix):
     proc = runner(*PLAN, typed, f"hydra.run.dir={tmp_path}/r")
     assert proc.returncode == 2 and fix in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
