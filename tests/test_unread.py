@@ -74,6 +74,8 @@ def _lines(overrides):
     (["cluster=slurm", "run.on_stall=requeue", "cluster.max_requeues=0"], "warning: run.on_stall=requeue: "
      "cluster.max_requeues=0 allows no requeue"),
     (["run.on_stall=report", "run.stall_grace_s=60"], "warning: run.stall_grace_s=60.0: "),
+    (["cluster=ray", "cluster.ray.num_cpus=8"], "warning: cluster.ray.num_cpus=8: Ray's resources for a fresh"),
+    (["cluster.ray.address=auto", "cluster.ray.num_gpus=8"], "warning: cluster.ray.num_gpus=8: Ray's resources"),
     (["cluster=ray", "run.on_stall=requeue"], "warning: run.on_stall=requeue: read by the watchdog"),
     (["cluster=kuberay", "run.stall_after_s=600"], "warning: run.stall_after_s=600.0: read by the watchdog"),
 ], ids=lambda c: " ".join(c[0]))
@@ -90,8 +92,24 @@ def test_an_unread_knob_is_warned(case):
     ["cluster=ray", "cluster.ray.dashboard_timeout_s=3"],
     ["algo=sft", "mesh=8gpu", "cluster.master_port=29600"],
     ["cluster=slurm", "run.on_stall=requeue", "cluster.max_requeues=1"],
+    ["cluster.ray.num_cpus=8", "cluster.ray.num_gpus=8"],
+    ["cluster=slurm", "cluster.ray.num_cpus=8"],
     [],
 ], ids=lambda o: " ".join(o) or "defaults")
 def test_a_read_knob_is_not_warned(overrides):
     """Legal beside them: each knob on a cluster that reads it; the cluster groups' own values."""
-    assert not [x for x in _lines(overrides) if "reads nothing of it" in x or "allows no requeue" in x]
+    assert not [x for x in _lines(overrides) if "reads nothing of it" in x or "allows no requeue" in x or
+                "read by nothing" in x]
+
+
+@pytest.mark.parametrize("overrides,passed", [
+    (["cluster.ray.num_cpus=8"], True), (["cluster.ray.address=auto", "cluster.ray.num_cpus=8"], False),
+    (["cluster=slurm", "cluster.ray.num_cpus=8"], False), (["cluster=ray", "cluster.ray.num_cpus=8"], False)])
+def test_ray_resources_reach_ray_init_only_for_a_fresh_instance(overrides, passed):
+    """ray.init refuses num_cpus/num_gpus when it joins a running cluster (Ray 2.60: "When connecting to an
+    existing cluster, num_cpus and num_gpus must not be provided"): verl's tree holds them only with address=local."""
+    from conftest import plan
+    from vrun.core.dotted import get
+
+    p = plan(["model=qwen3_5_35b", "mode=plan", *overrides])
+    assert (get(p.verl, "ray_kwargs.ray_init.num_cpus", None) == 8) == passed

@@ -10,6 +10,7 @@ Entry point: `problems(config)` on the typed run config (vrun.config.schema.RunC
 """
 from __future__ import annotations
 
+from vrun.checks.paths import short
 from vrun.core.problems import Problem
 
 SLURM, LOCAL, RAY, KUBERAY = "slurm", "local", "ray", "kuberay"
@@ -67,10 +68,20 @@ def cluster_problems(config) -> list[Problem]:
             continue
         v = _get(config.cluster, knob)
         where = " or ".join(f"cluster={r}" for r in readers)
-        out.append(Problem(f"cluster.{knob}", v if not isinstance(v, (list, dict)) else str(v)[:80],
+        out.append(Problem(f"cluster.{knob}", v if not isinstance(v, (list, dict)) else short(str(v)),
                            f"read by {where}{' with algo=sft' if knob == 'master_port' else ''} only; this run "
                            f"(cluster={name}{', algo=sft' if sft else ''}) reads nothing of it",
                            f"drop cluster.{knob}, or {where.split(' or ')[0]}", warning=True))
+    # Ray's resources: given to a fresh instance (ray.init with address local) or to a SLURM job's `ray start`;
+    # ray.init refuses them when it joins a running cluster, so they are not passed there
+    if not sft and name != SLURM and config.cluster.ray.address != "local" or name in (RAY, KUBERAY):
+        for k in ("num_cpus", "num_gpus"):
+            v = getattr(config.cluster.ray, k)
+            if v is not None:
+                out.append(Problem(f"cluster.ray.{k}", v, f"Ray's resources for a fresh instance (cluster.ray.address="
+                                   f"local) or a SLURM job's nodes; this run joins a running cluster, whose nodes "
+                                   "declare their own: read by nothing", f"drop cluster.ray.{k}, or "
+                                   "cluster.ray.address=local", warning=True))
     return out
 
 
