@@ -120,7 +120,8 @@ def test_every_boolean_knob_takes_true_or_false_only(knob):
     for word, meant in (("no", "false"), ("yes", "true"), ("on", "true"), ("0", "false"), (1, "true")):
         found = bool_word_problems([(knob, word)])
         assert [p.key for p in found] == [knob] and found[0].fix.startswith(f"{knob}={meant}"), found
-    assert not bool_word_problems([(knob, True), (knob, False), (knob, "false"), (knob, "TRUE")])
+    assert not bool_word_problems([(knob, True), (knob, False), (knob, "false"), (knob, "TRUE"),
+                                   (knob, "${oc.env:FLAG,false}")])
 
 
 def test_a_boolean_word_through_the_runner(tmp_path):

@@ -100,8 +100,8 @@ def bool_word_problems(given: list) -> list:
     for key, v in given:
         if isinstance(v, bool) or v is None or schema_type(str(key).lstrip("+~")) is not bool:
             continue
-        if isinstance(v, str) and v.strip().lower() in ("true", "false"):
-            continue
+        if isinstance(v, str) and (v.strip().lower() in ("true", "false") or "${" in v):
+            continue  # an interpolation: what it resolves to is the schema's to convert
         word = str(v).strip().lower()
         meant = "true" if word in ("yes", "on", "y", "1") else "false" if word in ("no", "off", "n", "0") else None
         k = str(key).lstrip("+~")
