@@ -246,3 +246,19 @@ def test_a_partition_list_from_scontrol_is_summarised():
     line = checks.partition_problems(sub, parts)[0].line()
     assert "… and 19,995 more" in line and len(line) < 400, line
     assert checks.minutes("²") is None and checks.minutes("1-02:00:00") == 26 * 60
+
+
+def test_a_fix_that_repeats_the_input_is_caught():
+    """The rule conftest holds every runner line and every Problem line to (conftest.fix_repeats_input)."""
+    from conftest import fix_repeats_input
+
+    assert fix_repeats_input("error: verl.trainer.use_v1=true: a boolean given as a string; fix: verl.trainer.use_v1=true")
+    assert fix_repeats_input("warning: a.b=1: why; fix: a.b=1 (unquoted)")
+    assert not fix_repeats_input("error: verl.trainer.use_v1='true': a boolean given as a string; fix: "
+                                 "verl.trainer.use_v1=true")
+    assert not fix_repeats_input("error: model.env.X=1: a new entry of the map; fix: +model.env.X=1")
+    assert not fix_repeats_input("error: hydra.mode=RUN: why; fix: drop hydra.mode")
+    from vrun.checks.values import type_problems
+
+    line = type_problems({"trainer": {"use_v1": "true"}}, {"trainer": {"use_v1": False}})[0].line()
+    assert line.startswith("error: verl.trainer.use_v1='true': ") and line.endswith("fix: verl.trainer.use_v1=true")
