@@ -94,6 +94,7 @@ def test_an_unread_knob_is_warned(case):
     ["cluster=slurm", "run.on_stall=requeue", "cluster.max_requeues=1"],
     ["cluster.ray.num_cpus=8", "cluster.ray.num_gpus=8"],
     ["cluster=slurm", "cluster.ray.num_cpus=8"],
+    ["algo=sft", "mesh=8gpu", "cluster=slurm", "cluster.ray.interface=ib0"],
     [],
 ], ids=lambda o: " ".join(o) or "defaults")
 def test_a_read_knob_is_not_warned(overrides):
