@@ -108,3 +108,37 @@ def test_a_ray_port_in_the_other_knobs_place_is_warned(overrides, port):
     lines = _values(overrides)
     assert [x for x in lines if x.startswith("warning: cluster.ray.address=") and f"port {port}" in x], lines
     assert not _errors(overrides)
+
+
+def _int_knobs():
+    from vrun.checks.values import INT_KNOBS
+    from vrun.config.schema import Cluster
+
+    return [(key, low, high) for key, _, low, high in INT_KNOBS(Cluster())]
+
+
+@pytest.mark.parametrize("key,low,high", _int_knobs(), ids=lambda x: str(x))
+def test_every_integer_knob_at_and_past_its_bounds(key, low, high):
+    """Generated from the checks' own table (values.INT_KNOBS): each bound is legal, one past it refused, and so is
+    a boolean (an int to Python, not a count)."""
+    import copy
+
+    from vrun.checks import values
+    from vrun.config import schema
+
+    base = schema.typed(compose(["model=qwen3_5_35b", "mode=plan", "cluster=slurm", "cluster.time_min=525600"]))
+
+    def errors(v):
+        cfg = copy.deepcopy(base)
+        obj, name = cfg, key.split(".")
+        for part in name[:-1]:
+            obj = getattr(obj, part)
+        setattr(obj, name[-1], v)
+        return [p for p in values.run_problems(cfg) if p.key == key and not p.warning]
+
+    edge_ok = {"cluster.ray.num_gpus": 1, "cluster.ray.join_timeout_s": min(high, 525600 * 60 - 1),
+               "cluster.signal_delay_s": min(high, values.timelimit.max_signal_delay_s(525600))}
+    for v in (low if low else 1, edge_ok.get(key, high)):
+        assert not errors(v), (key, v, errors(v))
+    for v in (low - 1, high + 1, True):
+        assert errors(v), (key, v)
