@@ -257,6 +257,8 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     cost = steptime_plan.cost(st, mesh.world, resolved, config.cluster.gpu_hour_price) \
         if st is not None else None
     found, deadline_rows, redundant = deadline_problems(config, resolved, st, counts, mesh, est)
+    if [x for x in found if not x.warning]:
+        raise PlanError(problems + [x for x in found if not x.warning])
     warnings += found
     if redundant is not None:  # verl counts 60 s for a save: the seconds this save takes beyond that
         extra = [verl_tree.Override("trainer.esi_redundant_time", redundant, "set")]
@@ -276,8 +278,13 @@ def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) 
     trainer.save_freq > 0), and whether the time limit holds the model load, the steps before the first save and
     that save. Returns (warnings, the plan table's `deadline` rows, the trainer.esi_redundant_time to write: the
     save's seconds beyond the 60 verl counts, where this trainer saves before the deadline and the user set none)."""
+    values = check_values
     if str(config.cluster.name) != "slurm":
-        return [], [], None
+        given = get(resolved, "trainer.esi_redundant_time", 0)
+        return ([Problem(values.ESI_KEY, given, "verl's pre-deadline save, which only a SLURM job's nodes give a "
+                         f"deadline (MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP): on cluster="
+                         f"{config.cluster.name} read by nothing", f"drop {values.ESI_KEY}, or cluster=slurm",
+                         warning=True)] if given else []), [], None
     from vrun.estimate import timelimit
     from vrun.planning import watch
 
@@ -299,6 +306,9 @@ def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) 
     redundant = timelimit.redundant_time(save) if sup.saves and est is not None and not given else None
     lines = timelimit.plan_lines(sup, config.cluster.signal_delay_s, stack.verl_version(),
                                  redundant if redundant is not None else (given or None))
+    if given and sup.saves:
+        out += values.esi_problems(given, config.cluster.time_min, config.cluster.signal_delay_s,
+                                   (st.low, st.high) if st is not None else None, save, timelimit.redundant_time(save))
     if st is None:
         return out, lines, redundant
     w = watch.policy(config.run, st.high, counts.total if counts is not None else None, mesh.nnodes)
