@@ -12,7 +12,8 @@ pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
 
 # each cluster's own code: what reads a knob only when that cluster runs
 MODULES = {"slurm": [*sorted((ROOT / "vrun/launch/slurm").glob("*.py")), ROOT / "vrun/checks/sbatch.py"],
-           "kuberay": [ROOT / "vrun/launch/kuberay.py", ROOT / "vrun/launch/kuberay_schema.py"],
+           "kuberay": [ROOT / "vrun/launch/kuberay.py", ROOT / "vrun/launch/kuberay_schema.py",
+                       ROOT / "vrun/launch/kuberay_checks.py"],
            "ray": [ROOT / "vrun/launch/rayjobs.py", ROOT / "vrun/runs/rayjobs.py"],
            "local": [ROOT / "vrun/launch/local.py", ROOT / "vrun/entrypoints/sft.py"]}
 # code every cluster's plan runs (the plan, the estimates, the entrypoints' trees, preflight)
@@ -21,10 +22,12 @@ SHARED = [p for d in ("vrun/planning", "vrun/estimate", "vrun/launch/preflight.p
 
 
 def _reads(paths, knob: str) -> bool:
-    """Whether the code reads cluster.<knob>: an attribute or key of that name (the last part of the knob)."""
+    """Whether the code reads cluster.<knob>: an attribute or key of that name (the last part of the knob). A loop
+    over the group's fields that skips one (`if f.name == "interface" and …: continue`) reads none."""
     last = knob.split(".")[-1]
     rx = re.compile(rf"\.{re.escape(last)}\b|\[[\"']{re.escape(last)}[\"']\]|\"{re.escape(last)}\"")
-    return any(rx.search(p.read_text()) for p in paths)
+    skip = re.compile(r"if f\.name == \"\w+\" and ")
+    return any(rx.search(line) for p in paths for line in p.read_text().splitlines() if not skip.search(line))
 
 
 def _knobs():

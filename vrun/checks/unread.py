@@ -17,8 +17,10 @@ SLURM, LOCAL, RAY, KUBERAY = "slurm", "local", "ray", "kuberay"
 # cluster.<knob> → the clusters whose code reads it
 READERS = {
     # sbatch's values and submitit's (vrun.launch.slurm.submit.Submission, vrun.checks.sbatch)
-    **{k: (SLURM,) for k in ("partition", "account", "qos", "constraint", "cpus_per_task", "mem_gb", "job_name",
-                             "setup", "additional_parameters", "max_requeues", "signal_delay_s")},
+    **{k: (SLURM,) for k in ("partition", "account", "qos", "constraint", "job_name", "setup",
+                             "additional_parameters", "max_requeues", "signal_delay_s")},
+    # a SLURM job's resources; a RayJob's pods' requests and limits (vrun.launch.kuberay)
+    **{k: (SLURM, KUBERAY) for k in ("cpus_per_task", "mem_gb")},
     # the SLURM submitter's own behaviour: the confirmation, waiting, the login preflight, node-local storage
     **{k: (SLURM,) for k in ("confirm_gpu_hours", "yes", "detach", "login_preflight", "node_local_paths")},
     "node_setup": (SLURM,),                 # each node's lines (vrun.launch.slurm.node)
@@ -30,7 +32,7 @@ READERS = {
     "ray.dashboard_timeout_s": (RAY,),      # every request to a standing cluster's dashboard
     "ray.address": (LOCAL, SLURM, RAY),     # ray.init's address; cluster=ray: the dashboard
     **{f"kuberay.{k}": (KUBERAY,) for k in ("image", "namespace", "claim", "mount_path", "env_from", "gpu_resource",
-                                            "ttl_s", "apply")},
+                                            "ttl_s", "apply", "run_as_uid", "run_as_gid")},
 }
 # the clusters whose jobs the watchdog watches (vrun.launch.watchdog: beside a local run, on a SLURM job's node 0):
 # the run.* stall knobs are read there only
