@@ -165,7 +165,7 @@ def run_problems(config) -> list[Problem]:
                            f"before the end of a {c.time_min}-minute job as a preemption, not the time limit: every "
                            "time limit would requeue the job without counting against cluster.max_requeues, "
                            "for ever", f"cluster.signal_delay_s={min(most, 120)}"))
-    out += watch_problems(config.run, slurm)
+    out += watch_problems(config.run, slurm or str(c.name) == "ray", str(c.name))
     if not 0 < c.master_port < 65536:
         out.append(Problem("cluster.master_port", c.master_port, "not a TCP port", "cluster.master_port=29500"))
     if c.confirm_gpu_hours is not None and not c.confirm_gpu_hours > 0:
@@ -184,9 +184,10 @@ def run_problems(config) -> list[Problem]:
     return out
 
 
-def watch_problems(run, slurm: bool) -> list[Problem]:
+def watch_problems(run, slurm: bool, cluster: str = "") -> list[Problem]:
     """run.stall_after_s and run.stall_grace_s: finite seconds (a stall bound of 0 would cancel every job at once);
-    a requeue on a stall needs a cluster to submit to."""
+    a requeue on a stall needs a cluster to submit to (slurm: SLURM's, or a standing Ray cluster's; KubeRay's
+    requeue acting as cancel is the plan's `watch` row's to say)."""
     import math
 
     out = []
@@ -197,8 +198,11 @@ def watch_problems(run, slurm: bool) -> list[Problem]:
             out.append(Problem(key, v, f"must be seconds between {low:g} and 10,000,000",
                                f"{key}=<seconds>, or leave it unset (derived from the plan's step time)"))
     if str(run.on_stall) == "requeue" and not slurm:
-        out.append(Problem("run.on_stall", "requeue", "a run on this machine has no cluster to submit it to again: "
-                           "a stall cancels it instead", "run.on_stall=cancel, or cluster=slurm", warning=True))
+        why = ("a KubeRay pod cannot apply a RayJob" if cluster == "kuberay" else
+               "a run on this machine has no cluster to submit it to again")
+        out.append(Problem("run.on_stall", "requeue", f"{why}: a stall cancels it instead",
+                           "run.on_stall=cancel, or cluster=slurm" + (" or cluster=ray" if cluster == "kuberay" else ""),
+                           warning=True))
     return out
 
 

@@ -271,12 +271,13 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
 
 
 def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) -> tuple[list, list, Optional[int]]:
-    """cluster=slurm: whether this run's verl trainer saves before the deadline the node gives it
+    """cluster=slurm, ray, kuberay: whether this run's verl trainer saves before the deadline the job gives it
     (vrun.estimate.timelimit: only RayPPOTrainer, trainer.use_v1=false, asks; nothing saves without
     trainer.save_freq > 0), and whether the time limit holds the model load, the steps before the first save and
     that save. Returns (warnings, the plan table's `deadline` rows, the trainer.esi_redundant_time to write: the
     save's seconds beyond the 60 verl counts, where this trainer saves before the deadline and the user set none)."""
-    if str(config.cluster.name) != "slurm":
+    cluster = str(config.cluster.name)
+    if cluster not in ("slurm", "ray", "kuberay"):
         return [], [], None
     from vrun.estimate import timelimit
     from vrun.planning import watch
@@ -298,13 +299,13 @@ def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) 
     given = get(resolved, "trainer.esi_redundant_time", 0)
     redundant = timelimit.redundant_time(save) if sup.saves and est is not None and not given else None
     lines = timelimit.plan_lines(sup, config.cluster.signal_delay_s, stack.verl_version(),
-                                 redundant if redundant is not None else (given or None))
+                                 redundant if redundant is not None else (given or None), cluster)
     if st is None:
         return out, lines, redundant
     w = watch.policy(config.run, st.high, counts.total if counts is not None else None, mesh.nnodes)
     p = timelimit.time_limit_problem(config.cluster.time_min, config.cluster.signal_delay_s,
                                      w.first_step_s - w.stall_after_s, st.high, save,
-                                     timelimit.first_save_steps(save_freq, bool(sup.saves)))
+                                     timelimit.first_save_steps(save_freq, bool(sup.saves)), cluster)
     return out + ([p] if p else []), lines, redundant
 
 
