@@ -10,7 +10,7 @@ Progress: verl's step lines reach the driver's own stdout (verl's TaskRunner is 
 its prints), which Ray's job supervisor writes to a file on the head: /proc/<pid>/fd/1 is that regular file and is
 tailed. A driver whose stdout is no file (run by hand on a terminal) tees its stdout into a private temp file.
 
-A stall's diagnosis (`Job.collect`): Ray's state API (list_nodes, list_actors, list_workers, detail=True) gives every
+A stall's diagnosis (`Job.collect`): Ray's state API (list_nodes, list_actors, detail=True) gives every
 live process of this job with its node and pid; a task of no CPU pinned to each node
 (NodeAffinitySchedulingStrategy, soft=False) dumps those processes there (vrun.launch.stacks.dump_node: py-spy,
 else the process's own SIGURG hook where it has one) and returns the files, which this driver writes under
@@ -147,16 +147,16 @@ def label(node: dict) -> str:
 
 
 def job_processes(job_hex: str, driver: tuple) -> tuple[dict, dict]:
-    """({node id: {"name", "ip", "id", "pids"}} for the alive nodes with this job's live processes, Ray's view for
+    """({node id: {"name", "ip", "id", "pids"}} for the alive nodes with this job's live processes — its driver and
+    its alive actors (verl's task runner and workers), each process's children dumped with it — and Ray's view for
     ray.json). driver: (node id, pid) of this driver."""
-    from ray.util.state import list_actors, list_nodes, list_workers
+    from ray.util.state import list_actors, list_nodes
 
     kw = dict(detail=True, limit=10000, timeout=STATE_TIMEOUT_S, raise_on_missing_output=False)
     nodes = {n.node_id: {"id": n.node_id, "name": getattr(n, "node_name", None), "ip": n.node_ip, "pids": []}
              for n in list_nodes(**kw) if n.state == "ALIVE"}
     actors = [a for a in list_actors(**kw) if a.job_id == job_hex and a.state == "ALIVE"]
-    workers = [w for w in list_workers(**kw) if w.job_id == job_hex and w.is_alive]
-    for node_id, pid in [driver] + [(a.node_id, a.pid) for a in actors] + [(w.node_id, w.pid) for w in workers]:
+    for node_id, pid in [driver] + [(a.node_id, a.pid) for a in actors]:
         if node_id in nodes and isinstance(pid, int) and pid > 0 and pid not in nodes[node_id]["pids"]:
             nodes[node_id]["pids"].append(pid)
     view = {"nodes": [{k: v for k, v in n.items() if k != "pids"} | {"label": label(n), "processes": len(n["pids"])}
