@@ -535,7 +535,7 @@ def _phrase(where: str) -> str:
 def summarize(out_dir: Path, step: Optional[int], stalled_for_s: float) -> str:
     """`stalled at step 312 for 41 min: 255 ranks in all_reduce, rank 133 on n17 in data loading → stalls/1/`."""
     out_dir = Path(out_dir)
-    head = f"stalled at {'step ' + str(step) if step is not None else 'the first step'} for {_dur(stalled_for_s)}"
+    head = f"stalled at {'step ' + str(step) if step is not None else 'the first step'} for {duration(stalled_for_s)}"
     tail = f" → {out_dir.parent.name}/{out_dir.name}/"
     ranks, hosts = groups(out_dir)
     if not ranks:
@@ -563,7 +563,7 @@ def summarize(out_dir: Path, step: Optional[int], stalled_for_s: float) -> str:
     return f"{head}: {', '.join(parts)}{tail}"
 
 
-def _dur(s: float) -> str:
+def duration(s: float) -> str:
     s = int(round(s))
     if s < 120:
         return f"{s} s"

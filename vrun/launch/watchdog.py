@@ -245,7 +245,7 @@ class Watchdog(threading.Thread):
             summary, hosts = stacks.summarize(out, step, quiet), stacks.odd_hosts(out)
         else:
             head = f"stalled at {'step ' + str(step) if step is not None else 'the first step'} for " \
-                   f"{stacks._dur(quiet)}"
+                   f"{stacks.duration(quiet)}"
             summary, hosts = f"{head}: {error}", []
         took = round(self.clock() - t0, 1)
         print(f"vrun: {summary}" + (f" ({error})" if error and out is not None else ""), flush=True)
