@@ -236,3 +236,63 @@ def test_the_watch_row_says_what_each_cluster_gets():
     assert "requeue acts as cancel on KubeRay" in rows["kuberay"] and "odd rank's node" not in rows["kuberay"]
     for c in ("ray", "kuberay"):
         assert "task pinned to the node" in rows[c] and "SIGURG" not in rows[c] and "`vrun: event`" in rows[c]
+
+
+def test_the_time_limit_ends_a_ray_job_once(tmp_path):
+    log = tmp_path / "job.log"
+    log.write_text("")
+    clock, ended = Clock(), []
+    d = raywatch.RayWatchdog(str(tmp_path), log, WATCH, record=lambda *a, **f: None, collect=None, act=None,
+                             clock=clock, end_at=clock.t + 50, on_end=lambda: ended.append(clock.t))
+    for _ in range(3):
+        clock.t += 20
+        d.tick()
+    assert ended == [1060.0]
+
+
+def test_a_driver_whose_stdout_is_no_file_tees_it(tmp_path):
+    """Run by hand (stdout a pipe): the step lines still reach a file the watchdog tails, and the pipe."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time\nfrom vrun.launch import raywatch\n"
+            "assert raywatch.stdout_file() is None\np = raywatch.tee_stdout()\n"
+            "print('step:1 - timing_s/step:1.0', flush=True)\ntime.sleep(0.5)\n"
+            "sys.stderr.write(open(p).read())\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "step:1 - timing_s/step:1.0\n" and p.stderr == p.stdout
+    with open(tmp_path / "out.log", "w") as f:  # stdout a regular file (Ray's job supervisor): tailed as it is
+        p = subprocess.run([sys.executable, "-c", "from vrun.launch import raywatch\n"
+                            "import sys; sys.stderr.write(str(raywatch.stdout_file()))"], stdout=f,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+    assert p.stderr.startswith("/proc/") and p.stderr.endswith("/fd/1")
+
+
+def test_a_kuberay_plan_says_what_it_gets_and_a_copy_is_not_the_run(tmp_path):
+    """mode=plan on cluster=kuberay and cluster=ray: the watch and deadline rows; requeue warned on KubeRay only.
+    A run dir at the plan's path holding another run is not this run's: records go to the job's copy."""
+    import shutil
+
+    from conftest import runner
+    from vrun.rundir.record import PlanRecord
+
+    out = {}
+    for c in ("kuberay", "ray"):
+        p = runner("model=qwen3_5_35b", "mesh=8gpu", f"cluster={c}", "mode=plan", "run.on_stall=requeue",
+                   f"hydra.run.dir={tmp_path / c}", timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        out[c] = p.stdout + p.stderr
+    assert "requeue acts as cancel on KubeRay" in out["kuberay"] and "a KubeRay pod cannot apply a RayJob" in \
+        out["kuberay"] and "activeDeadlineSeconds = cluster.time_min × 60" in out["kuberay"]
+    assert "submitted again to the same cluster" in out["ray"] and "run.on_stall=requeue" not in out["ray"] and \
+        "the job ends cluster.time_min after its entry starts" in out["ray"]
+    run, copy = tmp_path / "ray", tmp_path / "copy"
+    shutil.copytree(run, copy)
+    record = PlanRecord.load(copy)
+    assert raywatch.place(str(copy), record).same_run
+    plan = json.loads((run / "plan.json").read_text())
+    plan["run_id"] = "another-run"
+    (run / "plan.json").write_text(json.dumps(plan))
+    p = raywatch.place(str(copy), record)
+    assert not p.same_run and p.dir == str(copy) and "holds another run (another-run, not " in p.why, p

@@ -174,7 +174,8 @@ def dump_here(n: int, pids: list, host: str, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="vrun-dump-") as tmp:
         out = Path(tmp) / "stalls" / str(n)
         stacks.dump_node(out, os.getpid(), timeout_s, pids=pids, host=host)
-        return {p.name: fs.read_small(p, 256 << 20) or "" for p in out.iterdir() if fs.is_file(p) and NAME.fullmatch(p.name)}
+        return {p.name: fs.read_small(p, 256 << 20) or "" for p in out.iterdir()
+                if fs.is_file(p) and NAME.fullmatch(p.name)}
 
 
 def collect(n: int, out: Path, root: str, wait_s: float) -> None:
