@@ -186,8 +186,8 @@ def run_problems(config) -> list[Problem]:
 
 def watch_problems(run, slurm: bool, cluster: str = "") -> list[Problem]:
     """run.stall_after_s and run.stall_grace_s: finite seconds (a stall bound of 0 would cancel every job at once);
-    a requeue on a stall needs a cluster to submit to (slurm: SLURM's, or a standing Ray cluster's; KubeRay's
-    requeue acting as cancel is the plan's `watch` row's to say)."""
+    a requeue on a stall needs a cluster to submit to (slurm: SLURM's, or a standing Ray cluster's; a KubeRay pod
+    cannot apply a RayJob: there it acts as cancel)."""
     import math
 
     out = []

@@ -1,5 +1,5 @@
-"""The running job watched (started with the job by the project's own process: node 0 of a SLURM job, or the local
-launch), not a separate service.
+"""The running job watched (started with the job by the project's own process: node 0 of a SLURM job, the local
+launch, or a Ray job's own entry on cluster=ray and cluster=kuberay: vrun.launch.raywatch), not a separate service.
 
 Progress is what verl prints: its step lines (vrun.rundir.joblog) in the job's output, read as they come. No step
 within the plan's bound (plan.json `watch`, vrun.planning.watch: the first step of an attempt gets the model load
@@ -7,12 +7,16 @@ on top) is a stall. A stall is diagnosed at once — every node dumps the Python
 (vrun.launch.stacks), what nvidia-smi reports, NCCL's flight recorder where the run's environment turned it on
 (its dump pipes poked), and Ray's view of its nodes and actors — under <run dir>/stalls/<n>/, then summed up in one
 line (`stalled at step 312 for 41 min: 255 ranks in all_reduce, rank 133 on n17 in data loading → stalls/1/`)
-recorded as a `stalled` event, which `status`, `runs` and the submitter show. Then run.on_stall: report only;
-or, once run.stall_grace_s more pass without a step, cancel (or submit again without the odd rank's node, then
-cancel). A step after the report records `unstalled` and calls the action off.
+recorded as a `stalled` event, which `status`, `runs` and the submitter show. stalls/ and each stall's dir are
+made only as the run dir's own plain dirs (never through a link, never outside it): where they cannot be, or a
+dump fails, the stall is still recorded and acted on, the failure one line in the event (`dump_error`). Then
+run.on_stall: report only; or, once run.stall_grace_s more pass without a step, cancel (or submit again without the
+odd rank's node where the cluster can leave it out, then cancel). A step after the report records `unstalled` and
+calls the action off.
 
 While it watches it also stamps each checkpoint the job finishes with the plan it belongs to
-(vrun.rundir.checkpoints.stamp), so a restart can tell whose checkpoint it resumes.
+(vrun.rundir.checkpoints.stamp), so a restart can tell whose checkpoint it resumes: the tracker read as a regular
+file of ASCII digits (anything else is no step, silently), never stamped through a checkpoints/ link (said once).
 """
 from __future__ import annotations
 
