@@ -4,7 +4,7 @@
 Where its records go (`place`): the run dir when plan.json at the path the plan recorded is this run (the same
 run_id: the nodes share its storage, as KubeRay's claim or a standing cluster on shared storage do); else the job's
 working dir (Ray's uploaded copy of the run dir), each event then also printed as one `vrun: event {...}` line in
-the job's log, which `python -m vrun logs` reads from where the plan was made.
+the job's log, which `python -m vrun logs` shows where the plan was made.
 
 Progress: verl's step lines reach the driver's own stdout (verl's TaskRunner is a Ray actor; log_to_driver forwards
 its prints), which Ray's job supervisor writes to a file on the head: /proc/<pid>/fd/1 is that regular file and is
@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
