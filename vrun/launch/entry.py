@@ -138,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         runner = ray.remote(num_cpus=1)(runner)
     from vrun.launch import raywatch
 
-    dog = raywatch.start(args.config, config)  # cluster=ray, kuberay: verl's deadline, and the job watched
+    try:  # cluster=ray, kuberay: verl's deadline, and the job watched
+        dog = raywatch.start(args.config, config)
+    except Exception as e:  # noqa: BLE001 - a watchdog that cannot start never stops the training
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"vrun: watchdog: not started ({type(e).__name__}: {first})", flush=True)
+        dog = None
     run_ppo(config, task_runner_class=runner)
     if dog is not None:
         dog.stop()
