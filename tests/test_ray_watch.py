@@ -114,6 +114,9 @@ def test_a_hung_rank_is_diagnosed_submitted_again_then_cancelled_at_the_cap(ray4
         assert s["quiet_s"] + s["diagnosis_s"] <= STALL_S + 60, s
         assert "7 ranks in all_reduce, rank 5 on " in s["summary"] and " in data loading → stalls/" in s["summary"]
         assert "dump_error" not in s, s
+    # the same seen from outside: the first job's last save (step 2) to its stall's record, one step (1 s) between
+    saved = (run / "checkpoints" / "global_step_2" / "data.pt").stat().st_mtime
+    assert stalls[0]["t"] - saved <= STALL_S + 60 + 1 + 5, (stalls[0]["t"], saved)
     # every node's stacks: one file per Ray node, rank 5's node the one named
     ranks = json.loads((run / "standin_ranks.json").read_text())
     for n, s in ((1, stalls[0]), (2, stalls[1])):
