@@ -141,3 +141,51 @@ def test_a_hung_rank_is_diagnosed_submitted_again_then_cancelled_at_the_cap(ray4
     esi = json.loads((run / "standin_env.json").read_text())["esi"]
     assert esi is not None and t0 + 240 * 60 - 180 - 5 <= int(esi) <= time.time() + 240 * 60 - 180, esi
     assert "vrun: deadline: the job ends at" in logs(first)
+
+
+def test_a_job_that_cannot_reach_its_run_dir_is_watched_in_its_own_copy(ray4, tmp_path):
+    """The path the plan recorded holds another run (as a node that does not share the planner's storage may):
+    the job's entry says so, writes its stalls and events in its working dir (Ray's copy of the run dir) and prints
+    each event in the job's log as a `vrun: event` line; run.on_stall=cancel ends the job (FAILED, exit 3)."""
+    import shutil
+
+    import vrun
+    from ray.job_submission import JobSubmissionClient
+
+    env = dict(grpo_env(tmp_path), RAY_ADDRESS=ray4)
+    run, copy = tmp_path / "run", tmp_path / "copy"
+    proc = runner("model=qwen3_5_35b", "algo=grpo", "cluster=ray", "mesh=8gpu", "mesh.nnodes=2",
+                  "mesh.gpus_per_node=4", "run.task_runner=vrun_standin.StandinTaskRunner", "mode=plan",
+                  f"run.stall_after_s={STALL_S}", "run.stall_grace_s=2", "run.on_stall=cancel",
+                  f"hydra.run.dir={run}", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.copytree(run, copy)
+    plan = json.loads((copy / "plan.json").read_text())
+    (copy / "plan.json").write_text(json.dumps({**plan, "mode": "train"}))
+    (run / "plan.json").write_text(json.dumps({**plan, "run_id": "another-run"}))
+    (run / "standin.json").write_text(json.dumps({"steps": 1000, "step_s": 1.0, "save_freq": 0,
+                                                  "hang": {"rank": 2, "step": 3, "where": "data"}}))
+    c = JobSubmissionClient(ray4)
+    job = c.submit_job(entrypoint="python -m vrun.launch.entry ppo --config verl_config.yaml --task-runner "
+                       "vrun_standin.StandinTaskRunner",
+                       runtime_env={"working_dir": str(copy), "py_modules": [str(Path(vrun.__file__).parent)],
+                                    "env_vars": {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}})
+    try:
+        wait(lambda: str(c.get_job_status(job).value) in ("FAILED", "SUCCEEDED", "STOPPED"), 300, "the job's end")
+    finally:
+        if str(c.get_job_status(job).value) not in ("FAILED", "SUCCEEDED", "STOPPED"):
+            c.stop_job(job)
+    logs = c.get_job_logs(job)
+    info = c.get_job_info(job)
+    assert str(info.status.value) == "FAILED" and info.driver_exit_code == 3, logs[-3000:]
+    assert "holds another run (another-run, not " in logs and "stalls and events go under the job's working dir" \
+        in logs
+    shown = [json.loads(line.split("vrun: event ", 1)[1]) for line in logs.splitlines() if "vrun: event {" in line]
+    stalled = [e for e in shown if e["event"] == "stalled"]
+    assert [e["event"] for e in shown][-2:] == ["stalled", "stall_action"] and shown[-1]["action"] == "cancelled"
+    d = Path(stalled[0]["dir"])
+    assert d.name == "1" and d.parent.parent != run and "rank 2 on " in stalled[0]["summary"]
+    assert len([p for p in d.glob("*.json") if p.name != "ray.json"]) == 2
+    kept = [json.loads(x) for x in (d.parent.parent / "progress.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in kept][-2:] == ["stalled", "stall_action"]  # the copy's own record
+    assert not (run / "stalls").exists() and not (run / "progress.jsonl").exists()
