@@ -98,7 +98,7 @@ def test_a_hung_rank_is_diagnosed_submitted_again_then_cancelled_at_the_cap(ray4
         return any(e["event"] == "stall_action" and e.get("action") == "cancelled" for e in events(run))
 
     try:
-        wait(cancelled, 420, "the second stall's cancel")
+        wait(cancelled, 600, "the second stall's cancel")
     except AssertionError:
         raise AssertionError(json.dumps(events(run), indent=1)[-4000:] + logs(first)[-4000:]) from None
     ev = events(run)
@@ -171,7 +171,7 @@ def test_a_job_that_cannot_reach_its_run_dir_is_watched_in_its_own_copy(ray4, tm
                        runtime_env={"working_dir": str(copy), "py_modules": [str(Path(vrun.__file__).parent)],
                                     "env_vars": {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}})
     try:
-        wait(lambda: str(c.get_job_status(job).value) in ("FAILED", "SUCCEEDED", "STOPPED"), 300, "the job's end")
+        wait(lambda: str(c.get_job_status(job).value) in ("FAILED", "SUCCEEDED", "STOPPED"), 420, "the job's end")
     finally:
         if str(c.get_job_status(job).value) not in ("FAILED", "SUCCEEDED", "STOPPED"):
             c.stop_job(job)
