@@ -10,11 +10,13 @@ from conftest import ROOT, compose
 
 pytestmark = pytest.mark.stack_free  # one CI leg: see pyproject.toml
 
+# a Ray job's own entry and its watchdog, on a standing cluster and on KubeRay alike
+RAY_JOB = [ROOT / "vrun/launch/entry.py", ROOT / "vrun/launch/raywatch.py"]
 # each cluster's own code: what reads a knob only when that cluster runs
 MODULES = {"slurm": [*sorted((ROOT / "vrun/launch/slurm").glob("*.py")), ROOT / "vrun/checks/sbatch.py"],
            "kuberay": [ROOT / "vrun/launch/kuberay.py", ROOT / "vrun/launch/kuberay_schema.py",
-                       ROOT / "vrun/launch/kuberay_checks.py"],
-           "ray": [ROOT / "vrun/launch/rayjobs.py", ROOT / "vrun/runs/rayjobs.py"],
+                       ROOT / "vrun/launch/kuberay_checks.py", *RAY_JOB],
+           "ray": [ROOT / "vrun/launch/rayjobs.py", ROOT / "vrun/runs/rayjobs.py", *RAY_JOB],
            "local": [ROOT / "vrun/launch/local.py", ROOT / "vrun/entrypoints/sft.py"]}
 # code every cluster's plan runs (the plan, the estimates, the entrypoints' trees, preflight)
 SHARED = [p for d in ("vrun/planning", "vrun/estimate", "vrun/launch/preflight.py", "vrun/entrypoints/ppo.py")
@@ -68,9 +70,10 @@ def _lines(overrides):
 
 
 @pytest.mark.parametrize("case", [
-    (["cluster.max_requeues=5"], "warning: cluster.max_requeues=5: read by cluster=slurm only"),
+    (["cluster.max_requeues=5"], "warning: cluster.max_requeues=5: read by cluster=slurm or cluster=ray or "
+     "cluster=kuberay only"),
     (["cluster.partition=debug"], "warning: cluster.partition=debug: read by cluster=slurm only"),
-    (["cluster=ray", "cluster.time_min=30"], "warning: cluster.time_min=30: read by cluster=slurm or cluster=kuberay"),
+    (["cluster.time_min=30"], "warning: cluster.time_min=30: read by cluster=slurm or cluster=ray or cluster=kuberay"),
     (["cluster=kuberay", "cluster.ray.dashboard_timeout_s=3"], "warning: cluster.ray.dashboard_timeout_s=3"),
     (["cluster=slurm", "cluster.kuberay.namespace=ml"], "warning: cluster.kuberay.namespace=ml: read by cluster=kuberay"),
     (["cluster.master_port=29600"], "warning: cluster.master_port=29600: read by cluster=local with algo=sft only"),
@@ -79,8 +82,8 @@ def _lines(overrides):
     (["run.on_stall=report", "run.stall_grace_s=60"], "warning: run.stall_grace_s=60.0: "),
     (["cluster=ray", "cluster.ray.num_cpus=8"], "warning: cluster.ray.num_cpus=8: Ray's resources for a fresh"),
     (["cluster.ray.address=auto", "cluster.ray.num_gpus=8"], "warning: cluster.ray.num_gpus=8: Ray's resources"),
-    (["cluster=ray", "run.on_stall=requeue"], "warning: run.on_stall=requeue: read by the watchdog"),
-    (["cluster=kuberay", "run.stall_after_s=600"], "warning: run.stall_after_s=600.0: read by the watchdog"),
+    (["cluster=ray", "run.on_stall=requeue", "cluster.max_requeues=0"], "warning: run.on_stall=requeue: "
+     "cluster.max_requeues=0 allows no requeue"),
 ], ids=lambda c: " ".join(c[0]))
 def test_an_unread_knob_is_warned(case):
     overrides, start = case
@@ -93,6 +96,8 @@ def test_an_unread_knob_is_warned(case):
     ["cluster=slurm", "cluster.max_requeues=5", "cluster.partition=debug", "cluster.time_min=30"],
     ["cluster=kuberay", "cluster.time_min=30", "cluster.kuberay.namespace=ml"],
     ["cluster=ray", "cluster.ray.dashboard_timeout_s=3"],
+    ["cluster=ray", "run.on_stall=requeue", "run.stall_after_s=600", "cluster.max_requeues=2", "cluster.time_min=60"],
+    ["cluster=kuberay", "run.stall_after_s=600", "run.on_stall=report"],
     ["algo=sft", "mesh=8gpu", "cluster.master_port=29600"],
     ["cluster=slurm", "run.on_stall=requeue", "cluster.max_requeues=1"],
     ["cluster.ray.num_cpus=8", "cluster.ray.num_gpus=8"],

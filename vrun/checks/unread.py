@@ -18,13 +18,16 @@ SLURM, LOCAL, RAY, KUBERAY = "slurm", "local", "ray", "kuberay"
 READERS = {
     # sbatch's values and submitit's (vrun.launch.slurm.submit.Submission, vrun.checks.sbatch)
     **{k: (SLURM,) for k in ("partition", "account", "qos", "constraint", "job_name", "setup",
-                             "additional_parameters", "max_requeues", "signal_delay_s")},
+                             "additional_parameters")},
+    # a stall's requeues (a Ray job's watchdog counts them too: vrun.launch.raywatch; on KubeRay a requeue acts as
+    # cancel, the cap still read), the deadline verl's pre-deadline save is given (vrun.launch.deadline)
+    **{k: (SLURM, RAY, KUBERAY) for k in ("max_requeues", "signal_delay_s")},
     # a SLURM job's resources; a RayJob's pods' requests and limits (vrun.launch.kuberay)
     **{k: (SLURM, KUBERAY) for k in ("cpus_per_task", "mem_gb")},
     # the SLURM submitter's own behaviour: the confirmation, waiting, the login preflight, node-local storage
     **{k: (SLURM,) for k in ("confirm_gpu_hours", "yes", "detach", "login_preflight", "node_local_paths")},
     "node_setup": (SLURM,),                 # each node's lines (vrun.launch.slurm.node)
-    "time_min": (SLURM, KUBERAY),           # sbatch --time; the RayJob's activeDeadlineSeconds
+    "time_min": (SLURM, RAY, KUBERAY),      # sbatch --time; a Ray job's end; the RayJob's activeDeadlineSeconds
     "master_port": (LOCAL,),                # torchrun's rendezvous on this machine (a SLURM job's comes from its id)
     "ray.interface": (SLURM,),              # the address each node gives Ray or torchrun
     "ray.join_timeout_s": (SLURM,),         # the head's wait for the job's nodes
@@ -34,9 +37,10 @@ READERS = {
     **{f"kuberay.{k}": (KUBERAY,) for k in ("image", "namespace", "claim", "mount_path", "env_from", "gpu_resource",
                                             "ttl_s", "apply", "run_as_uid", "run_as_gid")},
 }
-# the clusters whose jobs the watchdog watches (vrun.launch.watchdog: beside a local run, on a SLURM job's node 0):
-# the run.* stall knobs are read there only
-WATCHED = (LOCAL, SLURM)
+# the clusters whose jobs the watchdog watches (vrun.launch.watchdog: beside a local run, on a SLURM job's node 0, in
+# a Ray job's own entry on a standing cluster and on KubeRay: vrun.launch.raywatch): the run.* stall knobs are read
+# there only
+WATCHED = (LOCAL, SLURM, RAY, KUBERAY)
 STALL_KNOBS = ("on_stall", "stall_after_s", "stall_grace_s")
 # the value each cluster group file gives a knob (conf/cluster/*.yaml), where it is not the schema's default
 GROUP_VALUES = {"ray.address": {LOCAL: "local", SLURM: "auto", RAY: "auto", KUBERAY: "auto"}}
@@ -99,7 +103,7 @@ def policy_problems(config) -> list[Problem]:
                         "nothing", f"drop run.{k}, or cluster=slurm", warning=True)
                 for k in STALL_KNOBS if getattr(run, k) != getattr(RunSettings(), k)]
     out = []
-    if str(c.name) == SLURM and str(run.on_stall) == "requeue" and c.max_requeues == 0:
+    if str(c.name) in (SLURM, RAY) and str(run.on_stall) == "requeue" and c.max_requeues == 0:
         out.append(Problem("run.on_stall", "requeue", "cluster.max_requeues=0 allows no requeue: the first stall "
                            "cancels the run, as run.on_stall=cancel does", "cluster.max_requeues=<requeues, ≥ 1>, or "
                            "run.on_stall=cancel", warning=True))

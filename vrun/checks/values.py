@@ -259,7 +259,7 @@ def run_problems(config) -> list[Problem]:
                            f"before the end of a {c.time_min}-minute job as a preemption, not the time limit: every "
                            "time limit would requeue the job without counting against cluster.max_requeues, "
                            "for ever", f"cluster.signal_delay_s={min(most, 120)}"))
-    out += watch_problems(config.run, slurm, str(c.name) == "local")
+    out += watch_problems(config.run, slurm or str(c.name) == "ray", str(c.name))
     out += port_problems("cluster.master_port", c.master_port)
     out += node_local_problems(c.node_local_paths)
     if c.confirm_gpu_hours is not None and not c.confirm_gpu_hours > 0:
@@ -341,10 +341,10 @@ def esi_problems(r, time_min, signal_delay_s, band: Optional[tuple], save_s: flo
     return []
 
 
-def watch_problems(run, slurm: bool, local: bool = True) -> list[Problem]:
+def watch_problems(run, slurm: bool, cluster: str = "") -> list[Problem]:
     """run.stall_after_s and run.stall_grace_s: finite seconds (a stall bound of 0 would cancel every job at once);
-    a requeue on a stall needs a cluster to submit to (local: a run on this machine; a cluster no watchdog
-    watches is said by vrun.checks.unread)."""
+    a requeue on a stall needs a cluster to submit to (slurm: SLURM's, or a standing Ray cluster's; a KubeRay pod
+    cannot apply a RayJob: there it acts as cancel)."""
     import math
 
     out = []
@@ -354,9 +354,12 @@ def watch_problems(run, slurm: bool, local: bool = True) -> list[Problem]:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < low or v > 1e7:
             out.append(Problem(key, v, f"must be seconds between {low:g} and 10,000,000",
                                f"{key}=<seconds>, or leave it unset (derived from the plan's step time)"))
-    if str(run.on_stall) == "requeue" and not slurm and local:
-        out.append(Problem("run.on_stall", "requeue", "a run on this machine has no cluster to submit it to again: "
-                           "a stall cancels it instead", "run.on_stall=cancel, or cluster=slurm", warning=True))
+    if str(run.on_stall) == "requeue" and not slurm:
+        why = ("a KubeRay pod cannot apply a RayJob" if cluster == "kuberay" else
+               "a run on this machine has no cluster to submit it to again")
+        out.append(Problem("run.on_stall", "requeue", f"{why}: a stall cancels it instead",
+                           "run.on_stall=cancel, or cluster=slurm" + (" or cluster=ray" if cluster == "kuberay" else ""),
+                           warning=True))
     return out
 
 

@@ -273,17 +273,18 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
 
 
 def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) -> tuple[list, list, Optional[int]]:
-    """cluster=slurm: whether this run's verl trainer saves before the deadline the node gives it
+    """cluster=slurm, ray, kuberay: whether this run's verl trainer saves before the deadline the job gives it
     (vrun.estimate.timelimit: only RayPPOTrainer, trainer.use_v1=false, asks; nothing saves without
     trainer.save_freq > 0), and whether the time limit holds the model load, the steps before the first save and
     that save. Returns (warnings, the plan table's `deadline` rows, the trainer.esi_redundant_time to write: the
     save's seconds beyond the 60 verl counts, where this trainer saves before the deadline and the user set none)."""
     values = check_values
-    if str(config.cluster.name) != "slurm":
+    cluster = str(config.cluster.name)
+    if cluster not in ("slurm", "ray", "kuberay"):
         given = get(resolved, "trainer.esi_redundant_time", 0)
-        return ([Problem(values.ESI_KEY, given, "verl's pre-deadline save, which only a SLURM job's nodes give a "
-                         f"deadline (MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP): on cluster="
-                         f"{config.cluster.name} read by nothing", f"drop {values.ESI_KEY}, or cluster=slurm",
+        return ([Problem(values.ESI_KEY, given, "verl's pre-deadline save, which only a job with a deadline gives it "
+                         f"(MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP: SLURM's, a Ray job's, KubeRay's): on "
+                         f"cluster={cluster} read by nothing", f"drop {values.ESI_KEY}, or cluster=slurm",
                          warning=True)] if given else []), [], None
     from vrun.estimate import timelimit
     from vrun.planning import watch
@@ -305,7 +306,7 @@ def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) 
     given = get(resolved, "trainer.esi_redundant_time", 0)
     redundant = timelimit.redundant_time(save) if sup.saves and est is not None and not given else None
     lines = timelimit.plan_lines(sup, config.cluster.signal_delay_s, stack.verl_version(),
-                                 redundant if redundant is not None else (given or None))
+                                 redundant if redundant is not None else (given or None), cluster)
     if given and sup.saves:
         out += values.esi_problems(given, config.cluster.time_min, config.cluster.signal_delay_s,
                                    (st.low, st.high) if st is not None else None, save, timelimit.redundant_time(save))
@@ -314,7 +315,7 @@ def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) 
     w = watch.policy(config.run, st.high, counts.total if counts is not None else None, mesh.nnodes)
     p = timelimit.time_limit_problem(config.cluster.time_min, config.cluster.signal_delay_s,
                                      w.first_step_s - w.stall_after_s, st.high, save,
-                                     timelimit.first_save_steps(save_freq, bool(sup.saves)))
+                                     timelimit.first_save_steps(save_freq, bool(sup.saves)), cluster)
     return out + ([p] if p else []), lines, redundant
 
 
