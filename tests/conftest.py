@@ -270,14 +270,15 @@ def another_models_checkpoint(run_dir) -> tuple:
 
 # ==================================================================== the checkout left as found
 def _untracked() -> set | None:
-    """`git status --porcelain` of the checkout (what git does not ignore and does not track, or changed); None
-    outside a git checkout (a user's unpacked copy), where the check cannot be made."""
+    """The files `git status --porcelain` shows as untracked (not ignored, not tracked: what a test would leave);
+    None outside a git checkout (a user's unpacked copy), where the check cannot be made. Tracked files changed
+    meanwhile are not counted: a developer may edit while the suite runs."""
     try:
         p = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=all"],
                            capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return set(p.stdout.splitlines()) if p.returncode == 0 else None
+    return {x for x in p.stdout.splitlines() if x.startswith("??")} if p.returncode == 0 else None
 
 
 def pytest_sessionstart(session):
