@@ -306,3 +306,17 @@ def test_hostile_files_never_hang_or_raise(plan, root, tmp_path):
     (junk / "step_x").mkdir()
     assert quick(checkpoints.scan, root, plan)[0].why == "actor/step_x is there, which Megatron Lite's loader cannot " \
                                                          "order"
+
+
+def test_thousands_of_steps_cut_short_are_said_in_bounded_lines(plan, root):
+    """20,000 empty step dirs above the tracker (a filesystem left that way): the resume line names five and counts
+    the rest, and the `resumed` event stays small (before: a 1.4 MB line, a 2.4 MB event)."""
+    save(root, 2, 8, stamp_plan=plan)
+    for s in range(3, 20_003):
+        (root / f"global_step_{s}").mkdir()
+    standin_ckpt.write_tracker(root, 20_002)
+    r = quick(checkpoints.decide, root, plan, timeout=120)
+    line = "; ".join(r.lines())
+    assert r.step == 2 and len(r.skipped) >= 20_000
+    assert len(line) < 2_000 and "more" in line, line[:300]
+    assert len(json.dumps(checkpoints.resumed_fields(r))) < 4_000

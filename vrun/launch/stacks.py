@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Optional
 
 from vrun.core import fs, ptrace, writer
+from vrun.core.text import summarised
 from vrun.planning import watch as watching
 
 PROC = "/proc"
@@ -541,7 +542,7 @@ def summarize(out_dir: Path, step: Optional[int], stalled_for_s: float) -> str:
     if not ranks:
         nodes = _nodes(out_dir)
         n = sum(len(node["processes"]) for node in nodes)
-        where = ", ".join(sorted(set(hosts)))
+        where = summarised(sorted(set(hosts)))
         if not nodes:
             return f"{head}: no node's stacks arrived{tail}"
         return (f"{head}: no training process found on {where} ({n} Python process{'es' if n != 1 else ''} "

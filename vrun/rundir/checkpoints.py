@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Optional
 
 from vrun.core import fs, writer
+from vrun.core.text import SHOWN_ITEMS, summarised, summarised_list
 from vrun.core.problems import Problem, show
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -125,7 +126,9 @@ class Resume:
     def lines(self) -> list:
         if self.refused is not None:
             return [f"resume: refused — {self.refused.why}; fix: {self.refused.fix}"]
-        skipped = "; ".join(f"global_step_{s} skipped: {why}" for s, why in self.skipped)
+        said = [f"global_step_{s} skipped: {why}" for s, why in self.skipped]
+        skipped = "; ".join(said[:SHOWN_ITEMS]) + (f" … and {len(said) - SHOWN_ITEMS:,} more" if
+                                                   len(said) > SHOWN_ITEMS else "")
         tail = (f" — {skipped}" if skipped else "") + (f" (the tracker {self.tracker})" if self.tracker else "")
         if self.step is None:
             if self.tracker_step is None and not self.tracker and not self.skipped:
@@ -358,7 +361,7 @@ def _mismatch(step: int, saved: dict, plan, allow_mesh_change: bool) -> tuple:
                for part, key in STACK_KEYS
                if _part(saved.get("stack"), part, key) != _part(want["stack"], part, key)]
     if changed:
-        return Problem("stack", "changed", f"{name} was saved by another stack ({', '.join(changed)})",
+        return Problem("stack", "changed", f"{name} was saved by another stack ({summarised(changed)})",
                        f"run where the stack it was saved with is installed (plan there), or {FRESH}"), ()
     mesh = saved.get("mesh") if isinstance(saved.get("mesh"), dict) else {}
     moved = [f"mesh.{k} {show(mesh.get(k))} → {want['mesh'][k]}" for k in LAYOUT_KEYS
@@ -372,13 +375,13 @@ def _mismatch(step: int, saved: dict, plan, allow_mesh_change: bool) -> tuple:
         if not allow_mesh_change:
             back = " ".join(f"mesh.{k}={show(mesh.get(k))}" for k in ("nnodes", "gpus_per_node", "tp", "cp", "pp", "ep",
                                                                           "etp") if mesh.get(k) != want["mesh"][k])
-            return Problem("run.resume_mesh_change", False, f"{name} was saved on another mesh ({', '.join(moved)})",
+            return Problem("run.resume_mesh_change", False, f"{name} was saved on another mesh ({summarised(moved)})",
                            f"run.resume_mesh_change=true (Megatron Lite loads it {how}), the mesh it was saved on"
                            + (f" ({back})" if back else "") + f", or {FRESH}"), ()
-        notes.append(f"resume: mesh change let through (run.resume_mesh_change=true): {', '.join(moved)}; Megatron "
+        notes.append(f"resume: mesh change let through (run.resume_mesh_change=true): {summarised(moved)}; Megatron "
                      f"Lite loads it {how}")
     if placed and not moved:
-        notes.append(f"resume: {', '.join(placed)}: the same ranks on other machines")
+        notes.append(f"resume: {summarised(placed)}: the same ranks on other machines")
     return None, tuple(notes)
 
 
@@ -490,7 +493,7 @@ def check(root: Path, plan, say) -> Resume:
 def resumed_fields(decision: Resume) -> dict:
     """The `resumed` event's fields (vrun.rundir.state reads them)."""
     return dict(step=decision.step, tracker_step=decision.tracker_step,
-                skipped=[[s, why] for s, why in decision.skipped], line="; ".join(decision.lines()))
+                skipped=summarised_list([[s, why] for s, why in decision.skipped]), line="; ".join(decision.lines()))
 
 
 # set in the environment of a command whose launcher already checked the checkpoint (a SLURM node, cluster=local):

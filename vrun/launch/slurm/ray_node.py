@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from vrun.core.text import summarised
 from vrun.launch.slurm.node import Node, start_watchdog
 from vrun.launch.slurm.procs import exited, kill, node_ip, stop
 from vrun.rundir import records as rundir
@@ -132,7 +133,7 @@ def wait_for_nodes(node: Node, address: str, proc: subprocess.Popen, extra: dict
     hosts = {n.get("host") for n in seen} | {n["ip"] for n in seen}
     missing = [h for h in env.hostnames if h not in hosts and _resolve(h) not in hosts]
     raise RuntimeError(f"cluster.ray.join_timeout_s={timeout:g}: {len(seen)} of {want} node(s) joined the Ray "
-                       f"head; missing: {', '.join(missing) or '?'}")
+                       f"head; missing: {summarised(missing) or '?'}")
 
 
 def ray_worker(node: Node) -> Any:
