@@ -18,10 +18,12 @@ The model (README, "Memory estimate") — every figure is bytes per GPU on the b
                DDP with grad_reduce_in_fp32=True (an fp32 grad buffer for every local param), bf16=True and
                use_distributed_optimizer=True (fp32 main params and both moments sharded over DP), and passes
                offload_fraction as optimizer_offload_fraction
-  activations  T tokens per GPU (the per-GPU token budget), hidden h, TP t (sequence parallel), CP c, residual
-               streams m (DeepSeek-V4's mHC carries 4, others 1); 1F1B keeps PP − s micro-batches in flight on
-               stage s (0-based); what a layer keeps for backward, per token of its own and per token of the
-               CP-gathered sequence, and what its backward adds: vrun/estimate/activations.py.
+  activations  T tokens per rank (rank_tokens: a dynamic batch's per-GPU budget, or without one micro-batch ×
+               sequence / CP, the CP group's micro-batch split over it), hidden h, TP t (sequence parallel), CP c,
+               residual streams m (DeepSeek-V4's mHC carries 4, others 1); 1F1B keeps PP − s micro-batches in
+               flight on stage s (0-based; measured by running Megatron Lite's own 1F1B schedule on a stage of PP 4,
+               tests/test_activation_oracle.py); what a layer keeps for backward, per token of its own and per token
+               of the CP-gathered sequence, and what its backward adds: vrun/estimate/activations.py.
                full recompute: the stored layer inputs (PP − s)·L_stage·T·h·m·2/t, and one layer recomputed and in
                its backward; no recompute: (PP − s)·L_stage·(what a layer keeps), and the last layer's backward
   logits       last stage: T·vocab·(2 + 4) B / t (the loss holds bf16 logits and an fp32 copy; 2 B with
