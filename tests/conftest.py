@@ -56,6 +56,15 @@ def real_mlite_root() -> Path | None:
     return None
 
 
+def mcore_root() -> Path | None:
+    """VRUN_TEST_MCORE_ROOT: a folder holding a megatron/core with the CSA modules Megatron Lite's DeepSeek-V4 imports
+    (Megatron-LM 43124b60's; the checkout's own d48bd6be moved them, no released megatron-core has them): put before
+    the installed megatron-core for the oracle scripts."""
+    root = os.environ.get("VRUN_TEST_MCORE_ROOT")
+    ok = root and (Path(root) / "megatron/core/transformer/experimental_attention_variant/csa_cp_utils.py").is_file()
+    return Path(root) if ok else None
+
+
 def run_mlite_script(script: str, cases: list[dict], *, processes: int = 2, timeout: float = 900,
                      cuda_hidden: bool = True) -> list[dict]:
     """tests/support/<script> on the real Megatron Lite: the cases split over `processes` processes (each reads
@@ -64,7 +73,8 @@ def run_mlite_script(script: str, cases: list[dict], *, processes: int = 2, time
     from concurrent.futures import ThreadPoolExecutor
 
     lite = real_mlite_root() / "experimental" / "lite"
-    env = {"PYTHONPATH": str(lite), "PATH": "/usr/bin:/bin", **({"CUDA_VISIBLE_DEVICES": ""} if cuda_hidden else {})}
+    path = ":".join([str(lite)] + ([str(mcore_root())] if mcore_root() else []))
+    env = {"PYTHONPATH": path, "PATH": "/usr/bin:/bin", **({"CUDA_VISIBLE_DEVICES": ""} if cuda_hidden else {})}
     chunks = [cases[i::processes] for i in range(processes)]
     procs = [subprocess.Popen([PY, "-W", "ignore", str(ROOT / "tests" / "support" / script)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

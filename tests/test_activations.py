@@ -69,3 +69,23 @@ def test_the_hybrid_interleaves_full_attention():
 def test_missing_facts_give_no_count():
     """Without the facts a count needs, no shape (the estimate falls back to its rule of thumb, approximated)."""
     assert activations.shape({"attention": "mla", "layers": 2}, 1) is None
+
+
+def test_csa_layers_count_their_compression_and_the_clamped_moe():
+    """DeepSeek-V4: per layer the CSA terms by its compress ratio (0 window only; 4 compressed, overlapping, with the
+    indexer; 128 compressed), the mHC streams around both sub-blocks, and the MoE's fp32 clamped SwiGLU (24f + 2f per
+    routed copy beside the token's 2h, 22·f_s shared, 18E router); backward the query's gradient 2·qd."""
+    h, m, d, heads, ql, ol, og, w = 64, 4, 16, 4, 32, 8, 2, 8
+    k, f, e, idx, topk = 2, 30, 8, 4, 16
+    arch = dict(MOE, attention="csa", layers=3, heads=heads, head_dim=d, hidden=h, q_lora_rank=ql, o_lora_rank=ol,
+                o_groups=og, sliding_window=w, hc_mult=m, index_head_dim=idx, index_topk=topk,
+                compress_ratios=[0, 4, 128, 0])
+    qd = heads * d
+    mhc = 2 * (2 * m * h + 20 * (4 * m * m + 8 * m)) + 8 * h
+    base = 2 * h + 4 * ql + 14 * qd + 4 * d + 4 * w + 2 * og * ol + mhc
+    moe = 2 * h + 18 * e + k * (2 * h + 26 * f) + 22 * f
+    layers = [base, base + 2 * h + 16 * d + 16 * idx + 4 * topk, base + 2 * h + 8 * d]
+    s = activations.shape(arch, 2)
+    assert s.mean.local == pytest.approx(sum(layers) / 3 + moe) and s.mean.gathered == 0
+    assert s.biggest.local == pytest.approx(layers[1] + moe) and s.biggest.backward_local == 2 * qd
+    assert s.measured and s.kind == "csa"

@@ -273,3 +273,58 @@ def test_a_token_budget_is_per_gpu_and_the_micro_batch_is_the_cp_groups():
     assert plan(long + [f"{key}=4224"]).memory is not None
     (line,) = problems_of(long + [f"{key}=4000"])
     assert "times CP 8 smaller than one full sequence" in line and f"fix: {key}=4224 or more" in line
+
+
+def test_without_dynamic_batch_size_a_rank_holds_a_cp_th_of_the_micro_batch():
+    """No dynamic batch size: the micro-batch (micro-batch × sequence tokens) is the CP group's and each rank packs a
+    CP-th of every sequence, so a CP-8 plan's activations are those of micro-batch × sequence / 8 tokens per rank —
+    not CP times that (which refused plans that fit)."""
+    from conftest import plan
+    from vrun.estimate import memory
+    from vrun.planning import plan as planning
+    from vrun.planning.phases import memory_inputs
+
+    fixed = ["model=kimi_k2_6", "mode=plan", "verl.actor_rollout_ref.actor.use_dynamic_bsz=false",
+             "verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
+    p = plan(fixed)
+    inputs = memory_inputs(p.config, p.entrypoint, p.verl)
+    assert p.mesh.cp == 8 and inputs["cp_group_tokens"] and inputs["tokens_per_gpu"] == 8 * inputs["seq_len"]
+    params = planning.with_built_mtp(planning.model_params(p.config, p.entrypoint, None, [], p.verl)[0], p.config,
+                                     p.entrypoint, p.verl)
+    per_rank = dict(inputs, tokens_per_gpu=inputs["seq_len"], cp_group_tokens=False)
+    st, one = p.memory.stages[p.memory.stage], memory.estimate(params, p.mesh, **per_rank).stages[p.memory.stage]
+    assert st.activations == pytest.approx(one.activations) and st.logits == pytest.approx(one.logits)
+    # counted as if every rank held the whole micro-batch: 8 times the logits
+    whole = memory.estimate(params, p.mesh, **dict(inputs, cp_group_tokens=False)).stages[p.memory.stage]
+    assert whole.logits == pytest.approx(8 * st.logits)
+    # a dynamic budget is per rank already
+    dyn = plan(["model=kimi_k2_6", "mode=plan"])
+    assert not memory_inputs(dyn.config, dyn.entrypoint, dyn.verl)["cp_group_tokens"]
+
+
+def test_rank_tokens_divides_only_the_cp_groups_micro_batch():
+    from vrun.estimate.memory import rank_tokens
+
+    assert rank_tokens(8 * 3072, 8, True) == 3072 and rank_tokens(10240, 8, False) == 10240
+    assert rank_tokens(4096, 1, True) == 4096
+
+
+def test_where_the_rollout_sets_the_bands_high_end_its_terms_decide_it():
+    """Qwen3.5-35B under dist_opt without offload, vLLM at 0.52 of 80 GiB: the training step peaks near 42 GiB, the
+    rollout phase at vLLM's 41.6 GiB + the actor's 36.2 GiB left beside it (read, ×1–1.1): the GPU lies inside the
+    band because of the rollout phase, and the warning names vLLM's share and the residents, not the training
+    terms."""
+    from conftest import plan
+
+    p = plan(["model=qwen3_5_35b", "optimizer=dist_opt", "verl.actor_rollout_ref.actor.engine.param_offload=false",
+              "verl.actor_rollout_ref.actor.engine.optimizer_offload=false", "mode=plan",
+              "verl.actor_rollout_ref.rollout.gpu_memory_utilization=0.52"])
+    e = p.memory
+    assert e.may_fit and not e.fits and e.train_peak < e.rollout + e.rollout_residents
+    assert [t for t, _, _ in e.deciding()] == ["rollout", "rollout residents"]
+    (warn,) = [w for w in p.warnings if w.key == "memory"]
+    assert "the terms that decide it: rollout 41.6 GiB (vLLM's share" in warn.why
+    assert "activations" not in warn.why and "logits" not in warn.why
+    # where the training step sets it, its terms decide as before
+    train = plan(["model=kimi_k2_6", "mode=plan", "cluster.gpu_mem_gib=70"]).memory
+    assert train.deciding()[0][0] == "activations"

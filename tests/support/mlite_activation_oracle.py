@@ -42,7 +42,19 @@ What has no CPU path and stands in for it (each keeps for backward what the real
   - the MoE token dispatcher's all-to-all path computes its splits with `.tolist()` (no values under fake
     tensors): balanced routing — every expert gets T·k/E tokens — with the real permute (unfused: it keeps the
     sorted indices) and the real `_AllToAll` (keeps nothing);
-  - CUDA RNG state in the recompute wrapper: a no-op.
+  - CUDA RNG state in the recompute wrapper: a no-op;
+  DeepSeek-V4's CSA under CP (Megatron Lite's `csa.py` THD context-parallel path, which calls megatron-core's
+  `experimental_attention_variant.csa_cp_utils`, `csa_cp_layout_kernels` and `csa_kernels`: megatron/core at
+  43124b60, the last commit with those modules before they moved into `csa_utils/`; no released megatron-core has
+  them), only where that megatron/core is importable:
+  - FlashMLA's sparse forward (`csa_kernels._csa_fwd_flash_mla` calls `flash_mla_sparse_fwd`: out [sq, heads, d_v],
+    fp32 max logits and lse [sq, heads]): those tensors, unfilled — `CSASparseAttnFunc` saves what it saves around
+    them (q, kv, sink, indices, out, lse);
+  - cuDNN frontend's DSA kernels (`_DSA`): the indexer's fp32 scores [q, k], the top-k int32 indices [q, topk] and
+    the sparse attention's backward (dq, dkv, d_sink like their inputs), at the shapes the wrappers return;
+  - the CuTeDSL layout kernels (`csa_cp_layout_kernels`): their own allocations run, the launch writing into them is
+    skipped; `torch.compile` off (`_build_cp_indexer_layout`'s per-sequence offsets run eagerly, a few bytes);
+  - megatron-core's all-gather allocates its output on `torch.cuda.current_device()`: the CPU here.
 """
 from __future__ import annotations
 
@@ -287,6 +299,55 @@ def _balanced_dispatch(self, hidden_states, topk_scores, topk_indices):
     return recv, tpe, scores.squeeze(-1)
 
 
+def _flash_mla_sparse_fwd(q, kv, indices, softmax_scale, d_v=512, attn_sink=None, topk_length=None, indexer_topk=0):
+    s, h = q.shape[:2]
+    lse = torch.empty(s, h, dtype=torch.float32, device=q.device)
+    out = torch.empty(s, h, d_v, dtype=q.dtype, device=q.device)
+    return (out, torch.empty_like(lse), lse) + ((torch.empty_like(lse),) if indexer_topk > 0 else ())
+
+
+def _dsa_indexer_forward(q, k, w, ratio=1, cu_seqlens_q=None, max_seqlen_k=None, **kw):
+    shape = (q.shape[0], int(max_seqlen_k)) if cu_seqlens_q is not None else (*q.shape[:2], k.shape[1])
+    return {"scores": torch.empty(*shape, dtype=torch.float32, device=q.device)}
+
+
+def _dsa_top_k(scores, seq_lens, top_k=1, **kw):
+    return {"indices": torch.empty(scores.shape[0], top_k, dtype=torch.int32, device=scores.device)}
+
+
+def _dsa_sparse_attention_backward(q, kv, out, d_out, lse, attn_sink, topk_idxs, **kw):
+    return {"dq": torch.empty_like(q), "dkv": torch.empty_like(kv), "d_sink": torch.empty_like(attn_sink)}
+
+
+def _csa_stand_ins() -> None:
+    """DeepSeek-V4's CSA kernels (the module docstring), where megatron-core has Lite's CSA modules."""
+    import contextlib
+    import types
+
+    import torch._dynamo
+
+    try:
+        from megatron.core.transformer.experimental_attention_variant import csa_cp_layout_kernels as layout
+        from megatron.core.transformer.experimental_attention_variant import csa_kernels
+    except ImportError:
+        return
+    if getattr(csa_kernels, "__file__", None) is None:     # the memory oracle's placeholder
+        return
+    layout._require_cute = lambda *a, **k: None
+    layout._run_compiled_launch = lambda *a, **k: None
+    for name in ("_build_attention_indices_launch", "_compressor_input_compact_fwd_launch",
+                 "_compressor_input_compact_bwd_launch"):
+        setattr(layout, name, None)         # defined only where CuTeDSL imports
+    csa_kernels._flash_mla_sparse_fwd = _flash_mla_sparse_fwd
+    csa_kernels._get_topk_alignment = lambda: 128          # SM90's (H100)
+    csa_kernels._DSA = types.SimpleNamespace(indexer_forward_wrapper=_dsa_indexer_forward,
+                                             indexer_top_k_wrapper=_dsa_top_k,
+                                             sparse_attention_backward_wrapper=_dsa_sparse_attention_backward)
+    torch.cuda.nvtx.range = lambda *a, **k: contextlib.nullcontext()
+    torch.cuda.current_device = lambda: "cpu"
+    torch._dynamo.config.disable = True
+
+
 def _compute_stand_ins() -> None:
     _te_forwards()
     torch.cuda.get_rng_state = lambda *a, **k: torch.empty(0, dtype=torch.uint8)
@@ -310,6 +371,7 @@ def _compute_stand_ins() -> None:
     dispatcher.TokenDispatcher._combine_alltoall = combine
     dispatcher.TokenDispatcher._combine_local = combine
     del real_combine
+    _csa_stand_ins()
 
 
 # ------------------------------------------------------------------------------------------------- the measurement
@@ -339,6 +401,15 @@ def _global_peak_tracker(base):
     class GlobalPeak(base):
         above_state = 0     # the highest, over the step, of what is live beyond params, grads and buffers
         above_state_snap: dict = {}
+
+        def _pre_fw_hook(self, module, inputs) -> None:
+            # the root called again before its backward (the pipeline's next micro-batch): MemTracker's per-module
+            # stats refuse it; the global peak this keeps needs none
+            name = self._mod_tracker.get_known_fqn(module)
+            if module in self.memory_tracking and not self._mod_tracker.is_bw \
+                    and set(self._mod_tracker.parents) - {name} == {"Global"}:
+                return
+            super()._pre_fw_hook(module, inputs)
 
         def _update_peak_stats(self, peak_state) -> None:
             for dev, snap in self._curr_mem_snap.items():
@@ -405,6 +476,26 @@ def _loss(out) -> torch.Tensor:
     return out.float().sum()
 
 
+def _one_f_one_b(model, ps, kwargs: dict, T: int, cfg, microbatches: int) -> None:
+    """`microbatches` micro-batches through Megatron Lite's own 1F1B schedule (`primitive/parallel/pipeline.py`
+    `_1f1b_schedule`: PP − 1 − s forwards of warm-up kept, then one forward and one backward at a time) on a stage
+    before the last (the last would need the engine's loss function): its sends and receives go through the real
+    `_send_recv_pipeline` over the fake process group, the shapes the sender would transmit given instead of
+    exchanged (`_communicate_shapes`: the stage's output, [T/TP, 1, hidden·hc_mult] in bf16)."""
+    from megatron.lite.primitive.parallel import pipeline
+
+    if ps.pp_is_last:
+        raise ValueError("the 1F1B measurement runs on a stage before the last of a PP > 1 mesh")
+    shape = (T // max(ps.tp_size, 1), 1, cfg.hidden_size * (getattr(cfg, "hc_mult", None) or 1))
+    pipeline._communicate_shapes = lambda send_fwd, send_bwd, recv_fwd, recv_bwd, ps, **k: \
+        (shape if recv_fwd else None, shape if recv_bwd else None)
+
+    def step(m, batch):
+        out = m(**batch)
+        return out if isinstance(out, dict) else {"hidden_states": out}
+    pipeline._1f1b_schedule(step, model, iter([(kwargs, None)] * microbatches), microbatches, None, ps, shape)
+
+
 def measure(case: dict) -> dict:
     from torch._subclasses import fake_tensor
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -453,9 +544,11 @@ def measure(case: dict) -> dict:
             tracker = _global_peak_tracker(MemTracker)()
             tracker.track_external(model)
             with tracker:
+                if case.get("microbatches"):     # the stage's micro-batches under Megatron Lite's own 1F1B
+                    _one_f_one_b(model, ps, kwargs, T, cfg, int(case["microbatches"]))
                 # wrapped: two micro-batches, the second with the first's reduced gradients resident, as every
                 # micro-batch after a step's first runs
-                for _ in range(2 if wrapped else 1):
+                for _ in range(0 if case.get("microbatches") else 2 if wrapped else 1):
                     out = model(**kwargs)
                     _loss(out).backward()
                     del out

@@ -33,8 +33,19 @@ checked tensor by tensor on its real model: tests/support/mlite_activation_oracl
                query and its precomputed gradient 4·index_heads·index_dim; backward: the absorbed query's gradient
                heads·2(kv_lora + r)
                and in its forward, one packed sequence at a time, the indexer's fp32 scores 4·seq_len² (not per token)
-  CSA / HCA    (DeepSeek-V4) not measured (its packed CP path needs a megatron-core newer than the oracle's):
-               approximated as an unabsorbed local attention over heads·head_dim with the mHC streams' inputs
+  CSA          (DeepSeek-V4, its THD context-parallel path; q heads·head_dim = qd, head_dim d) the input 2h, the
+               query's LoRA rank twice 4·q_lora, the query in fp32 and four bf16 copies (projected, rope'd, packed,
+               the attention's output, the output projection's grouped input) 4·qd + 10·qd, the KV and the packed
+               KV with its window 4d, the window's int32 indices 4·window, the grouped output LoRA 2·o_groups·o_lora;
+               a compressed layer (compress_ratios[i] > 1) adds its compacted input 2h and the compressor's fp32
+               weights and two bf16 copies over overlapping groups 8d (16d at ratio 4, which overlaps), and ratio 4
+               the indexer's compressor 16·index_dim and its top-k indices 4·topk; backward: the query's gradient
+               2·qd
+  mHC          (hc_mult streams m) per hyper-connection (two a layer) its input 2·m·h and the Sinkhorn iterations'
+               [m, m] mixes 20·(4m² + 8m); the two sub-blocks' outputs 4h and the two norms' inputs 4h
+  clamped MoE  (DeepSeek-V4: swiglu_limit > 0, `experts.swiglu_with_probs` clamps in fp32) per routed copy the
+               dispatched token 2h, six fp32 [f] tensors of the clamped SwiGLU 24f and its bf16 output 2f; the shared
+               expert 22·f_s; the router's fp32 scores, ids and logits 18E
 """
 from __future__ import annotations
 
@@ -70,12 +81,21 @@ class Shape(NamedTuple):
 
 # architecture kinds whose layers the oracle runs on Megatron Lite's real model (tests/test_activation_oracle.py
 # holds each within 20% of the measured step, with and without recompute)
-MEASURED_KINDS = frozenset({"gdn_hybrid", "mla", "mla_dsa"})
+MEASURED_KINDS = frozenset({"csa", "gdn_hybrid", "mla", "mla_dsa"})
+
+
+# DeepSeek-V4's SwiGLU clamp (Megatron Lite deepseek_v4/config.py swiglu_limit, as its released config.json); the
+# other families' configs have none
+SWIGLU_LIMITS = {"csa": 10.0}
+SINKHORN_ITERS = 20     # Megatron Lite deepseek_v4/config.py hc_sinkhorn_iters
 
 
 def _moe(a: dict) -> LayerBytes:
     h, k, f, e = a["hidden"], a["experts_per_token"] or 0, a["expert_ffn_hidden"] or 0, a["routed_experts"] or 0
     shared = (a.get("shared_expert_ffn_hidden") or f) * (a.get("shared_experts") or 0)
+    if a.get("swiglu_limit", SWIGLU_LIMITS.get(a.get("attention"), 0.0)):
+        # gate and up clamped in fp32, SiLU, the product and the probabilities' product: six fp32 [f] tensors kept
+        return LayerBytes(2 * h + 18 * e + k * (2 * h + 26 * f) + 22 * shared)
     b = 2 * h + 4 * h + 8 * e + 16 * k + 8 * k + k * (2 * h + 4 * f + 2 * f)
     return LayerBytes(b + (2 * h + 8 * shared if shared else 0))
 
@@ -120,11 +140,22 @@ def _mla_dsa(a: dict, cp: int) -> LayerBytes:
     return LayerBytes(2 * h + per, backward_local=back)
 
 
-def _csa(a: dict) -> LayerBytes:
+def _mhc(a: dict) -> float:
+    """The hyper-connections around a layer's two sub-blocks, and the norms and outputs between them."""
     h, m = a["hidden"], a.get("hc_mult") or 1
-    qd = a["heads"] * a["head_dim"]
-    return LayerBytes(4 * h * m + 4 * (a.get("q_lora_rank") or 0) + 6 * qd + 4 * a["head_dim"]
-                      + 4 * (a.get("o_lora_rank") or 0) * (a.get("o_groups") or 1), backward_local=4 * qd)
+    return 2 * (2 * m * h + SINKHORN_ITERS * (4 * m * m + 8 * m)) + 4 * h + 4 * h
+
+
+def _csa(a: dict, ratio: int) -> LayerBytes:
+    h, d = a["hidden"], a["head_dim"]
+    qd = a["heads"] * d
+    b = 2 * h + 4 * (a.get("q_lora_rank") or 0) + 14 * qd + 4 * d + 4 * (a.get("sliding_window") or 0) \
+        + 2 * (a.get("o_lora_rank") or 0) * (a.get("o_groups") or 1)
+    if ratio == 4:      # overlapping groups, and the indexer
+        b += 2 * h + 16 * d + 16 * (a.get("index_head_dim") or 0) + 4 * (a.get("index_topk") or 0)
+    elif ratio > 1:
+        b += 2 * h + 8 * d
+    return LayerBytes(b + _mhc(a), backward_local=2 * qd)
 
 
 def shape(a: dict, cp: int) -> Optional[Shape]:
@@ -140,7 +171,8 @@ def shape(a: dict, cp: int) -> Optional[Shape]:
         elif kind == "mla_dsa":
             layers = [_mla_dsa(a, cp)] * a["layers"]
         elif kind == "csa":
-            layers = [_csa(a)] * a["layers"]
+            ratios = list(a.get("compress_ratios") or [])
+            layers = [_csa(a, ratios[i] if i < len(ratios) else 0) for i in range(a["layers"])]
         else:
             layers = [_gqa(a)] * a["layers"]
         dense = a.get("dense_layers") or 0

@@ -18,10 +18,12 @@ The model (README, "Memory estimate") — every figure is bytes per GPU on the b
                DDP with grad_reduce_in_fp32=True (an fp32 grad buffer for every local param), bf16=True and
                use_distributed_optimizer=True (fp32 main params and both moments sharded over DP), and passes
                offload_fraction as optimizer_offload_fraction
-  activations  T tokens per GPU (the per-GPU token budget), hidden h, TP t (sequence parallel), CP c, residual
-               streams m (DeepSeek-V4's mHC carries 4, others 1); 1F1B keeps PP − s micro-batches in flight on
-               stage s (0-based); what a layer keeps for backward, per token of its own and per token of the
-               CP-gathered sequence, and what its backward adds: vrun/estimate/activations.py.
+  activations  T tokens per rank (rank_tokens: a dynamic batch's per-GPU budget, or without one micro-batch ×
+               sequence / CP, the CP group's micro-batch split over it), hidden h, TP t (sequence parallel), CP c,
+               residual streams m (DeepSeek-V4's mHC carries 4, others 1); 1F1B keeps PP − s micro-batches in
+               flight on stage s (0-based; measured by running Megatron Lite's own 1F1B schedule on a stage of PP 4,
+               tests/test_activation_oracle.py); what a layer keeps for backward, per token of its own and per token
+               of the CP-gathered sequence, and what its backward adds: vrun/estimate/activations.py.
                full recompute: the stored layer inputs (PP − s)·L_stage·T·h·m·2/t, and one layer recomputed and in
                its backward; no recompute: (PP − s)·L_stage·(what a layer keeps), and the last layer's backward
   logits       last stage: T·vocab·(2 + 4) B / t (the loss holds bf16 logits and an fp32 copy; 2 B with
@@ -107,6 +109,17 @@ MEASURED = Known("measured", (0.8, 1.25), "within 20% of a training step of Mega
                  "architecture to it)")
 APPROXIMATED = Known("approximated", (0.5, 2.0), "a formula no measurement checks: a factor of two either way (the "
                      "activation formula this replaced was 0.36-1.06x of the measured step)")
+
+
+VLLM_SHARE = Known("vLLM's share: gpu_memory_utilization × the GPU", (1.0, 1.0),
+                   "vLLM takes its share of the GPU at start and stays inside it (its weights, KV cache and reserve: "
+                   "vrun/estimate/rollout.py)")
+
+
+def rollout_sets_high(st: "Stage", rollout: float, states: Known) -> bool:
+    """Whether the stage's band ends high at its rollout phase (vLLM's share and the residents) rather than its
+    training step."""
+    return rollout > 0 and st.high <= (rollout + st.residents * states.factors[1]) * (1 + 1e-12)
 
 
 def terms_known(optimizer: str, shape) -> dict:
@@ -197,10 +210,15 @@ class Estimate:
         return f"DOES NOT FIT: {band}"
 
     def deciding(self) -> list:
-        """The terms of the busiest stage that widen its band, widest first: (term, GiB, Known)."""
-        st = self.stages[self.stage] if self.stages else None
-        if st is None:
+        """The terms that set the band's high end, (term, GiB, Known): where the rollout phase sets it, vLLM's share
+        and the actor's residents beside it (what shrinks it: gpu_memory_utilization, offload); else the training
+        terms of the stage that sets it that widen its band, widest first."""
+        if not self.stages:
             return []
+        st = max(self.stages, key=lambda x: (x.high, x.stage == self.stage))
+        if self.rollout and rollout_sets_high(st, self.rollout, self.known["params"]):
+            held = [("rollout", self.rollout / GIB, VLLM_SHARE)]
+            return held + ([("rollout residents", st.residents / GIB, self.known["params"])] if st.residents else [])
         held = {"params": st.params, "grads": st.grads, "optimizer": st.optimizer, "transient": st.transient,
                 "activations": st.activations + (st.layer if st.layer >= st.logits else 0.0),
                 "logits": st.logits if st.logits > st.layer else 0.0}
@@ -278,19 +296,30 @@ def _per_layer(shape, T: float, mesh: Mesh, hidden: int, top_k: int, residual_st
     return shape.mean.kept(T, mesh.tp, mesh.cp), max(big_back - big_kept, squared)
 
 
-def cp_matters(layer_shapes: Optional[tuple]) -> bool:
-    """Whether the estimate changes with CP beyond DP·CP: an attention that gathers the CP group's sequence."""
-    return bool(layer_shapes) and layer_shapes[1] != layer_shapes[0]
+def cp_matters(layer_shapes: Optional[tuple], cp_group_tokens: bool = False) -> bool:
+    """Whether the estimate changes with CP beyond DP·CP: an attention that gathers the CP group's sequence, or a
+    micro-batch counted for the whole CP group (each rank holds a CP-th of it)."""
+    return cp_group_tokens or (bool(layer_shapes) and layer_shapes[1] != layer_shapes[0])
+
+
+def rank_tokens(tokens: float, cp: int, cp_group_tokens: bool) -> float:
+    """The tokens one rank holds of a micro-batch, as Megatron Lite's engine packs it: the micro-batch is the CP
+    group's (verl_mlite's sp_size = CP) and each rank takes a CP-th of every packed sequence (zigzag halves), so a
+    micro-batch of n sequences of s tokens is n·s/CP per rank; a dynamic batch's budget (ppo_max_token_len_per_gpu,
+    which verl multiplies by sp_size for the group) is per rank already."""
+    return tokens / max(cp, 1) if cp_group_tokens else tokens
 
 
 def estimate(p: Params, mesh: Mesh, *, optimizer: str, hidden: int, vocab: int, top_k: int, tokens_per_gpu: int,
              recompute: bool, param_offload: bool, grad_offload: bool, optimizer_offload: bool,
              offload_fraction: float, gpu_mem_gib: float, rollout_fraction: float = 0.0,
              cross_entropy_fusion: bool = False, residual_streams: int = 1, family: Optional[str] = None,
-             layer_shapes: Optional[tuple] = None, seq_len: int = 0) -> Estimate:
+             layer_shapes: Optional[tuple] = None, seq_len: int = 0, cp_group_tokens: bool = False) -> Estimate:
+    """tokens_per_gpu: the per-rank budget, or with cp_group_tokens (no dynamic batch size) the CP group's
+    micro-batch (micro-batch × sequence), of which each rank holds a CP-th (rank_tokens)."""
     frac = 1.0 if optimizer_offload else min(max(offload_fraction or 0.0, 0.0), 1.0)
     dense_dp, edp, ept = mesh.dp * mesh.cp, mesh.edp, mesh.ep * mesh.etp
-    T = tokens_per_gpu
+    T = rank_tokens(tokens_per_gpu, mesh.cp, cp_group_tokens)
     rollout = rollout_fraction * gpu_mem_gib * GIB
     sb = fsdp2_shard_bytes(family)
     # the layers' bytes at this CP (layer_shapes: at CP 1 and gathered, from vrun.estimate.activations.shape)

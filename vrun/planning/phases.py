@@ -192,7 +192,9 @@ def memory_inputs(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> dict
         offload_fraction=float(get(optim, "override_optimizer_config.offload_fraction") or 0.0),
         gpu_mem_gib=gpu_mem(config), residual_streams=int(arch.hc_mult or 1), family=config.model.mlite_name,
         cross_entropy_fusion=bool(eng.get("cross_entropy_fusion") or get(eng, "impl_cfg.cross_entropy_fusion")),
-        layer_shapes=layer_shapes(arch), **entrypoint.token_inputs(verl))
+        layer_shapes=layer_shapes(arch), **entrypoint.token_inputs(verl),
+        # no dynamic batch size: tokens_per_gpu is the micro-batch × sequence the CP group shares (memory.rank_tokens)
+        cp_group_tokens=entrypoint.token_budget_key(verl) is None)
 
 
 def layer_shapes(arch) -> Optional[tuple]:

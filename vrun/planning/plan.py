@@ -525,7 +525,7 @@ def mesh_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, 
     valid = meshes.valid_meshes(rules_of(config, entrypoint, verl), mesh.nnodes, mesh.gpus_per_node, verl,
                                 entrypoint, tps)
     found = search.rank(valid, lambda m: memory.estimate(params, m, **inputs),
-                        cp_matters=memory.cp_matters(inputs["layer_shapes"]))
+                        cp_matters=memory.cp_matters(inputs["layer_shapes"], inputs["cp_group_tokens"]))
     if not found or not found[0].fits or found[0].mesh == mesh:
         return None
     e = found[0].estimate
@@ -603,7 +603,7 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
         config, entrypoint, verl, mesh, counts, ropts[0] if ropts else None, (rtp, rdp) if rollout_on else None)
     if params is not None:
         ranked = search.rank(valid, lambda m: memory.estimate(params, m, **inputs), timer,
-                             cp_matters=memory.cp_matters(inputs["layer_shapes"]))
+                             cp_matters=memory.cp_matters(inputs["layer_shapes"], inputs["cp_group_tokens"]))
     else:
         ranked = search.rank(valid)
     seconds = time.perf_counter() - t
