@@ -586,3 +586,23 @@ def test_a_mesh_timed_from_another_keeps_its_own_host_copies_in_the_refit():
         assert (a.low, a.middle, a.high) == pytest.approx((b.low, b.middle, b.high)), ph
     assert reused.part("sync", "weights_to_gpu").middle == pytest.approx(
         2 * steptime.estimate(first, h100).part("sync", "weights_to_gpu").middle)
+
+
+def test_the_micro_batches_without_dynamic_batch_size_are_the_cp_groups():
+    """Without dynamic batch size the micro-batch (micro-batch size × sequence) is the CP group's: a DP rank's
+    mini-batch splits into that many tokens per micro-batch, not CP times that (which made the pipeline's bubble
+    and the offload's count CP times too few); a dynamic budget is per GPU, the group's micro-batch CP times it."""
+    import math
+
+    fixed = ["model=kimi_k2_6", "mode=plan", "verl.actor_rollout_ref.actor.use_dynamic_bsz=false",
+             "verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+    p = plan(fixed)
+    tokens, budget, cp_group = steptime_plan.batch_tokens(p.entrypoint, p.verl)
+    assert p.mesh.cp == 8 and cp_group and budget > 0
+    assert steptime_plan.group_budget(budget, p.mesh.cp, cp_group) == budget
+    per_rank = tokens / p.mesh.dp
+    assert steptime_plan._micro(per_rank, steptime_plan.group_budget(budget, p.mesh.cp, cp_group)) == \
+        max(1, math.ceil(per_rank / budget))
+    d = plan(["model=kimi_k2_6", "mode=plan"])
+    _, dyn, group = steptime_plan.batch_tokens(d.entrypoint, d.verl)
+    assert not group and steptime_plan.group_budget(dyn, d.mesh.cp, group) == dyn * d.mesh.cp

@@ -27,7 +27,7 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
     if not active:
         return None
     inputs = memory_inputs(config, entrypoint, verl)
-    tokens, budget = batch_tokens(entrypoint, verl)
+    tokens, budget, cp_group = batch_tokens(entrypoint, verl)
     common = dict(world=mesh.world, gpus_per_node=mesh.gpus_per_node, active_params=float(active), pp=mesh.pp,
                   vpp=mesh.vpp, tp=mesh.tp, cp=mesh.cp, ep=mesh.ep, etp=mesh.etp,
                   layers=int(arch.get("layers") or 0), hidden=int(arch.get("hidden") or 0),
@@ -39,7 +39,7 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
     attn, cap = steptime.attention_flops_per_key(arch)
     # verl's refit: the offloaded training weights to the GPU for the export and back (steptime.REFIT_HOST)
     common.update(attn_flops_per_key=attn, attn_keys_cap=cap, tensors=steptime.tensor_count(arch), refit_host="weights")
-    micro = _micro(tokens / max(mesh.dp, 1), budget * mesh.cp)
+    micro = _micro(tokens / max(mesh.dp, 1), group_budget(budget, mesh.cp, cp_group))
     batch = entrypoint.step_batch(verl)  # the record's: samples, lengths, whether a rollout generates them
     step_tokens = batch["samples"] * (batch["prompt_mean"] + batch["response_mean"])
     common.update(mini_batches=max(1, round(step_tokens / tokens)) if tokens > 0 else 1)
@@ -64,10 +64,18 @@ def moe_layers(arch: dict) -> int:
     return max(int(arch.get("layers") or 0) - int(arch.get("dense_layers") or 0), 0)
 
 
-def batch_tokens(entrypoint, verl: dict) -> tuple[float, float]:
-    """(tokens of one mini-batch at the mean lengths, the token budget per GPU): the micro-batches per DP rank
-    follow from them and the mesh (_micro)."""
-    return entrypoint.mini_batch_tokens(verl), float(entrypoint.token_inputs(verl)["tokens_per_gpu"] or 0)
+def batch_tokens(entrypoint, verl: dict) -> tuple[float, float, bool]:
+    """(tokens of one mini-batch at the mean lengths, the token budget of a micro-batch, whether that budget is the
+    CP group's): the micro-batches per DP rank follow from them and the mesh (_micro). A dynamic batch's budget is
+    per GPU (the CP group's micro-batch holds CP times it); without dynamic batch size the micro-batch (micro-batch
+    size × the sequence) is the CP group's already (vrun.estimate.memory.rank_tokens)."""
+    return (entrypoint.mini_batch_tokens(verl), float(entrypoint.token_inputs(verl)["tokens_per_gpu"] or 0),
+            entrypoint.token_budget_key(verl) is None)
+
+
+def group_budget(budget: float, cp: int, cp_group: bool) -> float:
+    """The tokens one micro-batch of a CP group holds."""
+    return budget if cp_group else budget * cp
 
 
 def mesh_timer(config, entrypoint, verl: dict, mesh, counts, replica=None, rollout_tp_dp=None):
@@ -89,7 +97,7 @@ def mesh_timer(config, entrypoint, verl: dict, mesh, counts, replica=None, rollo
                                    kv_per_sequence=replica.kv.per_sequence, kv_fits=replica.fits)
     elif rollout_tp_dp is not None and rollout_tp_dp[0] is not None:
         base = dataclasses.replace(base, rollout_tp=int(rollout_tp_dp[0]), rollout_dp=int(rollout_tp_dp[1] or 1))
-    tokens, budget = batch_tokens(entrypoint, verl)
+    tokens, budget, cp_group = batch_tokens(entrypoint, verl)
     from vrun.planning import calibration
 
     recorded = calibration.entries(kind(config, verl))
@@ -103,7 +111,7 @@ def mesh_timer(config, entrypoint, verl: dict, mesh, counts, replica=None, rollo
     def shape(m, est) -> tuple:
         """The estimate without the mesh's collectives, once per pipeline / micro-batch / offload shape and whether
         expert parallelism splits the experts (the MoE balance, steptime.routed_share)."""
-        micro = _micro(tokens / max(m.dp, 1), budget * m.cp)
+        micro = _micro(tokens / max(m.dp, 1), group_budget(budget, m.cp, cp_group))
         k = (m.pp, m.vpp, micro, m.ep > 1) + ((est.weights, est.grads, est.optimizer) if offload and est is not None
                                               else ())
         if k not in seen:
