@@ -75,7 +75,7 @@ NON_NEGATIVE_INT = ("trainer.total_epochs", "trainer.save_freq", "trainer.test_f
 POSITIVE_INT = ("trainer.total_training_steps",)
 RAY_ADDRESS = re.compile(r"^(local|auto|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$")
 # cluster=ray: the dashboard the Job Submission API answers on
-RAY_DASHBOARD = re.compile(r"^(auto|(https?://)?[A-Za-z0-9._-]+:[0-9]{1,5})/?$")
+RAY_DASHBOARD = re.compile(r"^(auto|(https?://)?([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5})/?$")
 
 
 def range_problems(verl: dict, entrypoint) -> list[Problem]:

@@ -141,7 +141,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN")
     p.add_argument("-o", "--output", help="write the script here (default: stdout)")
     p.set_defaults(fn=cmd_export)
-    p = sub.add_parser("resubmit", help="submit a SLURM run dir again (same config, same dir; verl resumes)")
+    p = sub.add_parser("resubmit", help="submit a SLURM or Ray run dir again (its plan's job, same dir; verl resumes)")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--detach", action="store_true", help="return once submitted")
     p.add_argument("--exclude", default="", help="nodes the new job must not get (comma-separated hostnames)")
@@ -155,10 +155,9 @@ def main(argv: list | None = None) -> int:
         return EXIT_USAGE
     a = parser().parse_args(argv)
     try:
-        from vrun.runs import kuberay, rayjobs  # cluster=ray: Ray's Job Submission API; cluster=kuberay: kubectl
+        from vrun.runs import kuberay  # cluster=kuberay: kubectl (cluster=ray: each verb reads its dashboard)
 
         code = kuberay.dispatch(a)
-        code = rayjobs.dispatch(a) if code is None else code
         return a.fn(a) if code is None else code
     except (Usage, RunDirError) as e:
         print(str(e), file=sys.stderr)
