@@ -47,7 +47,7 @@ def planned(tmp_path, name="run", extra=()):
 def submitted(run: Path, dash: Dashboard, status="RUNNING", attempt=0, metadata=None, **job) -> str:
     """The run recorded as submitted to `dash` (its ray_job.json and `submitted` line), the job known there."""
     from vrun.rundir import records
-    from vrun.rundir.rayjob import submission_id
+    from vrun.rundir.rayrecord import submission_id
 
     rid = records.run_id(str(run))
     sid = submission_id(rid, attempt)

@@ -32,7 +32,7 @@ from typing import Optional
 
 from vrun.core import remote
 from vrun.core.problems import Problem
-from vrun.rundir.rayjob import RAY_JOB, submission_id  # noqa: F401 - RAY_JOB: the record's name, for the verbs
+from vrun.rundir.rayrecord import RAY_JOB, submission_id
 
 ADDRESS_KEY = "cluster.ray.address"
 DASHBOARD_FORM = "http://<head>:8265"

@@ -1,11 +1,9 @@
-"""A cluster=ray run's job: its record in the run dir (ray_job.json: what identifies the job, nothing to run) and
+"""A cluster=ray run's job: its record in the run dir (vrun.rundir.rayrecord: what identifies it, nothing to run) and
 what the cluster's dashboard says of it, through Ray's Job REST routes (the installed Ray's
 dashboard/modules/job/job_head.py: GET /api/jobs/, GET /api/jobs/{id}, GET /api/jobs/{id}/logs,
 POST /api/jobs/{id}/stop), each request bounded in time and size by vrun.core.remote and its answer's shape checked.
 
-ray_job.json is a record, never an instruction: its address must be a dashboard URL and its job id Ray's grammar
-(`raysubmit_<letters and digits>`, or the id this project chooses, `vrun-<run id>-<attempt>`, which must name this
-run); anything else makes the record refused in one line. The job to run is always rebuilt from plan.json.
+The job to run is always rebuilt from plan.json, never read from the record.
 
 What the runs verbs read of a job (`follow`): its state in the run's own words, `lost` when the cluster no longer
 knows it (a head restarted: the job history lives in the head), a run cancelled with `vrun cancel` kept cancelled
@@ -13,17 +11,14 @@ whatever the dashboard says, its elapsed time, and the first decisive line of a 
 and vrun.core only."""
 from __future__ import annotations
 
-import json
 import os
-import re
 from pathlib import Path
 from typing import Optional
 from urllib.parse import quote
 
 from vrun.core import fs, remote
+from vrun.rundir.rayrecord import quoted
 
-RAY_JOB = "ray_job.json"
-SUBMISSION = re.compile(r"raysubmit_[A-Za-z0-9]{1,64}|vrun-([0-9a-f]{20})-(0|[1-9][0-9]{0,5})")
 # Ray's job states → the runs' own words
 STATES = {"PENDING": "pending", "RUNNING": "running", "SUCCEEDED": "completed", "FAILED": "failed",
           "STOPPED": "cancelled"}
@@ -31,58 +26,6 @@ ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 DEFAULT_TIMEOUT_S = 15.0
 # the most of a job's log kept in the run dir (job.log: what its steps and cause are read from)
 LOG_KEEP = 8 << 20
-
-
-def submission_id(run_id: str, attempt: int) -> str:
-    """The job's id as this project chooses it: the run's id and the attempt (a job is recognisable as its run's)."""
-    return f"vrun-{run_id}-{attempt}"
-
-
-def job_id_problem(job_id, run_id: str) -> str:
-    """Why `job_id` read back is not this run's job id ("" when it is)."""
-    if not isinstance(job_id, str):
-        return "not a string"
-    m = SUBMISSION.fullmatch(job_id)
-    if not m:
-        return "not a Ray submission id (raysubmit_<letters and digits>, or vrun-<run id>-<attempt>)"
-    if m.group(1) and m.group(1) != run_id:
-        return f"the id of another run's job (run id {m.group(1)}, this run's is {run_id})"
-    return ""
-
-
-def load(run_dir) -> tuple[Optional[dict], str]:
-    """({"address", "job_id"}, "") from ray_job.json; (None, "") when there is none; (None, one line) when it is
-    refused (not a regular file of the user's own, not JSON, an address or job id of no dashboard / no job)."""
-    from vrun.rundir.records import run_id
-
-    path = Path(run_dir) / RAY_JOB
-    if not fs.exists(path):
-        return None, ""
-    text, why = fs.read_checked(path, 1 << 20, own=True)
-    if text is None:
-        return None, f"error: {path}: {why}; fix: remove it, then python -m vrun resubmit {_q(run_dir)}"
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        data = None
-    if not isinstance(data, dict):
-        return None, f"error: {path}: not a JSON object; fix: remove it, then python -m vrun resubmit {_q(run_dir)}"
-    try:
-        address = str(remote.url_of(data.get("address")))
-    except ValueError as e:
-        return None, (f"error: {path} address={remote.shown(data.get('address'), 80)}: {e}; fix: remove "
-                      f"{RAY_JOB}, then python -m vrun resubmit {_q(run_dir)}")
-    why = job_id_problem(data.get("job_id"), run_id(str(run_dir)))
-    if why:
-        return None, (f"error: {path} job_id={remote.shown(data.get('job_id'), 80)}: {why}: nothing is asked of the "
-                      f"cluster about it; fix: remove {RAY_JOB}, then python -m vrun resubmit {_q(run_dir)}")
-    return {"address": address, "job_id": data["job_id"]}, ""
-
-
-def _q(path) -> str:
-    import shlex
-
-    return shlex.quote(str(path))
 
 
 def timeout_of(plan) -> float:
@@ -178,7 +121,7 @@ def not_this_runs(job: dict, run_dir, run_id: str) -> str:
 # ==================================================================== a run's state from its job
 def lost_words(run, address: str, job_id: str) -> str:
     return (f"lost: the cluster at {address} no longer knows job {job_id} (its head restarted, or the job history "
-            f"was cleared); python -m vrun resubmit {_q(run.dir)} submits it again, resuming from the last whole "
+            f"was cleared); python -m vrun resubmit {quoted(run.dir)} submits it again, resuming from the last whole "
             "checkpoint")
 
 

@@ -79,7 +79,7 @@ class Run:
     host: Optional[str] = None
     stall: Optional[dict] = None       # the last `stalled` event of the current attempt, unless progress resumed
     resumed: Optional[dict] = None     # the current attempt's `resumed` event (the checkpoint it started from)
-    ray: Optional[dict] = None         # cluster=ray: the job's address and id (vrun.rundir.rayjob.load)
+    ray: Optional[dict] = None         # cluster=ray: the job's address and id (vrun.rundir.rayrecord.load)
     ray_problem: str = ""              # cluster=ray: why ray_job.json was refused (one line), "" when it was not
     ray_error: str = ""                # cluster=ray: why its dashboard gave no word on the job this time
 
@@ -167,9 +167,9 @@ def load(d: Path, indexed_at: Optional[float] = None) -> Run:
     slurm = files.slurm_job(d)
     run = Run(dir=d, plan=plan, slurm=slurm, events=rundir.events(str(d)))
     if plan.cluster == "ray" or fs.exists(d / "ray_job.json"):
-        from vrun.rundir import rayjob
+        from vrun.rundir import rayrecord
 
-        run.ray, run.ray_problem = rayjob.load(d)
+        run.ray, run.ray_problem = rayrecord.load(d)
     derive(run)
     if not run.when:
         run.when = indexed_at or _mtime(d / "plan.json")
@@ -200,7 +200,7 @@ def attempts_of(events: list, slurm: Optional[dict]) -> list:
 
 def _ray_job(evs: list) -> Optional[str]:
     """A Ray attempt's job id, as its `submitted` line records it (ray_job), when it is one."""
-    from vrun.rundir.rayjob import SUBMISSION
+    from vrun.rundir.rayrecord import SUBMISSION
 
     j = next((e.get("ray_job") for e in evs if e["event"] == "submitted" and e.get("cluster") == "ray"), None)
     return j if isinstance(j, str) and SUBMISSION.fullmatch(j) else None
