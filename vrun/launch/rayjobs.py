@@ -35,6 +35,8 @@ from vrun.core.problems import Problem
 from vrun.rundir.rayrecord import RAY_JOB, submission_id
 
 ADDRESS_KEY = "cluster.ray.address"
+# mode=plan waits at most this long for the cluster's shape (it plans offline past it, with a warning)
+PLAN_TIMEOUT_S = 5.0
 DASHBOARD_FORM = "http://<head>:8265"
 
 
@@ -354,7 +356,7 @@ def launch(sweep) -> list:
     shape, url, offline = None, None, None
     try:
         url = dashboard(cluster.ray.address)
-        shape = read_shape(url, timeout)
+        shape = read_shape(url, timeout if checking else min(timeout, PLAN_TIMEOUT_S))
     except DashboardError as e:
         if checking or e.kind == "address" and cluster.ray.address != "auto":
             cli_errors.emit([Problem(ADDRESS_KEY, cluster.ray.address, f"{e}; nothing was submitted",

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-POLL_S = 2.0
+POLL_S = 3.0
 
 
 def first_step_words(run) -> str:

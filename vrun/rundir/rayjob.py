@@ -204,7 +204,11 @@ def follow(run, job: Optional[dict], address: str, log_text: Optional[str] = Non
     if word == "pending":
         cur.phase = "pending" + (f" ({message})" if message else "")
     elif word == "running":
-        from vrun.rundir import joblog
+        from vrun.rundir import joblog, records
+
+        if not cur.last("ray_running"):  # the run's last known state, for when the dashboard stops answering
+            records.record(str(run.dir), "ray_running", attempt=_attempt_no(cur, run), ray_job=run.ray["job_id"],
+                           **({"started": cur.started} if cur.started else {}))
 
         steps = joblog.parse((log_text or "").splitlines()[-20000:]).steps
         cur.phase = f"running: step {max(steps)}" if steps else "running (ray job RUNNING)"
@@ -221,6 +225,11 @@ def follow(run, job: Optional[dict], address: str, log_text: Optional[str] = Non
     if word not in state.ACTIVE:
         cur.end = cur.phase
     state.settle(run)
+
+
+def _attempt_no(cur, run) -> int:
+    n = next((e.get("attempt") for e in cur.events if e["event"] == "submitted"), None)
+    return n if isinstance(n, int) and not isinstance(n, bool) else run.attempt
 
 
 def keep_log(run, text: str) -> None:

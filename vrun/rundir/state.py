@@ -19,7 +19,7 @@ from vrun.rundir.record import PlanRecord
 from vrun.core import fs
 
 # the order of the phases within one attempt (a submitter and a node may write in either order)
-RANK = {"submitted": 0, "requeued": 0, "started": 1, "resumed": 1, "nodes_joined": 2, "ray_up": 3,
+RANK = {"submitted": 0, "requeued": 0, "started": 1, "ray_running": 1, "resumed": 1, "nodes_joined": 2, "ray_up": 3,
         "entrypoint_started": 4, "stalled": 5, "unstalled": 5, "stall_action": 5, "signalled": 6, "time_limit": 6,
         "exited": 7, "failed": 7, "ray_ended": 7, "cancelled": 8}
 # a run's states; the first three are still holding or waiting for an allocation
@@ -218,6 +218,12 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
             a.pid, a.host = e.get("pid"), e.get("host")
             a.started = e["t"] if a.started is None else a.started
             state, phase = "running", f"started on {','.join(a.hosts)}"
+        elif ev == "ray_running":  # a Ray job seen running (the dashboard's word, kept: it may stop answering)
+            t0 = e.get("started")
+            ok = isinstance(t0, (int, float)) and not isinstance(t0, bool) and 0 < t0 < 1e11
+            a.started = (t0 if ok else e["t"]) if a.started is None else a.started
+            if state == "pending":
+                state, phase = "running", "running"
         elif ev == "nodes_joined":
             state, phase = "running", f"nodes joined {e.get('joined')}/{e.get('of')}"
         elif ev == "ray_up":

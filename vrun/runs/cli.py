@@ -120,9 +120,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--follow", action="store_true", help="follow the current job until it ends")
     p.add_argument("--stream", choices=["both", "out", "err"], default="both")
     p.set_defaults(fn=cmd_logs)
-    p = sub.add_parser("cancel", help="scancel a pending or running run (all points of a sweep dir)",
+    p = sub.add_parser("cancel", help="stop a pending or running run (all points of a sweep dir)",
                        description="scancel the run's jobs (requeued attempts included) and mark the run cancelled; "
-                       "a run on this machine gets SIGTERM. A run that has ended is refused, naming its state.")
+                       "a Ray job is stopped once the cluster's record of it names this run; a run on this machine "
+                       "gets SIGTERM. A run that has ended (or whose job its cluster no longer knows) is refused, "
+                       "naming its state.")
     p.add_argument("runs", nargs="+", metavar="RUN")
     p.add_argument("--yes", action="store_true", help="do not ask before cancelling a sweep's points")
     p.add_argument("--no-wait", action="store_true", help="return without waiting for the jobs to leave the queue")

@@ -217,10 +217,10 @@ def logs(r: state.Run, follow: bool) -> int:
             rayjob.keep_log(r, text)
             new = text[printed:] if len(text) >= printed else text
             lines = new.split("\n")
-            rest = lines.pop() if follow else ""
+            rest = lines.pop()  # a line not ended yet (-f: printed once it is); the end of the log otherwise
             for line in lines + ([rest] if rest and not follow else []):
                 print(visible(line, colours=tty), flush=follow)
-            printed = len(text) - len(rest)
+            printed = len(text) - (len(rest) if follow else 0)
             if not follow:
                 return 0
             r = state.load(r.dir)
