@@ -405,14 +405,14 @@ def test_a_restarted_head_leaves_the_run_lost_and_resubmit_resumes_it(tmp_path):
         wait(lambda: len(rayjobs.read_shape(url, 5).nodes) == 1, 120, "the one-node cluster")
         env = dict(grpo_env(tmp_path), RAY_API_SERVER_ADDRESS=url)
         base = ["model=qwen3_5_35b", "algo=grpo", "cluster=ray", "cluster.ray.address=auto", "mesh=8gpu",
-                "run.task_runner=vrun_standin.StandinTaskRunner", "verl.trainer.save_freq=2", f"hydra.run.dir={run}"]
+                "run.task_runner=vrun_standin.StandinTaskRunner", "verl.trainer.save_freq=1", f"hydra.run.dir={run}"]
         first = runner(*base, "mode=plan", env=env, timeout=300)
         assert first.returncode == 0, first.stderr[-2000:]
-        (run / "standin.json").write_text(json.dumps({"steps": 1000, "step_s": 1.0, "save_freq": 2}))
+        (run / "standin.json").write_text(json.dumps({"steps": 1000, "step_s": 0.5, "save_freq": 1}))
         proc = runner(*base, "run.resume=true", "cluster.detach=true", env=env, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         tracker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
-        wait(lambda: int(tracker.read_text()) >= 2, 300, "a whole checkpoint")
+        wait(lambda: int(tracker.read_text()) >= 1, 300, "a whole checkpoint")
         st = vr("status", str(run)).stdout
         assert "state    running: step" in st and "measured step" in st, st
         saved = int(tracker.read_text())
