@@ -91,6 +91,9 @@ def dashboard_pid(url: str) -> int:
     raise AssertionError(f"no dashboard process for {url}")
 
 
+GCS: dict = {}  # the module cluster's GCS port (the address `ray start` prints for joining)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     """http address of a head (no GPUs) with one worker of 8 declared H100s; the pids are stopped at the end."""
@@ -100,6 +103,7 @@ def ray_cluster(tmp_path_factory):
     temp = Path("/tmp") / f"vr{os.getpid()}"  # Ray's socket paths must stay short
     head = start_head(p, temp, tmp / "head.log")
     gcs, dash = p[0], p[1]
+    GCS["port"] = gcs
     procs = [head]
     url = f"http://127.0.0.1:{dash}"
     try:
@@ -138,6 +142,23 @@ def wait(cond, seconds, what):
             pass
         time.sleep(1)
     raise AssertionError(f"{what} did not come up within {seconds}s")
+
+
+@pytest.mark.parametrize("how", ["knob", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"])
+def test_the_gcs_address_is_refused_naming_the_dashboard_form(ray_cluster, tmp_path, how):
+    """The address Ray prints for joining (<head>:<gcs port>) answers an HTTP request in binary: one line naming the
+    dashboard's form, no NUL byte printed, nothing written."""
+    gcs = f"127.0.0.1:{GCS['port']}"
+    env = {k: v for k, v in grpo_env(tmp_path).items() if not k.startswith("RAY_")}
+    if how != "knob":
+        env[how] = gcs
+    run = tmp_path / "r"
+    proc = runner("model=qwen3_5_35b", "algo=grpo", "cluster=ray", "mesh=8gpu", "mode=preflight",
+                  f"cluster.ray.address={gcs if how == 'knob' else 'auto'}", f"hydra.run.dir={run}", env=env,
+                  timeout=200)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "\x00" not in proc.stderr + proc.stdout, proc.stderr
+    assert "GCS address" in errors[0] and "http://<head>:8265" in errors[0] and not (run / "plan.json").exists()
 
 
 def test_shape_read_from_the_live_cluster(ray_cluster):
