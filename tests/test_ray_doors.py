@@ -333,3 +333,78 @@ def test_preflight_refuses_what_train_refuses(tmp_path, dash):
         lines[mode] = sorted(x for x in p.stderr.splitlines() if x.startswith("error:"))
     assert lines["preflight"] == lines["train"] and len(lines["train"]) >= 2, lines
     assert not [r for r in dash.requests if r[0] == "POST"]
+
+
+# ==================================================================== the submitter follows its job
+def _script(dash: Dashboard, steps: int, end: str):
+    """The job the dashboard was sent moves on: running, a step a second (verl's lines), then `end`."""
+    import threading
+
+    def go():
+        while not dash.jobs:
+            time.sleep(0.2)
+        (sid,) = dash.jobs
+        time.sleep(2)
+        dash.jobs[sid]["status"] = "RUNNING"
+        dash.logs[sid] = ""
+        for i in range(1, steps + 1):
+            time.sleep(1.5)
+            dash.logs[sid] += f"(TaskRunner pid=1) step:{i} - timing_s/step:{20 + i}.0\n"
+        if end:
+            dash.jobs[sid].update(status=end, end_time=int(time.time() * 1000))
+
+    threading.Thread(target=go, daemon=True).start()
+
+
+def test_the_submitter_follows_its_job_to_the_end(tmp_path, dash):
+    env = dict(grpo_env(tmp_path), RAY_API_SERVER_ADDRESS=dash.url)
+    _script(dash, 3, "SUCCEEDED")
+    p = runner("model=qwen3_5_35b", "algo=grpo", "cluster=ray", "cluster.ray.address=auto", "mesh=8gpu",
+               "run.task_runner=vrun_probe.ProbeTaskRunner", f"hydra.run.dir={tmp_path}/run", env=env, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (sid,) = dash.jobs
+    follow = [x.split(": ", 1)[1] for x in p.stdout.splitlines() if x.startswith(f"job {sid} run: ")]
+    assert follow[0] == "pending" and follow[-1].startswith("completed"), p.stdout
+    assert "first step 21.0 s (the plan's band " in p.stdout and len(follow) == len(set(follow)), p.stdout
+    assert p.stdout.rstrip().endswith(f"job {sid}: completed")
+
+
+def test_the_submitter_detaches_on_ctrl_c_and_reports_a_failure(tmp_path, dash):
+    import signal
+
+    env = dict(grpo_env(tmp_path), RAY_API_SERVER_ADDRESS=dash.url)
+    _script(dash, 1, "")
+    run = tmp_path / "run"
+    proc = subprocess.Popen([PY, str(ROOT / "runner.py"), "model=qwen3_5_35b", "algo=grpo", "cluster=ray",
+                             "cluster.ray.address=auto", "mesh=8gpu", "run.task_runner=vrun_probe.ProbeTaskRunner",
+                             f"hydra.run.dir={run}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (dash.jobs and "step:1" in dash.logs.get(next(iter(dash.jobs)), "")):
+        time.sleep(0.5)
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.startswith("detached")]
+    assert f"python -m vrun status {shlex.quote(str(run))}" in line
+    (sid,) = dash.jobs
+    dash.jobs[sid].update(status="FAILED", end_time=int(time.time() * 1000), message="exit code 1")
+
+    def fail_the_next():
+        while len(dash.jobs) < 2:
+            time.sleep(0.2)
+        (new,) = [j for j in dash.jobs if j != sid]
+        dash.logs[new] = ("(WorkerDict pid=9) gloo: Connection closed by peer\n"
+                          "(TaskRunner pid=1) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n")
+        time.sleep(2)
+        dash.jobs[new].update(status="FAILED", end_time=int(time.time() * 1000), message="exit code 1")
+
+    import threading
+
+    threading.Thread(target=fail_the_next, daemon=True).start()
+    p = vrun(env, "resubmit", run)  # follows the new job: its failure in one line, with its own cause
+    errors = [x for x in p.stderr.splitlines() if x.startswith("error:")]
+    assert p.returncode == 2 and len(errors) == 1, p.stdout + p.stderr
+    assert "failed: torch.OutOfMemoryError: CUDA out of memory" in errors[0] and "python -m vrun logs" in errors[0]
+    assert [j for j in dash.jobs if j != sid][0].endswith("-1")
