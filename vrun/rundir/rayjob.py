@@ -152,7 +152,7 @@ def refresh(runs: list, with_logs: str = "active", budget_s: float = 30.0) -> No
             known = jobs(address, t)
         except remote.RemoteError as e:
             for r in rows:
-                r.ray_error = f"the Ray dashboard at {address} {e.detail}"
+                r.ray_error, r.ray_error_kind = f"the Ray dashboard at {address} {e.detail}", e.kind
                 r.reason = f"dashboard unreachable: {e.kind}"
             continue
         for r in rows:

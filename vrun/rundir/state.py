@@ -82,6 +82,7 @@ class Run:
     ray: Optional[dict] = None         # cluster=ray: the job's address and id (vrun.rundir.rayrecord.load)
     ray_problem: str = ""              # cluster=ray: why ray_job.json was refused (one line), "" when it was not
     ray_error: str = ""                # cluster=ray: why its dashboard gave no word on the job this time
+    ray_error_kind: str = ""           # and what came back (vrun.core.remote.KINDS)
 
     @property
     def gpus(self) -> int:

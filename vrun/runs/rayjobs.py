@@ -18,6 +18,8 @@ from vrun.core import remote
 from vrun.rundir import rayjob, state
 from vrun.runs.common import Usage
 
+DASHBOARD_FORM = "http://<head>:8265"
+
 
 def q(path) -> str:
     return shlex.quote(str(path))
@@ -42,9 +44,23 @@ def refused_record(r: state.Run, verb: str) -> None:
 
 
 def unreachable(r: state.Run, what: str) -> Usage:
-    return Usage(f"error: cluster.ray.address={r.ray['address']}: {r.ray_error}; {what}; the run's last known "
-                 f"state: {state.describe(r)}; fix: check that the cluster is up and its dashboard reachable from "
-                 "here, then run the verb again")
+    """The dashboard gave no word (r.ray_error): one line with the run's last known state and the fix its answer
+    calls for."""
+    address, job = r.ray["address"], r.job_id or r.ray["job_id"]
+    fix = {"too_large": f"read the job on the cluster itself (ray job logs --address {q(address)} {q(job)} | tail)",
+           "http": "check the dashboard's own log on the head (dashboard.log under Ray's temp dir), then run the verb "
+                   "again",
+           "malformed": f"check that cluster.ray.address is the cluster's dashboard ({DASHBOARD_FORM})",
+           "not_http": f"check that cluster.ray.address is the cluster's dashboard ({DASHBOARD_FORM})"}.get(
+        r.ray_error_kind, "check that the cluster is up and its dashboard reachable from here, then run the verb "
+                          "again")
+    return Usage(f"error: cluster.ray.address={address}: {r.ray_error}; {what}; the run's last known state: "
+                 f"{state.describe(r)}; fix: {fix}")
+
+
+def failed(r: state.Run, e: remote.RemoteError, what: str) -> Usage:
+    r.ray_error, r.ray_error_kind = f"the Ray dashboard at {r.ray['address']} {e.detail}", e.kind
+    return unreachable(r, what)
 
 
 def status_lines(r: state.Run) -> list:
@@ -72,8 +88,7 @@ def cancel_one(r: state.Run) -> None:
     try:
         job = rayjob.info(address, job_id, t)
     except remote.RemoteError as e:
-        r.ray_error = f"the Ray dashboard at {address} {e.detail}"
-        raise unreachable(r, "nothing stopped") from None
+        raise failed(r, e, "nothing stopped") from None
     if job is None:
         raise Usage(f"error: run={r.dir}: {rayjob.lost_words(r, address, job_id)}: nothing to stop; fix: "
                     f"python -m vrun resubmit {q(r.dir)} (or leave it)")
@@ -87,8 +102,7 @@ def cancel_one(r: state.Run) -> None:
     try:
         rayjob.stop(address, job_id, t)
     except remote.RemoteError as e:
-        r.ray_error = f"the Ray dashboard at {address} {e.detail}"
-        raise unreachable(r, "the stop may not have reached the cluster") from None
+        raise failed(r, e, "the stop may not have reached the cluster") from None
     records.record(str(r.dir), "cancelled", attempt=attempt_no(r), ray_job=job_id)
     print(f"stopping ray job {job_id}: {r.dir}", flush=True)
 
@@ -212,8 +226,7 @@ def logs(r: state.Run, follow: bool) -> int:
                     for line in (kept or "").splitlines():
                         print(visible(line, colours=tty))
                     return 0
-                r.ray_error = f"the Ray dashboard at {address} {e.detail}"
-                raise unreachable(r, "no log read") from None
+                raise failed(r, e, "no log read") from None
             rayjob.keep_log(r, text)
             new = text[printed:] if len(text) >= printed else text
             lines = new.split("\n")
