@@ -437,7 +437,7 @@ def test_a_restarted_head_leaves_the_run_lost_and_resubmit_resumes_it(tmp_path):
         st = vr("status", str(run)).stdout
         assert "state    running: step" in st and "measured step" in st, st
         saved = int(tracker.read_text())
-        stop(procs)
+        stop(procs, signal.SIGKILL)  # the head dies (its job history with it)
         procs.clear()
         for line in processes_of(".", f"VRUN_RUN_ID={rid}"):  # what the old head left of the job, if anything
             try:
@@ -474,7 +474,7 @@ def test_a_restarted_head_leaves_the_run_lost_and_resubmit_resumes_it(tmp_path):
             assert envs.get("WANDB_RUN_ID") == f"vrun-{rid}", envs
         assert vr("cancel", str(run)).returncode == 0
     finally:
-        stop(procs)
+        stop(procs, signal.SIGKILL)
         for line in processes_of(".", f"VRUN_RUN_ID={rid}"):
             try:
                 os.kill(int(line.split()[0]), signal.SIGKILL)
