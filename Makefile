@@ -13,6 +13,9 @@ VERL  ?= verl[verl-core]==0.9.1
 PINS  ?=
 # extra pytest arguments, e.g. PYTEST_ARGS='-m "not slurm"'
 PYTEST_ARGS ?=
+# test files run on this many processes at once (pytest-xdist; a file's tests stay in one process); 1: one process
+JOBS ?= 2
+XDIST := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadfile,)
 WANT  := $(TORCH) | $(VERL) | $(PINS)
 
 .PHONY: help setup run test lint bench clean
@@ -45,7 +48,7 @@ run: setup ## plan the main job: GLM-5.1 GRPO on 256 GPUs (prints the plan; star
 	$(PY) runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan
 
 test: setup ## every test that needs no GPU (real verl, Hydra, Ray, torchrun; SLURM where reachable)
-	$(PY) -m pytest -q -rs -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
 
 lint: setup ## repository conventions for conf/
 	$(PY) -m hooks.check_conventions

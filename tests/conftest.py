@@ -155,11 +155,51 @@ def processes_of(pattern: str, marker: str) -> list[str]:
     return out
 
 
+LINE = re.compile(r"^(?:error|warning): (?P<key>[^=:\s]+)(?:=(?P<value>.*?))?: .+?; fix: (?P<fix>.+)$")
+
+
+def fix_repeats_input(line: str) -> bool:
+    """Whether a refusal's fix only repeats its input: the fix's first assignment (up to a space, a comma or a
+    semicolon) is `KEY=VALUE` as the line quotes them, or the whole fix is."""
+    m = LINE.match(line.strip())
+    if not m or m.group("value") is None:
+        return False
+    given, fix = f"{m.group('key')}={m.group('value')}", m.group("fix").strip()
+    first = re.split(r"[ ,;]", fix, maxsplit=1)[0]
+    return fix == given or first == given
+
+
+def assert_fixes_differ(text: str) -> None:
+    """Every refusal or warning line in a command's output offers a change, not the input repeated."""
+    for line in text.splitlines():
+        line = line[line.find("error: "):] if "error: " in line else line[line.find("warning: "):] \
+            if "warning: " in line else line
+        assert not fix_repeats_input(line), f"a fix that repeats the input: {line}"
+
+
 def runner(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    """The runner as a user runs it; every error and warning line it prints is held to a fix other than its input."""
     e = dict(os.environ if env is None else env)
     e.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([PY, str(ROOT / "runner.py"), *args], cwd=cwd, env=e, capture_output=True, text=True,
+    proc = subprocess.run([PY, str(ROOT / "runner.py"), *args], cwd=cwd, env=e, capture_output=True, text=True,
                           timeout=timeout)
+    assert_fixes_differ(proc.stdout + "\n" + proc.stderr)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def _fixes_differ_from_the_input(monkeypatch):
+    """Every Problem line made in a test's own process is held to the same rule as the runner's output."""
+    from vrun.core.problems import Problem
+
+    line = Problem.line
+
+    def checked(self):
+        text = line(self)
+        assert not fix_repeats_input(text), f"a fix that repeats the input: {text}"
+        return text
+
+    monkeypatch.setattr(Problem, "line", checked)
 
 
 def params_from_arch(arch: dict):
@@ -226,3 +266,37 @@ def another_models_checkpoint(run_dir) -> tuple:
     good = stamp.read_text()
     stamp.write_text(json.dumps({**json.loads(good), "model": "glm5_1"}))
     return stamp, good
+
+
+# ==================================================================== the checkout left as found
+def _untracked() -> set | None:
+    """`git status --porcelain` of the checkout (what git does not ignore and does not track, or changed); None
+    outside a git checkout (a user's unpacked copy), where the check cannot be made."""
+    try:
+        p = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=all"],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return set(p.stdout.splitlines()) if p.returncode == 0 else None
+
+
+def pytest_sessionstart(session):
+    # once, in the process that collects the whole session (not in each of pytest-xdist's workers, which would see
+    # one another's files come and go)
+    if not hasattr(session.config, "workerinput"):
+        session.config._vrun_checkout = _untracked()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The suite fails when it leaves a file in the checkout that git would show (a test's output belongs in its
+    tmp_path, or in a git-ignored dir it names)."""
+    before = getattr(session.config, "_vrun_checkout", None)
+    after = _untracked() if before is not None else None
+    if before is None or after is None:
+        return
+    left = sorted(after - before)
+    if left:
+        print(f"\nerror: the tests left {len(left)} file(s) in the checkout {ROOT} (git status): "
+              + ", ".join(x[3:] for x in left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
+              + "; fix: write them under the test's tmp_path", file=sys.stderr)
+        session.exitstatus = 1

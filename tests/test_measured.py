@@ -90,10 +90,17 @@ def test_status_and_runs_show_measured_beside_predicted(tmp_path, state_dir, ver
 
 
 def test_the_next_plan_of_the_kind_is_calibrated(tmp_path, state_dir, verl_lines, capsys):
+    """A run's end (measured.learn_at_end, in the job's own process) teaches the calibration; `status` and `runs`
+    only read: they write no calibration record."""
+    from vrun.planning import measured
+
     first = planned_run(tmp_path, "a")
     finished(first, verl_lines)
     cli.main(["status", first.run_dir])
+    cli.main(["runs", first.run_dir])
     capsys.readouterr()
+    assert not (state_dir / calibration.FILE).exists()  # read verbs write nothing
+    measured.learn_at_end(first.run_dir)
     rec = json.loads((state_dir / calibration.FILE).read_text())
     (entries,) = rec.values()
     assert entries[0]["measured_s"] == 200.0
@@ -106,13 +113,12 @@ def test_the_next_plan_of_the_kind_is_calibrated(tmp_path, state_dir, verl_lines
     # another kind (another GPU part) is not calibrated by it
     other = plan(["model=qwen3_5_35b", "algo=grpo", "mode=plan", "cluster.gpu=H200"], str(tmp_path / "c"))
     assert other.time.calibration == ""
-    # status twice records once; two more runs make three
-    cli.main(["status", first.run_dir])
+    # a run learned twice records once; two more runs make three
+    measured.learn_at_end(first.run_dir)
     for n in ("d", "e"):
         r = planned_run(tmp_path, n)
         finished(r, verl_lines)
-        cli.main(["status", r.run_dir])
-    capsys.readouterr()
+        measured.learn_at_end(r.run_dir)
     third = plan(["model=qwen3_5_35b", "algo=grpo", "mode=plan"], str(tmp_path / "f"))
     assert third.time.calibration == "calibrated from 3 runs"
 

@@ -106,7 +106,10 @@ CASES = [
     *[(f"ray-under-sft-{k}", ["model=deepseek_v4_flash", "algo=sft", *door, f"cluster.ray.{k}={v}"], OK,
        f"cluster.ray.{k}", "torchrun") for door in ([], ["cluster=slurm"])
       for k, v in (("num_gpus", 4), ("num_cpus", 8), ("address", "auto" if not door else "local"),
-                   ("join_timeout_s", 60), ("interface", "ib0"))],
+                   ("join_timeout_s", 60), ("interface", "ib0")) if not (door and k == "interface")],
+    # a SLURM node's torchrun takes its rendezvous address from cluster.ray.interface: read, not warned
+    ("interface-under-slurm-sft", ["model=deepseek_v4_flash", "algo=sft", "cluster=slurm", "cluster.ray.interface=ib0"],
+     OK, None, None),
     # --- Hydra's own syntax
     # the design card's command: choosing the launcher chooses the cluster group that carries its knobs
     ("launcher-without-cluster", ["-m", "hydra/launcher=submitit_slurm"], OK, None, None),

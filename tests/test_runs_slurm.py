@@ -71,7 +71,7 @@ def wait_for(what, pred, timeout=240, every=1.0):
 
 def ray_of_job(job_id: str) -> list:
     """Processes of this job's Ray cluster still alive (its ports come from the job id)."""
-    from vrun.launch.slurm.node import ports
+    from vrun.launch.slurm.procs import ports
 
     pt = ports(job_id)
     out = subprocess.run(["pgrep", "-af", f"(port|PORT)[=_ -]+({pt['gcs']}|{pt['node_manager']})\\b|HoldTaskRunner"],
@@ -222,16 +222,18 @@ def test_cancel_scancels_only_jobs_squeue_confirms_as_the_runs(shared):
     assert p.returncode == 0, p.stderr[-2000:]
     d = shared / "sweep" / "a"
     name = json.loads((d / "plan.json").read_text())["slurm"]["parameters"]["job_name"]
-    elsewhere = shared / "elsewhere"
+    # the dirs sbatch runs in: SLURM writes a cancelled job's slurmstepd line there (never the checkout)
+    own, elsewhere = shared / "own", shared / "elsewhere"
+    own.mkdir()
     elsewhere.mkdir()
-    cases = {"another name": ("someone_elses_job", ROOT), "another dir": (name, elsewhere),
-             "another name and dir": ("someone_elses_job", elsewhere), "the run's own": (name, ROOT)}
+    cases = {"another name": ("someone_elses_job", own), "another dir": (name, elsewhere),
+             "another name and dir": ("someone_elses_job", elsewhere), "the run's own": (name, own)}
     for case, (job_name, chdir) in cases.items():
         job = decoy(job_name, chdir)
         (d / "slurm_job.json").write_text(json.dumps({"job_id": job, "stdout": "x", "stderr": "y",
                                                       "folder": str(shared / "sweep" / ".submitit" / job)}))
         (d / "progress.jsonl").unlink(missing_ok=True)
-        records.record(str(d), "submitted", job_id=job, restart=0, attempt=0, work_dir=str(ROOT))
+        records.record(str(d), "submitted", job_id=job, restart=0, attempt=0, work_dir=str(own))
         wait_for("the job to be listed", lambda: listed(job) in ("PENDING", "RUNNING"), timeout=60)
         c = vrun("cancel", str(d), timeout=180)
         if case == "the run's own":
@@ -242,7 +244,7 @@ def test_cancel_scancels_only_jobs_squeue_confirms_as_the_runs(shared):
         line = one_error_line(c, f"run={d}: job {job} ", "nothing cancelled", f"squeue -j {job} -O JobID,Name,WorkDir")
         assert (f"is named 'someone_elses_job' in squeue, not {name!r}" in line) == ("name" in case), (case, line)
         if case == "another dir":
-            assert f"runs in {elsewhere} in squeue, not {ROOT}" in line, line
+            assert f"runs in {elsewhere} in squeue, not {own}" in line, line
         time.sleep(2)
         assert listed(job) in ("PENDING", "RUNNING"), f"{case}: a job that is not the run's was cancelled"
         assert [e["event"] for e in records.events(str(d))] == ["submitted"]

@@ -4,7 +4,7 @@ import random
 import pytest
 
 from conftest import MODELS, compose, plan, problems_of, runner
-from vrun.estimate import search
+from vrun.estimate import meshes, search
 from vrun.entrypoints import PPO
 from vrun.entrypoints.ppo import ppo_batch_problems
 from vrun.estimate.mesh import Mesh, Rules, mesh_problems
@@ -40,7 +40,7 @@ def test_every_result_passes_the_plan_checks(model):
     verl = plan([f"model={model}", "mode=plan"] + FITTED.get(model, [])).verl
     rnd = random.Random(model)
     for nnodes in rnd.sample([1, 2, 3, 4, 6, 8, 16, 32], 4):
-        for mesh in search.valid_meshes(rules_of(model, m, arch), nnodes, 8, verl, PPO()):
+        for mesh in meshes.valid_meshes(rules_of(model, m, arch), nnodes, 8, verl, PPO()):
             assert mesh_problems(mesh, arch, m["tp_allowed"], m["etp_allowed"], model) == [], mesh
             assert ppo_batch_problems(verl, mesh) == [], mesh
 
@@ -49,7 +49,7 @@ def test_results_plan_end_to_end():
     """A sample of auto's results plans through the runner's own path."""
     m, arch = model_facts("qwen3_5_35b")
     verl = plan(["model=qwen3_5_35b", "mode=plan"]).verl
-    found = search.valid_meshes(rules_of("qwen3_5_35b", m, arch), 1, 8, verl, PPO())
+    found = meshes.valid_meshes(rules_of("qwen3_5_35b", m, arch), 1, 8, verl, PPO())
     for mesh in random.Random(1).sample(found, min(6, len(found))):
         ov = [f"mesh.{k}={getattr(mesh, k)}" for k in ("tp", "pp", "ep", "cp", "etp")]
         assert problems_of(["model=qwen3_5_35b", "mode=plan"] + ov) == [], ov
@@ -63,7 +63,7 @@ def test_results_plan_end_to_end():
 def test_launcher_presets_are_among_the_results(model, preset):
     """The launchers' own meshes are found where they are valid."""
     m, arch = model_facts(model)
-    assert preset in search.valid_meshes(rules_of(model, m, arch), preset.nnodes, 8)
+    assert preset in meshes.valid_meshes(rules_of(model, m, arch), preset.nnodes, 8)
 
 
 def test_auto_prints_choice_alternatives_and_memory(tmp_path):
@@ -222,7 +222,7 @@ def memory_only(p):
     params, _, _, _ = planning.model_params(config, ep, None, [], p.verl)
     params = planning.with_built_mtp(params, config, ep, p.verl)
     inputs = phases.memory_inputs(config, ep, p.verl)
-    valid = search.valid_meshes(rules, mesh.nnodes, mesh.gpus_per_node, p.verl, ep, tps)
+    valid = meshes.valid_meshes(rules, mesh.nnodes, mesh.gpus_per_node, p.verl, ep, tps)
     return search.rank(valid, lambda m: memory.estimate(params, m, **inputs))
 
 

@@ -85,3 +85,27 @@ def test_no_verb_lists_the_verbs():
     assert p.returncode == 2
     for verb in ("runs", "status", "logs", "cancel", "diff", "export", "resubmit"):
         assert verb in p.stderr
+
+
+def test_node_local_paths_given_with_tilde_or_relative(tmp_path):
+    """`~/scratch` is expanded before the run dir is compared with it (a run dir there is refused before sbatch);
+    a relative entry, which would never match an absolute path, is refused as the knob's own error; a run dir with
+    a space outside every node-local path is legal beside them."""
+    home = tmp_path / "home"
+    (home / "scratch").mkdir(parents=True)
+    env = {**os.environ, "HOME": str(home), "VRUN_STATE_DIR": str(tmp_path / "state")}
+    proc = runner("model=qwen3_5_35b", "cluster=slurm", "mode=preflight", "cluster.node_local_paths=['~/scratch']",
+                  f"hydra.sweep.dir={home}/scratch/run", env=env)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and lines and lines[0].startswith(f"error: hydra.sweep.dir={home}/scratch/run/"), \
+        proc.stderr
+    assert "under " + str(home / "scratch") in lines[0] and not (home / "scratch" / "run").exists()
+    for given in ("scratch", "./scratch", "'~nosuchuser4711/x'"):
+        proc = runner("model=qwen3_5_35b", "cluster=slurm", "mode=plan", f"cluster.node_local_paths=[{given}]",
+                      f"hydra.sweep.dir={tmp_path}/r", env=env)
+        assert proc.returncode == 2 and proc.stderr.startswith("error: cluster.node_local_paths[0]="), proc.stderr
+        assert "a relative path" in proc.stderr and not (tmp_path / "r").exists()
+    spaced = tmp_path / "shared dir" / "run"
+    proc = runner("model=qwen3_5_35b", "cluster=slurm", "mode=plan", "cluster.node_local_paths=['~/scratch']",
+                  f"hydra.sweep.dir='{spaced}'", env=env)
+    assert proc.returncode == 0 and list(spaced.rglob("plan.json")), proc.stderr[-2000:]

@@ -68,8 +68,8 @@ def test_the_log_is_read_from_where_it_stood(tmp_path):
 
 
 def test_stall_dirs_number_on(tmp_path):
-    assert next_stall_dir(str(tmp_path))[0] == 1
-    (tmp_path / "stalls" / "1").mkdir(parents=True)
+    n, d = next_stall_dir(str(tmp_path))
+    assert n == 1 and d.is_dir()  # made at once: a second stall never takes the same number
     (tmp_path / "stalls" / "nccl").mkdir()
     n, d = next_stall_dir(str(tmp_path))
     assert n == 2 and d == tmp_path / "stalls" / "2"

@@ -176,3 +176,43 @@ def test_parts_weigh_the_compositions():
     one = workers.chunks(list(range(64)), 4, key=lambda x: 0, setup=lambda k: 10.0)
     assert [len(p) for p in one] == [16, 16, 16, 16]
     assert workers.chunks([], 2, key=lambda x: x) == []
+
+
+def hangs_checking(x):
+    if os.getpid() != PARENT and x == 7:
+        signal.pause()  # a worker that never answers: no message, its pipe stays open
+    return first(x)
+
+
+def hangs_planning(kept, total):
+    if os.getpid() != PARENT:
+        os.kill(os.getpid(), signal.SIGSTOP)  # stopped: alive, silent, deaf to everything but SIGKILL
+    return second(kept, total)
+
+
+@pytest.mark.parametrize("phase", ["checking", "planning"])
+def test_a_worker_that_never_answers_is_stopped_and_its_part_planned_here(phase, capfd):
+    """Past its deadline a silent worker is killed, the runner says so in one line and plans its points itself:
+    the result is the same as without workers, and no worker is left."""
+    import time
+
+    parts = workers.chunks(list(range(10)), 3, key=lambda x: x)
+    f, s = (hangs_checking, second) if phase == "checking" else (first, hangs_planning)
+    t0 = time.monotonic()
+    summaries, shared, results = workers.two_phase(parts, f, decide, s, floor_s=2.0)
+    assert time.monotonic() - t0 < 60  # the deadline, not the worker, ended the wait
+    results = [r for part in results for r in part]
+    assert [s_["x"] for s_ in summaries] == list(range(10)) and shared == 45
+    assert [r[0] for r in results] == [x * 10 for x in range(10)] and {r[1] for r in results} == {45}
+    err = capfd.readouterr().err
+    said = [line for line in err.splitlines() if "no answer within" in line]
+    assert said and all(line.startswith("warning: sweep: planning worker ") and "planned by the runner itself" in line
+                        for line in said), err
+    with pytest.raises(ChildProcessError):  # every worker reaped: none left running or stopped
+        os.waitpid(-1, os.WNOHANG)
+
+
+def test_the_wait_scales_with_the_parents_own_pace():
+    assert workers.wait_until(100.0, 1.0, 10, 10, floor_s=5) == 100.0 + max(5, workers.WAIT_FACTOR * 1.0)
+    assert workers.wait_until(100.0, 0.0, 10, 10) == 100.0 + workers.WAIT_FLOOR_S
+    assert workers.wait_until(0.0, 60.0, 1, 4) == workers.WAIT_FACTOR * 60 * 4

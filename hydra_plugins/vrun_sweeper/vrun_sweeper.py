@@ -11,6 +11,7 @@ Where a point lands: a run (one point, no sweep syntax, hydra.run.dir given or n
 points in hydra.sweep.dir/<hydra.sweep.subdir>.
 """
 
+import dataclasses
 import os
 import pickle
 from dataclasses import dataclass
@@ -80,6 +81,43 @@ def _element_text(parser: OverridesParser, key: str, text: str, value: Any) -> s
     return candidates[0]
 
 
+def launcher_key_problems(config: DictConfig) -> list:
+    """hydra.launcher keys the chosen launcher's config lacks (`+hydra.launcher.partiton=debug`: Hydra's `+` adds
+    them, and submitit's launcher would ignore them): one line each naming the nearest key it has. The keys a
+    launcher has are its stored config's (hydra/launcher=<choice> in Hydra's ConfigStore); the project's own
+    launchers have none, and a submitit key typed for them points at the cluster group that reads it."""
+    import difflib
+
+    from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
+
+    choice = (OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}).get("hydra/launcher")
+    given = OmegaConf.select(config, "hydra.launcher", default=None)
+    if choice is None or not isinstance(given, DictConfig):
+        return []
+    try:
+        stored = ConfigStore.instance().load(f"hydra/launcher/{choice}.yaml").node
+    except Exception:  # noqa: BLE001 - a launcher this project does not know: Hydra itself says what it lacks
+        return []
+    known = [k for k in stored.keys() if not str(k).startswith("_")]
+    submitit = [f.name for f in dataclasses.fields(SlurmQueueConf) if not f.name.startswith("_")]
+    raw = OmegaConf.to_container(given, resolve=False)
+    cluster = (OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}).get("cluster")
+    out = []
+    for k in [k for k in raw if not str(k).startswith("_") and k not in known]:
+        key, v = f"hydra.launcher.{k}", raw[k]
+        shown = check_paths.short(v)
+        near = difflib.get_close_matches(str(k), known, n=1, cutoff=0.5)
+        if near:
+            fix = f"hydra.launcher.{near[0]}={shown}"
+        else:
+            elsewhere = difflib.get_close_matches(str(k), submitit, n=1, cutoff=0.5)
+            fix = (f"drop +{key}; with cluster=slurm: hydra.launcher.{elsewhere[0]}={shown}" if elsewhere else
+                   f"drop +{key} (sbatch options: +cluster.additional_parameters.<option> with cluster=slurm)")
+        what = f"the {choice} launcher (cluster={cluster})" if not known else f"the {choice} launcher"
+        out.append(Problem(key, shown, f"no such key in {what}: nothing would read it", fix))
+    return out
+
+
 class PlanningSweeper(Sweeper):
     def __init__(self) -> None:
         self.config: Optional[DictConfig] = None
@@ -90,6 +128,11 @@ class PlanningSweeper(Sweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context = config, hydra_context
+        unknown = launcher_key_problems(config)
+        if unknown:  # before the launcher is built from them (the project's launchers take no keys at all)
+            from vrun.config import cli_errors
+
+            cli_errors.emit([p.line() for p in unknown])
         self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
                                                                 task_function=task_function, config=config)
 
@@ -207,6 +250,8 @@ class PlanningSweeper(Sweeper):
                 problems, taken = self.launcher.point_problems(cfg, launcher, self._hydra_overrides, str(sweep_dir),
                                                                run_dir, key if self._single else "hydra.sweep.dir")
                 del cfg["hydra"]
+            problems += check_composed.bool_word_problems([(o.key_or_group, o.value()) for o in self._parsed(
+                tuple(overrides)) if not self._is_group(o) and not o.is_sweep_override() and not o.is_delete()])
             parts = check_composed.containers(cfg)
             problems += self.launcher.as_given(check_composed.config_problems(cfg, choices=point_choices,
                                                                               parts=parts), taken)

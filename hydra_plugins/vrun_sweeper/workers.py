@@ -15,11 +15,13 @@ platform's normal way); elsewhere, serial.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -29,6 +31,11 @@ if TYPE_CHECKING:  # imported where a sweep forks: a run never needs it
 ENV = "VRUN_PLAN_WORKERS"   # the number of processes a sweep plans on (1: no fork); default: the usable CPUs, ≤ 8
 MAX_WORKERS = 8
 MIN_POINTS = 8              # points per worker below which a fork costs more than it saves
+# how long the parent waits for a worker's answer in each phase, counted from the phase's start: WAIT_FACTOR times
+# what its own part took per point, for the worker's points (workers share the CPUs: on 2 cores four processes
+# each run at half speed), and never less than WAIT_FLOOR_S. A worker past it is killed and its part planned here.
+WAIT_FACTOR = 10.0
+WAIT_FLOOR_S = 120.0
 
 
 def usable_cpus() -> int:
@@ -89,14 +96,33 @@ class _Worker:
     """A forked worker as the parent sees it: its pid, the parent's end of its pipe, its part, whether reaped."""
 
     def __init__(self, pid: int, conn: "Connection", part: list):
-        self.pid, self.conn, self.part, self.reaped = pid, conn, part, False
+        self.pid, self.conn, self.part, self.reaped, self.overdue = pid, conn, part, False, 0.0
 
-    def receive(self):
-        """Its message body, or None (with one warning line) when it died or failed."""
+    def _kill_overdue(self, waited: float) -> None:
+        self.overdue = waited
+        try:
+            os.kill(self.pid, signal.SIGKILL)  # its end of the pipe closes: the parent's recv ends with EOF
+        except ProcessLookupError:
+            pass
+
+    def receive(self, deadline: float = math.inf, started: float = 0.0):
+        """Its message body, or None (with one warning line) when it died, failed, or sent nothing whole by
+        `deadline` (time.monotonic()): then it is killed, which ends a wait on a message sent half-way too."""
+        timer = None
+        if math.isfinite(deadline):
+            timer = threading.Timer(max(deadline - time.monotonic(), 0.0), self._kill_overdue,
+                                    (deadline - started,))
+            timer.daemon = True
+            timer.start()
         try:
             kind, body = self.conn.recv()
         except Exception as e:  # noqa: BLE001 - EOF (it died), or a message that does not load back
             kind, body = "failed", f"{type(e).__name__}: {e}"
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if self.overdue and kind != "ok":  # (an answer that came as the timer fired is kept: it is whole)
+            kind, body = "failed", f"no answer within {self.overdue:.0f} s: stopped"
         if kind == "ok":
             return body
         from vrun.core.writer import mask
@@ -191,10 +217,18 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def wait_until(started: float, own_s: float, own_points: int, points: int, floor_s: float = WAIT_FLOOR_S) -> float:
+    """The time.monotonic() by which a worker with `points` points must answer in a phase that began at `started`,
+    in which the parent's own `own_points` took `own_s`."""
+    per_point = own_s / max(own_points, 1)
+    return started + max(floor_s, WAIT_FACTOR * per_point * max(points, 1))
+
+
 def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide: Callable[[list], Any],
-              second: Callable[[list, Any], Any]) -> tuple[list, Any, list]:
+              second: Callable[[list, Any], Any], floor_s: float = WAIT_FLOOR_S) -> tuple[list, Any, list]:
     """first(item) → (summary, kept); decide(every summary, in order) → shared; second(a part's kept, shared) →
-    that part's result. parts[0] runs here, every other part in a forked worker. Returns (summaries, shared, one
+    that part's result. parts[0] runs here, every other part in a forked worker, which answers each phase by
+    wait_until (floor_s: its least wait) or is killed and its part done here. Returns (summaries, shared, one
     result per part, in order)."""
     from multiprocessing.connection import Pipe
 
@@ -204,6 +238,7 @@ def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide
     sys.stdout.flush()
     sys.stderr.flush()
     try:
+        started = time.monotonic()
         for part in parts[1:]:
             here, there = Pipe()
             pid = os.fork()
@@ -217,10 +252,11 @@ def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide
             workers.append(_Worker(pid, here, part))
             _live.append(workers[-1])
         kept = [first(item) for item in parts[0]]
+        own_s = time.monotonic() - started
         summaries = [[s for s, _ in kept]]
         taken_back: dict = {}  # a worker's part the parent took back: its phase-one results
         for i, w in enumerate(workers):
-            got = w.receive()
+            got = w.receive(wait_until(started, own_s, len(parts[0]), len(w.part), floor_s), started)
             if got is None:  # the worker died or failed: this part is the parent's
                 w.end(kill=True)
                 taken_back[i] = [first(item) for item in w.part]
@@ -229,15 +265,17 @@ def two_phase(parts: list[list], first: Callable[[Any], tuple[Any, Any]], decide
                 summaries.append(got)
         flat = [s for part in summaries for s in part]
         shared = decide(flat)
+        started = time.monotonic()
         for i, w in enumerate(workers):
             if i not in taken_back:
                 w.send(("go", shared))
         results = [second([k for _, k in kept], shared)]
+        own_s = time.monotonic() - started
         for i, w in enumerate(workers):
             if i in taken_back:
                 results.append(second([k for _, k in taken_back[i]], shared))
                 continue
-            got = w.receive()
+            got = w.receive(wait_until(started, own_s, len(parts[0]), len(w.part), floor_s), started)
             w.end(kill=got is None)
             if got is None:  # it died planning: the parent does both phases of its part again
                 redo = [first(item) for item in w.part]

@@ -42,8 +42,9 @@ published phase is compared with (TIMERS): "Generation" (the `generation` timer:
 ↔ rollout; "Get logprobs" (`policy_and_reference_logprobs`: the policy's and the reference's passes) ↔ log_prob;
 "Policy training" (`policy_training`) ↔ train; "Refit" (`prepare_for_generation`: refit_policy_generation —
 offload_before_refit and offload_after_refit move the optimizer states and the parameters to the host, vLLM wakes
-its weights and KV cache, the weights pass over CUDA IPC) ↔ sync + the offload's way to the host. Reloading them
-(`logprob_inference_prep`, `training_prep`) is in no published phase, only in the total.
+its weights and KV cache, the weights pass over CUDA IPC) ↔ sync, whose refit_host "state" holds those copies to the
+host (steptime.REFIT_HOST). Reloading them (`logprob_inference_prep`, `training_prep`: the offload phase) is in no
+published phase, only in the total.
 
 3. verl's own DeepSeek-V3 page (VERL_DPSK): its end-to-end step time and its rollout time.
 
@@ -80,6 +81,11 @@ end), and the host-bound costs (refit, offload) 1.5× slower on a second cluster
   qwen3_32b_32xh100            4       393 s  1.37×   1.48×  1.48×  1.68×  1.61×   0.93×   0.94× (368 s)
   verl_deepseek_v3_96xh20     32      1700 s  0.45×   0.53×  0.54×  0.54×  0.70×   0.76×   0.99× (1687 s)
 The middle of each case per phase, and its band, are in README's step-time table (tests/test_steptime.py table()).
+The refit as its own phase (the plan's sync, which a run's weight-sync phase is bounded by): before the refit held
+the training state it sends to the host, NeMo RL v0.3's refits read as the sync phase alone were 0.24× (Llama-3.1-8B,
+1.2 s of 5 s), 0.33× (Llama-3.1-70B, 4.7 s of 14 s), 0.33× (Qwen3-32B) and 0.59× (Qwen3-30B-A3B); with it (the
+optimizer states and weights to the host, steptime.REFIT_HOST "state") 0.81×, 0.54×, 0.54× and 0.71×, the same
+figures the phase mapping gave before it, the totals unchanged.
 Tried for the rollout's middle and not kept: counting the sequences a replica decodes at once at their mean KV
 occupancy (vLLM's paged cache admits that many) rather than at the longest sequence — verl's DeepSeek-V3 rollout came
 to 385 s (0.37×) against its 1,050 s; it is the band's optimistic end instead.
@@ -126,8 +132,7 @@ V03_RECIPES = {"repo": "NVIDIA-NeMo/RL", "path": "examples/configs", "tag": "v0.
 # which estimate phases each framework's published phase holds: a phase name, or (phase, part) for one cost inside a
 # phase (module docstring: NeMo RL's timers at v0.3.0/v0.4.0)
 TIMERS = {
-    "nemo_rl": {"rollout": ("rollout",), "log_prob": ("log_prob",), "train": ("train",),
-                "sync": ("sync", ("offload", "to_host"))},
+    "nemo_rl": {"rollout": ("rollout",), "log_prob": ("log_prob",), "train": ("train",), "sync": ("sync",)},
     "verl": {"rollout": ("rollout",), "log_prob": ("log_prob",), "train": ("train",), "sync": ("sync",)},
 }
 
@@ -156,6 +161,7 @@ class Case:
     optimizer_on_gpu: bool = True                # the optimizer lives on the GPU, moved to the host around the rollout
     engine_sleep_level: int = 1
     grad_reduce_bytes: float = 2.0               # bf16 gradient reduction (grad_reduce_in_fp32: false)
+    refit_host: str = "state"                    # the refit sends the optimizer states and weights to the host
 
 
 # verl's own published DeepSeek-V3 run: docs/perf/dpsk.md ("Benchmark": 96 GPUs, mean response length 1960,
@@ -187,7 +193,8 @@ CASES = {
     "verl_deepseek_v3_96xh20": Case(DEEPSEEK_V3, 96, 2048 + 8192, None, 96 * 8, 32 * 8, 32, (8, 1, 8, 12), 1700.0,
                                     source=VERL_DPSK, part="H20", mean_response=1960, max_prompt=2048,
                                     recompute=True, reference=True, phases={"rollout": 1050.0}, timers="verl",
-                                    optimizer_on_gpu=False, engine_sleep_level=2, grad_reduce_bytes=4.0),
+                                    optimizer_on_gpu=False, engine_sleep_level=2, grad_reduce_bytes=4.0,
+                                    refit_host="weights"),
     # NeMo RL v0.3 release post (NEMO_RL_V03, V03_RECIPES): totals and four phases each; the max sequence 4096, the
     # average one the prompt (PROMPT_MEAN) + the post's generated tokens per sample
     "v03_llama3_1_8b_8xh100": Case(LLAMA3_1_8B, 8, 4096, PROMPT_MEAN + 795, 2048, 512, 1, (1, 1, 1, 1), 112.0,

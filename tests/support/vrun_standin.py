@@ -20,6 +20,8 @@ diagnosis and a restart see of verl, with real parts behind it. Used as `run.tas
   find_latest_ckpt_path decide the checkpoint; verl's lines are printed; the first step is the one after it.
 - With "wandb" in trainer.logger, the run id verl's Tracking got is appended to <run dir>/standin_tracker.jsonl.
 - <run dir>/standin_ranks.json: rank → {host, ip, pid}, once every rank is up.
+- <run dir>/standin_env.json: the deadline verl's should_save_ckpt_esi reads in this task runner
+  (MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP, null when unset), written at its start.
 
 Cues, from <run dir>/standin.json (read at start; the run dir is default_local_dir's parent):
   {"steps": 1000, "step_s": 1.0, "save_freq": 5,
@@ -208,6 +210,8 @@ class StandinTaskRunner:
         root = Path(t.default_local_dir)
         run_dir = root.parent
         cues = _cues(run_dir)
+        (run_dir / "standin_env.json").write_text(json.dumps(
+            {"esi": os.environ.get("MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"), "t": time.time()}))
         steps, step_s = int(cues.get("steps", 5)), float(cues.get("step_s", 1.0))
         save_freq = int(cues.get("save_freq", t.save_freq if t.save_freq is not None else -1))
         kill = cues.get("kill_mid_save") or {}

@@ -74,6 +74,68 @@ def unknown_keys(raw: dict) -> list:
     return out
 
 
+def schema_type(key: str):
+    """The schema's type of a dotted run-config key (Optional[...] unwrapped), or None: not a typed key (an open
+    map's entry, a key the schema lacks)."""
+    from vrun.config.schema import RunConfig
+
+    cls: Any = RunConfig
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return None
+        hint = _hints(cls).get(part)
+        if hint is None:
+            return None
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        cls = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+    return cls
+
+
+def bool_word_problems(given: list) -> list:
+    """Booleans of the project's own knobs typed as another word (`run.resume=no`, `cluster.yes='on'`,
+    `cluster.detach=1`): OmegaConf turns yes/no/on/off/y/n/1/0 into a boolean silently, where verl's keys given
+    so are refused (vrun.checks.values.type_problems): one spelling, true or false, for both. given: (key, value
+    as Hydra parsed it) of each value override typed."""
+    out = []
+    for key, v in given:
+        if isinstance(v, bool) or v is None or schema_type(str(key).lstrip("+~")) is not bool:
+            continue
+        if isinstance(v, str) and (v.strip().lower() in ("true", "false") or "${" in v):
+            continue  # an interpolation: what it resolves to is the schema's to convert
+        word = str(v).strip().lower()
+        meant = "true" if word in ("yes", "on", "y", "1") else "false" if word in ("no", "off", "n", "0") else None
+        k = str(key).lstrip("+~")
+        out.append(Problem(k, short(v), "a boolean knob given as a word: OmegaConf would read it as a boolean "
+                           "where verl's own keys refuse the same word; one spelling for both",
+                           f"{k}={meant} (unquoted)" if meant else f"{k}=true or {k}=false"))
+    return out
+
+
+# the maps whose keys become environment variables of the run's processes (exported on a SLURM node, set by Ray)
+ENV_GROUPS = ("env", "model.env")
+
+
+def env_name_problems(raw: dict) -> list:
+    """Keys of the env maps that no shell can export (`+env.A-B=1`, `+env.$X=1`): a variable's name is letters,
+    digits and _, not starting with a digit (POSIX's rule, vrun.checks.secret.IDENT)."""
+    import re
+
+    from vrun.core.dotted import get
+
+    out = []
+    for group in ENV_GROUPS:
+        m = get(raw, group, None)
+        for k, v in (m.items() if isinstance(m, dict) else ()):
+            if check_secrets.IDENT.fullmatch(str(k)):
+                continue
+            name = re.sub(r"[^A-Za-z0-9_]+", "_", str(k)).strip("_") or "MY_VAR"
+            name = f"_{name}" if name[0].isdigit() else name
+            out.append(Problem(f"{group}.{short(k)}", short(v), "not a variable name a shell can export (letters, "
+                               "digits and _, not starting with a digit): the run's processes could not be given it",
+                               f"+{group}.{name}=..."))
+    return out
+
+
 def config_problems(cfg: Any, environ: Optional[dict] = None, choices: Optional[dict] = None,
                     parts: Optional[tuple] = None) -> list:
     """Every problem of the composed run config found before the plan: one per key. parts: containers(cfg), when
@@ -90,6 +152,7 @@ def config_problems(cfg: Any, environ: Optional[dict] = None, choices: Optional[
                 problems.append(p)
 
     add(unknown_keys(raw))
+    add(env_name_problems(raw))
     add(check_secrets.check(raw, resolved, environ))
     for key, v in leaves(raw):
         if CONTROL.search(key):

@@ -58,10 +58,11 @@ def _types(v: Any, b: Any, path: str, out: list) -> None:
         word = v.strip().lower()
         meant = "true" if word in ("true", "yes", "on", "1", "y") else "false" if word in (
             "false", "no", "off", "0", "n", "") else None
-        out.append(Problem(key, _short(v), "a boolean given as a string: verl's config classes and the plan would "
-                           "read it differently", f"{key}={meant}" if meant else f"{key}=true or {key}=false"))
+        # the value shown quoted, as the string it is: `key='true'` with its fix `key=true` unquoted
+        out.append(Problem(key, _short(repr(v)), "a boolean given as a string: verl's config classes and the plan "
+                           "would read it differently", f"{key}={meant}" if meant else f"{key}=true or {key}=false"))
     elif isinstance(b, (int, float)) and not isinstance(b, bool) and isinstance(v, str) and not v.startswith("${"):
-        out.append(Problem(key, _short(v), f"a number given as a string (verl's default is {b!r})",
+        out.append(Problem(key, _short(repr(v)), f"a number given as a string (verl's default is {b!r})",
                            f"{key}=<a number, unquoted>"))
     elif isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 and \
             isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0 and not path.endswith("seed"):
@@ -73,9 +74,82 @@ def _types(v: Any, b: Any, path: str, out: list) -> None:
 NON_NEGATIVE_INT = ("trainer.total_epochs", "trainer.save_freq", "trainer.test_freq")
 # read by both entrypoints when set (null: verl counts the steps from the data and epochs)
 POSITIVE_INT = ("trainer.total_training_steps",)
-RAY_ADDRESS = re.compile(r"^(local|auto|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$")
-# cluster=ray: the dashboard the Job Submission API answers on
-RAY_DASHBOARD = re.compile(r"^(auto|(https?://)?([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5})/?$")
+# host:port as Ray and its dashboard take it: a host name (letters, digits, . _ -, not starting with -) or an IP
+# address, IPv6 in brackets ([::1], [fe80::1%eth0]); the port is checked apart (1..65535)
+HOST_PORT = re.compile(r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[^\]/\s]+\]|[A-Za-z0-9_][A-Za-z0-9._-]*)"
+                       r":(?P<port>[0-9]{1,5})(?P<slash>/?)$")
+# the ports a Ray head listens on by default (ray start --head): its GCS, its Ray client server, its dashboard
+RAY_GCS_PORT, RAY_CLIENT_PORT, RAY_DASHBOARD_PORT = 6379, 10001, 8265
+MAX_PORT = 65535
+# RAY_AUTH_MODE's values (Ray 2.60: ray._private.authentication, AuthenticationMode)
+RAY_AUTH_MODES = ("disabled", "token")
+# a Linux interface name: IFNAMSIZ 16 with its NUL, no / or space; never an option to `ip`
+IFACE = re.compile(r"[A-Za-z0-9_.:@][A-Za-z0-9_.:@-]{0,14}")
+
+
+def host_port(text, schemes: tuple) -> tuple[Optional[tuple], str]:
+    """((scheme, host, port), "") for `[scheme://]host:port` with a scheme among `schemes` ("" for none), or
+    (None, why not): a host that is neither a name nor an IP address, a port outside 1..65535."""
+    import ipaddress
+
+    m = HOST_PORT.match(text) if isinstance(text, str) else None
+    if m is None:
+        return None, "not [scheme://]host:port"
+    scheme, host, port = (m.group("scheme") or "").lower(), m.group("host"), int(m.group("port"))
+    if scheme not in schemes:
+        return None, f"the scheme {scheme or '(none)'} is not one of {', '.join(s or '(none)' for s in schemes)}"
+    if m.group("slash") and scheme not in ("http", "https"):
+        return None, "a trailing / after the port"
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return None, f"{host} is not an IPv6 address"
+    if not 1 <= port <= MAX_PORT:
+        return None, f"port {port} is not a TCP port (1..{MAX_PORT})"
+    return (scheme, host, port), ""
+
+
+def port_problems(key: str, v) -> list[Problem]:
+    """A TCP port: an integer in 1..65535 (0 asks the OS for any port: nothing could be told where to reach it)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_PORT:
+        return [Problem(key, v, f"not a TCP port (an integer in 1..{MAX_PORT})", f"{key}=29500")]
+    return []
+
+
+def address_problems(c, slurm: bool, sft: bool) -> list[Problem]:
+    """cluster.ray.address as the cluster's reader takes it: cluster=ray the dashboard ([http[s]://]host:port or
+    auto); elsewhere ray.init's address (local, auto or [ray://]host:port). A port Ray uses by default for
+    something else is a warning: the GCS's (6379) or the client's (10001) given as the dashboard, the dashboard's
+    (8265) given to ray.init."""
+    key, a = "cluster.ray.address", c.ray.address
+    if str(c.name) == "ray":
+        parsed, why = (None, "") if a == "auto" else host_port(a, ("", "http", "https"))
+        if a != "auto" and parsed is None:
+            return [Problem(key, _short(a), f"cluster=ray submits to a running cluster's dashboard ('auto': "
+                            f"RAY_ADDRESS): {why}", "cluster.ray.address=http://<head>:8265 (or auto with RAY_ADDRESS "
+                            "set)")]
+        if parsed is not None and parsed[2] in (RAY_GCS_PORT, RAY_CLIENT_PORT):
+            return [Problem(key, _short(a), f"port {parsed[2]} is where a Ray head's "
+                            f"{'GCS' if parsed[2] == RAY_GCS_PORT else 'client server'} listens by default; its Job "
+                            f"Submission API is the dashboard's, {RAY_DASHBOARD_PORT} by default",
+                            f"cluster.ray.address=http://{parsed[1]}:{RAY_DASHBOARD_PORT}", warning=True)]
+        return []
+    if a in ("local", "auto"):
+        if slurm and a == "local" and not sft:  # SFT: warned as unread
+            return [Problem(key, "local", "cluster=slurm brings up one Ray cluster over the job's nodes; 'local' "
+                            "would start a separate one-node instance on the head",
+                            "cluster.ray.address=auto (the default for cluster=slurm)")]
+        return []
+    parsed, why = host_port(a, ("", "ray"))
+    if parsed is None:
+        return [Problem(key, _short(a), f"Ray joins 'local' (a fresh instance), 'auto' (the running one) or "
+                        f"host:port: {why}", "cluster.ray.address=local|auto|<host>:<port>")]
+    if parsed[2] == RAY_DASHBOARD_PORT and parsed[0] != "ray":
+        return [Problem(key, _short(a), f"port {RAY_DASHBOARD_PORT} is a Ray head's dashboard by default; ray.init "
+                        f"joins its GCS ({RAY_GCS_PORT} by default)", f"cluster.ray.address={parsed[1]}:{RAY_GCS_PORT}",
+                        warning=True)]
+    return []
 
 
 def range_problems(verl: dict, entrypoint) -> list[Problem]:
@@ -121,39 +195,59 @@ def length_problems(verl: dict, linked: dict) -> list[Problem]:
     return out
 
 
+# the longest time limit taken: a year. SLURM keeps a limit as 32-bit minutes, Kubernetes activeDeadlineSeconds as
+# 64-bit seconds, and the deadline a node gives verl is read only up to year 2200 (vrun.launch.deadline): each would
+# take more, but a limit past a year is a typo whose GPU-hours and cost lines are meaningless
+MAX_TIME_MIN = 365 * 24 * 60
+# the largest count any reader of the integer knobs takes (sbatch's and Ray's are 32-bit signed)
+MAX_INT = 2 ** 31 - 1
+RANGE_WHY = {"cluster.time_min": " (minutes: at most a year)"}
+
+
+def INT_KNOBS(c) -> tuple:
+    """(key, value, lowest, highest) of each integer knob of the cluster group."""
+    return (("cluster.time_min", c.time_min, 1, MAX_TIME_MIN),
+            ("cluster.ray.join_timeout_s", c.ray.join_timeout_s, 1, MAX_INT),
+            ("cluster.max_requeues", c.max_requeues, 0, MAX_INT),
+            ("cluster.cpus_per_task", c.cpus_per_task, 1, MAX_INT), ("cluster.mem_gb", c.mem_gb, 1, MAX_INT),
+            ("cluster.ray.num_cpus", c.ray.num_cpus, 0, MAX_INT), ("cluster.ray.num_gpus", c.ray.num_gpus, 1, MAX_INT),
+            ("cluster.signal_delay_s", c.signal_delay_s, 1, MAX_INT))
+
+
 def run_problems(config) -> list[Problem]:
     """The run config's own ranges and conflicts (config: vrun.config.schema.RunConfig)."""
     c = config.cluster
     out = []
     slurm = str(c.name) == "slurm"
-    if str(c.name) == "ray":
-        if not isinstance(c.ray.address, str) or not RAY_DASHBOARD.match(c.ray.address):
-            out.append(Problem("cluster.ray.address", _short(c.ray.address), "cluster=ray submits to a running "
-                               "cluster's dashboard ('auto': RAY_ADDRESS)",
-                               "cluster.ray.address=http://<head>:8265 (or auto with RAY_ADDRESS set)"))
-        t = c.ray.dashboard_timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 600:
-            out.append(Problem("cluster.ray.dashboard_timeout_s", t, "must be seconds in (0, 600]: a lost dashboard "
-                               "is reported after it", "cluster.ray.dashboard_timeout_s=15"))
-    elif not isinstance(c.ray.address, str) or not RAY_ADDRESS.match(c.ray.address):
-        out.append(Problem("cluster.ray.address", _short(c.ray.address), "Ray joins 'local' (a fresh instance), "
-                           "'auto' (the running one) or host:port", "cluster.ray.address=local|auto|<host>:<port>"))
-    elif slurm and c.ray.address == "local" and str(config.algo.entrypoint) != "sft":  # SFT: warned as unread
-        out.append(Problem("cluster.ray.address", "local", "cluster=slurm brings up one Ray cluster over the job's "
-                           "nodes; 'local' would start a separate one-node instance on the head",
-                           "cluster.ray.address=auto (the default for cluster=slurm)"))
-    for key, v, low in (("cluster.time_min", c.time_min, 1), ("cluster.ray.join_timeout_s", c.ray.join_timeout_s, 1),
-                        ("cluster.max_requeues", c.max_requeues, 0), ("cluster.master_port", c.master_port, 1),
-                        ("cluster.cpus_per_task", c.cpus_per_task, 1), ("cluster.mem_gb", c.mem_gb, 1),
-                        ("cluster.ray.num_cpus", c.ray.num_cpus, 0), ("cluster.ray.num_gpus", c.ray.num_gpus, 1),
-                        ("cluster.signal_delay_s", c.signal_delay_s, 1)):
+    t = c.ray.dashboard_timeout_s
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 600:
+        out.append(Problem("cluster.ray.dashboard_timeout_s", t, "must be seconds in (0, 600]: a lost dashboard "
+                           "is reported after it", "cluster.ray.dashboard_timeout_s=15"))
+    out += address_problems(c, slurm, str(config.algo.entrypoint) == "sft")
+    if not isinstance(c.ray.auth_mode, str) or c.ray.auth_mode.lower() not in RAY_AUTH_MODES:
+        out.append(Problem("cluster.ray.auth_mode", _short(c.ray.auth_mode), f"RAY_AUTH_MODE is one of "
+                           f"{', '.join(RAY_AUTH_MODES)} (Ray 2.60's AuthenticationMode); Ray reads anything else as "
+                           "neither", "cluster.ray.auth_mode=disabled (or token, with the token on every node)"))
+    iface = c.ray.interface
+    if iface is not None and not (isinstance(iface, str) and IFACE.fullmatch(iface)):
+        out.append(Problem("cluster.ray.interface", _short(iface), "a network interface name (at most 15 "
+                           "characters: letters, digits and . _ : @ -, not starting with -), as `ip addr show dev` "
+                           "on each node takes it", "cluster.ray.interface=ib0 (ip -o link lists a node's), or null "
+                           "(the hostname's address)"))
+    for key, v, low, high in INT_KNOBS(c):
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
             why = "0 means no time limit to sbatch (and no GPU-hours to confirm)" if key == "cluster.time_min" and \
                 v == 0 else ("Ray would offer verl's workers no GPU (null: the mesh's gpus_per_node)"
-                             if key == "cluster.ray.num_gpus" and v == 0 else f"must be an integer ≥ {low}")
-            out.append(Problem(key, v, why, f"{key}=<integer ≥ {low}>"))
+                             if key == "cluster.ray.num_gpus" and v == 0 else f"must be an integer in "
+                             f"[{low}, {high:,}]{RANGE_WHY.get(key, '')}")
+            out.append(Problem(key, v, why, f"{key}=<integer in [{low}, {high:,}]>"))
+    if all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (c.time_min, c.ray.join_timeout_s)) \
+            and slurm and c.ray.join_timeout_s >= c.time_min * 60:
+        out.append(Problem("cluster.ray.join_timeout_s", c.ray.join_timeout_s, f"the head would wait for the nodes "
+                           f"past the job's own {c.time_min}-minute time limit (the job ends first, saying nothing)",
+                           f"cluster.ray.join_timeout_s=<under {c.time_min * 60}> (300 by default)"))
     if all(isinstance(x, int) and x > 0 for x in (c.time_min, c.signal_delay_s)) and c.signal_delay_s >= c.time_min * 60:
         out.append(Problem("cluster.signal_delay_s", c.signal_delay_s, f"the requeue signal would come at the start "
                            f"of a {c.time_min}-minute job (every attempt requeues at once)",
@@ -165,9 +259,9 @@ def run_problems(config) -> list[Problem]:
                            f"before the end of a {c.time_min}-minute job as a preemption, not the time limit: every "
                            "time limit would requeue the job without counting against cluster.max_requeues, "
                            "for ever", f"cluster.signal_delay_s={min(most, 120)}"))
-    out += watch_problems(config.run, slurm)
-    if not 0 < c.master_port < 65536:
-        out.append(Problem("cluster.master_port", c.master_port, "not a TCP port", "cluster.master_port=29500"))
+    out += watch_problems(config.run, slurm or str(c.name) == "ray", str(c.name))
+    out += port_problems("cluster.master_port", c.master_port)
+    out += node_local_problems(c.node_local_paths)
     if c.confirm_gpu_hours is not None and not c.confirm_gpu_hours > 0:
         out.append(Problem("cluster.confirm_gpu_hours", c.confirm_gpu_hours, "must be positive",
                            "cluster.confirm_gpu_hours=1000"))
@@ -181,12 +275,76 @@ def run_problems(config) -> list[Problem]:
         # another entrypoint's block typed on the command line: Entrypoint.typed_problems (the group files fill
         # both blocks for every algorithm, so only what was typed is a setting)
     out += entrypoints.of(config).run_problems(config)
+    from vrun.checks import unread
+
+    said = {p.key for p in out}
+    out += [p for p in unread.problems(config) if p.key not in said]
     return out
 
 
-def watch_problems(run, slurm: bool) -> list[Problem]:
+def node_local_problems(paths) -> list[Problem]:
+    """cluster.node_local_paths: absolute paths (`~` and `~user` expanded here, as the check before sbatch expands
+    them); a relative one would be compared with the run dir's absolute path and never match, letting a run dir on
+    node-local storage through."""
+    import os
+
+    out = []
+    for i, p in enumerate(paths or []):
+        key = f"cluster.node_local_paths[{i}]"
+        if not isinstance(p, str) or not p.strip():
+            out.append(Problem(key, _short(p), "an empty entry: a path private to each node is needed",
+                               f"drop {key}"))
+        elif not os.path.isabs(os.path.expanduser(p.strip())):
+            out.append(Problem(key, _short(p), "a relative path (or a `~user` that does not exist): the run dir "
+                               "and the other paths are compared as absolute ones, so it would never match",
+                               f"{key}=/{p.strip().lstrip('~/.') or 'scratch'} (an absolute path; ~/ is expanded)"))
+    return out
+
+
+ESI_KEY = "verl.trainer.esi_redundant_time"
+
+
+def esi_problems(r, time_min, signal_delay_s, band: Optional[tuple], save_s: float, needed: int) -> list[Problem]:
+    """trainer.esi_redundant_time (r) against what verl does with it (vrun.estimate.timelimit): after every step
+    verl saves when the deadline is within its 60 s + the longest step so far + r, and keeps saving at every step
+    after. So r < -60 makes that window shorter than a step (the deadline can fall between two checks: no save at
+    all), and a window as long as the usable time limit makes every step from the second save; r under `needed`
+    (the plan's: this save's seconds beyond verl's 60, vrun.estimate.timelimit.redundant_time) lets a save begin
+    too late to finish, and one more step at the band's high end than needed makes the last steps each save.
+    band: the plan's step time (low, high) in seconds, None without an estimate."""
+    from vrun.estimate.timelimit import SIGNAL_EARLY_S, VERL_SAVE_S
+
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
+        return []  # a type verl reads differently: type_problems says it
+    fix = f"{ESI_KEY}={needed} (what this plan's save needs), or leave it unset (the plan sets it)"
+    if r < -VERL_SAVE_S:
+        return [Problem(ESI_KEY, r, f"verl saves once the deadline is within {VERL_SAVE_S:g} s + the longest step "
+                        f"+ this; under -{VERL_SAVE_S:g} that window is shorter than a step, so the deadline can fall "
+                        "between two of its checks and nothing is saved", fix)]
+    usable = None
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (time_min, signal_delay_s)):
+        usable = time_min * 60.0 - float(signal_delay_s) - SIGNAL_EARLY_S
+    if usable is not None and VERL_SAVE_S + r >= usable:
+        return [Problem(ESI_KEY, r, f"verl's pre-deadline window ({VERL_SAVE_S:g} s + the longest step + this) "
+                        f"holds the whole {time_min:g}-minute job ({usable:,.0f} s before the signal): every step "
+                        "from the second would save a checkpoint", fix)]
+    if r < needed:
+        return [Problem(ESI_KEY, r, f"a save verl begins inside its window may not finish before the deadline: this "
+                        f"plan's save takes about {save_s:,.0f} s, {needed} s beyond the {VERL_SAVE_S:g} verl counts",
+                        fix, warning=True)]
+    if band and band[0] and band[0] > 0 and r > needed + band[1]:
+        saves = math.ceil((VERL_SAVE_S + band[1] + r) / (band[0] + max(save_s, 0.0)))
+        return [Problem(ESI_KEY, r, f"verl's window ({VERL_SAVE_S:g} s + the longest step + this) holds up to "
+                        f"{saves} steps with their saves at the plan's {band[0]:,.0f}-{band[1]:,.0f} s a step and "
+                        f"{save_s:,.0f} s a save: each of them saves, about {saves * save_s:,.0f} s of saves where "
+                        "one is needed", fix, warning=True)]
+    return []
+
+
+def watch_problems(run, slurm: bool, cluster: str = "") -> list[Problem]:
     """run.stall_after_s and run.stall_grace_s: finite seconds (a stall bound of 0 would cancel every job at once);
-    a requeue on a stall needs a cluster to submit to."""
+    a requeue on a stall needs a cluster to submit to (slurm: SLURM's, or a standing Ray cluster's; a KubeRay pod
+    cannot apply a RayJob: there it acts as cancel)."""
     import math
 
     out = []
@@ -197,8 +355,11 @@ def watch_problems(run, slurm: bool) -> list[Problem]:
             out.append(Problem(key, v, f"must be seconds between {low:g} and 10,000,000",
                                f"{key}=<seconds>, or leave it unset (derived from the plan's step time)"))
     if str(run.on_stall) == "requeue" and not slurm:
-        out.append(Problem("run.on_stall", "requeue", "a run on this machine has no cluster to submit it to again: "
-                           "a stall cancels it instead", "run.on_stall=cancel, or cluster=slurm", warning=True))
+        why = ("a KubeRay pod cannot apply a RayJob" if cluster == "kuberay" else
+               "a run on this machine has no cluster to submit it to again")
+        out.append(Problem("run.on_stall", "requeue", f"{why}: a stall cancels it instead",
+                           "run.on_stall=cancel, or cluster=slurm" + (" or cluster=ray" if cluster == "kuberay" else ""),
+                           warning=True))
     return out
 
 

@@ -71,9 +71,22 @@ def mlite_stack() -> dict:
             "config": digest.files(root, [root / g for g in MLITE_GROUPS if fs.is_file(root / g)], parsed=True)}
 
 
+@functools.lru_cache(maxsize=1)
+def runtime() -> dict:
+    """This environment's Ray (from its metadata, never imported; None where Ray is not installed) and Python: a Ray
+    job's image or cluster must run the same Ray, and the same Python minor version, as the planner's."""
+    import platform
+
+    try:
+        ray = metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        ray = None
+    return {"ray": ray, "python": platform.python_version()}
+
+
 def current() -> dict:
     """This environment's stack, as plan.json and the manifest record it."""
-    return {"verl": dict(verl_stack()), "verl_mlite": mlite_stack()}
+    return {"verl": dict(verl_stack()), "verl_mlite": mlite_stack(), "runtime": dict(runtime())}
 
 
 def _show(side: dict, what: str) -> str:
@@ -98,4 +111,32 @@ def mismatch(recorded: Optional[dict], here: Optional[dict] = None) -> list[Prob
             out.append(Problem(part, value, f"the plan was composed against {_show(a, part)}; this "
                                f"environment has {_show(b, part)}", "plan again in this environment (the same "
                                "command with mode=plan), or run where the planned stack is installed"))
+    return out
+
+
+def _minor(version) -> Optional[str]:
+    return ".".join(str(version).split(".")[:2]) if version else None
+
+
+def runtime_mismatch(recorded: Optional[dict], here: Optional[dict] = None) -> list[Problem]:
+    """Ray (the same version) and Python (the same minor version) of the plan (its stack's `runtime`) against this
+    environment, where the plan records them (a plan of an older vrun does not): the job's entry checks them
+    (vrun.launch.entry.stack_problems), so a Ray job's image or nodes run what the planner ran, or the job fails
+    there, before any Ray work, one line each."""
+    here = runtime() if here is None else here
+    if not isinstance(recorded, dict) or not isinstance(here, dict):
+        return []
+    out = []
+    want, have = recorded.get("ray"), here.get("ray")
+    if want and want != have:
+        out.append(Problem("ray", have or "missing", f"the plan was made with Ray {want}; this environment (the "
+                           f"image or node the job runs on) has {f'Ray {have}' if have else 'no Ray'}",
+                           f"an image (cluster.kuberay.image) or nodes with ray=={want}, or plan again with "
+                           f"ray=={have} installed" if have else f"an image or nodes with ray=={want}"))
+    want, have = _minor(recorded.get("python")), _minor(here.get("python"))
+    if want and want != have:
+        out.append(Problem("python", here.get("python") or "missing", f"the plan was made with Python "
+                           f"{recorded.get('python')}; this environment (the image or node the job runs on) has "
+                           f"Python {here.get('python')}", f"an image or nodes with Python {want}, or plan again "
+                           f"from a Python {have} environment"))
     return out

@@ -150,6 +150,14 @@ def describe(ex: BaseException) -> str:
                             first.split(' See https')[0].replace(bad or "\0", ""))
         if bad and "=" in bad:
             key, value = bad.split("=", 1)
+            group, _, name = key.lstrip("+~").rpartition(".")
+            if group in ("env", "model.env") and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                legal = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_") or "MY_VAR"
+                legal = f"_{legal}" if legal[0].isdigit() else legal
+                from vrun.config.overrides import shown_override as shown
+
+                return (f"error: {shown(bad)}: {name} is not a variable name a shell can export (letters, "
+                        f"digits and _, not starting with a digit); fix: +{group}.{legal}=...")
             from vrun.core.hydra_text import render
 
             quoted = render(value)

@@ -223,6 +223,10 @@ class KubeRayCfg:
     ttl_s: int = 600
     # kubectl apply -f <run dir>/rayjob.yaml after the checks (kubectl on PATH); false: the file is the hand-off
     apply: bool = False
+    # the uid/gid the pods run as (securityContext runAsUser/runAsGroup/fsGroup); null: the planner's own, who owns
+    # the run dir. Another (a site's required uid): the job's entry is told to trust the planner's files
+    run_as_uid: Optional[int] = None
+    run_as_gid: Optional[int] = None
 
 
 @dataclass

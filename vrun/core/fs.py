@@ -88,11 +88,16 @@ def read_small(path: PathLike, limit: int = 1 << 20) -> Optional[str]:
         os.close(fd)
 
 
+# a KubeRay pod running as a site's uid, not the planner's: the planner's uid, whose run dir files it trusts as its
+# own (vrun.launch.kuberay sets it in the job's env; nowhere else sets it)
+TRUST_UID_ENV = "VRUN_TRUST_UID"
+
+
 def untrusted(info: os.stat_result) -> Optional[str]:
     """Why a file or dir is not the user's own to trust (owned by another user, or writable by others), or None. What
     the project reads back from the state dir or a run dir is trusted no more than the command line: another user's
     or a world-writable file could say anything (a group-writable one is the user's umask, not a stranger)."""
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+    if hasattr(os, "getuid") and info.st_uid != os.getuid() and str(info.st_uid) != os.environ.get(TRUST_UID_ENV):
         return f"owned by uid {info.st_uid}, not by this user ({os.getuid()})"
     if info.st_mode & _stat.S_IWOTH:
         return f"writable by every user (mode {_stat.S_IMODE(info.st_mode):o})"

@@ -59,3 +59,32 @@ def install() -> None:
         s = getattr(sys, name)
         if not isinstance(s, VisibleStream):
             setattr(sys, name, VisibleStream(s))
+
+
+# how many items of a list read back (a dir's entries, a remote answer) a line or an event names before it counts
+SHOWN_ITEMS = 5
+# each named item is cut to this many characters (a name read back can be as long as a path)
+ITEM_CHARS = 80
+
+
+def _item(x, shown) -> str:
+    s = visible(shown(x))
+    return s if len(s) <= ITEM_CHARS else s[:ITEM_CHARS - 1] + "…"
+
+
+def summarised(items, limit: int = SHOWN_ITEMS, shown=str, sep: str = ", ") -> str:
+    """A list read from disk or a remote answer as one bounded piece of a line: every item when there are at most
+    `limit`, else the first `limit` and `… and K more` (20,000 step dirs are five names and a count, not 1.4 MB).
+    Each item is made terminal-safe (visible) and cut to ITEM_CHARS."""
+    items = list(items)
+    head = sep.join(_item(x, shown) for x in items[:limit])
+    rest = len(items) - min(len(items), limit)
+    return head + (f" … and {rest:,} more" if rest else "")
+
+
+def summarised_list(items, limit: int = SHOWN_ITEMS) -> list:
+    """The same for a JSON event's field: the first `limit` items as they are, then one `… and K more` string."""
+    items = list(items)
+    if len(items) <= limit:
+        return items
+    return items[:limit] + [f"… and {len(items) - limit:,} more"]

@@ -23,6 +23,7 @@ import io
 import json
 import os
 import re
+import stat
 import sys
 from typing import Iterable, Optional
 
@@ -167,10 +168,15 @@ def write_text(path, text: str, *, root=None, verbatim: bool = False, mode: int 
 
 
 def append_line(path, line: str, *, root=None) -> None:
-    """Append one masked line (progress lines, the runs index); a link in the file's place is refused."""
+    """Append one masked line (progress lines, the runs index); a link in the file's place is refused, and so is
+    anything but a regular file (a FIFO is never waited on: UnsafePath, or the OS's ENXIO without a reader)."""
     path, root = os.fspath(path), (None if root is None else os.fspath(root))
     _check(path, root)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    # without blocking: a FIFO in the file's place with no reader fails to open (ENXIO) instead of waiting for one
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePath(f"{path} is not a regular file: refused (a FIFO or a device is never written to)")
     with os.fdopen(fd, "a", encoding="utf-8") as f:
         f.write(mask(line.rstrip("\n")) + "\n")
 

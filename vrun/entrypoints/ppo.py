@@ -64,10 +64,12 @@ class PPO(Entrypoint):
         # a fresh local instance ("local") or a deliberate join, never an accidental one
         # cluster=ray: cluster.ray.address is the dashboard the job is submitted to; the job's driver joins the
         # cluster it runs on
-        out.append(("ray_kwargs.ray_init.address", "auto" if str(config.cluster.name) in ("ray", "kuberay") else
-                    ray.address))
+        address = "auto" if str(config.cluster.name) in ("ray", "kuberay") else ray.address
+        out.append(("ray_kwargs.ray_init.address", address))
+        # only a fresh instance takes them: ray.init refuses num_cpus/num_gpus when it joins a running cluster (a
+        # SLURM job's nodes are given them by `ray start`; vrun.checks.unread warns where nothing reads them)
         for k in ("num_cpus", "num_gpus"):
-            if getattr(ray, k) is not None:
+            if getattr(ray, k) is not None and address == "local":
                 out.append((f"ray_kwargs.ray_init.{k}", getattr(ray, k)))
         return out
 

@@ -73,6 +73,8 @@ class SFT(Entrypoint):
         default = RayCfg()
         address = "auto" if str(config.cluster.name) == "slurm" else "local"  # the cluster group's own value
         for f in fields(RayCfg):
+            if f.name == "interface" and str(config.cluster.name) == "slurm":
+                continue  # a SLURM node's torchrun takes its rendezvous address from it (torchrun_node)
             v = getattr(config.cluster.ray, f.name)
             if v != (address if f.name == "address" else getattr(default, f.name)):
                 out.append(Problem(f"cluster.ray.{f.name}", v, "SFT runs under torchrun, not Ray: read by nothing",

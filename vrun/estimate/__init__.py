@@ -3,7 +3,8 @@ validated `Mesh`), parameter counts from the architecture facts (`params.py`) or
 (`checkpoint.py`), what a decoder layer keeps for backward (`activations.py`), per-GPU memory of the training phase
 per pipeline stage with the band of how each term is known (`memory.py`) and of the rollout with
 its KV cache (`rollout.py`), GPU parts with their memory, FLOP/s and bandwidths (`hardware.py`), the step time
-(`steptime.py`), `mesh=auto`'s search and ranking (`search.py`) and a time limit against verl's pre-deadline save
+(`steptime.py`, its factors, workload, collectives, rollout and refit in `steptime_*.py`), every valid mesh of a GPU count and a mesh's valid neighbours (`meshes.py`), `mesh=auto`'s
+ranking (`search.py`) and a time limit against verl's pre-deadline save
 (`timelimit.py`). Each formula cites its source.
 
 May import: `vrun.core`, `vrun.config`. No I/O beyond reading a checkpoint's JSON headers; no Hydra or verl.

@@ -179,6 +179,7 @@ def read_checkpoint(path: str) -> Optional[CheckpointFacts]:
     text = top.get("text_config") if isinstance(top.get("text_config"), dict) else {}
     cfg = {**top, **text}
     _numbers_are_numbers(cfg_path, cfg)
+    _quantization_shape(cfg_path, top, text)
     arch = {key: _first_int(cfg, names) for key, names in ARCH_KEYS.items()}
     qcfg = top.get("quantization_config") or text.get("quantization_config") or {}
     qbits, quant_method = _quant_bits(qcfg if isinstance(qcfg, dict) else {})
@@ -449,6 +450,31 @@ def load_json(path: str) -> dict:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: not a JSON object", fix)
     return data
+
+
+def _quantization_shape(cfg_path: str, top: dict, text: dict) -> None:
+    """quantization_config as its readers take it (transformers' and vLLM's quantization configs, _quant_bits,
+    vrun.estimate.rollout.formats_from_config): null or a map; within it config_groups a map of maps whose
+    `weights` is a map, and `quantization` a map. A list or a word where a map belongs is refused, naming it."""
+    for where, cfg in (("", top), ("text_config.", text)):
+        q = cfg.get("quantization_config")
+        if q is None:
+            continue
+        parts = [(f"{where}quantization_config", q)]
+        if isinstance(q, dict):
+            groups = q.get("config_groups")
+            parts += [(f"{where}quantization_config.config_groups", groups),
+                      (f"{where}quantization_config.quantization", q.get("quantization"))]
+            if isinstance(groups, dict):
+                for name, g in groups.items():
+                    parts.append((f"{where}quantization_config.config_groups.{name}", g))
+                    if isinstance(g, dict):
+                        parts.append((f"{where}quantization_config.config_groups.{name}.weights", g.get("weights")))
+        for key, v in parts:
+            if v is not None and not isinstance(v, dict):
+                raise _refused(cfg_path, key, json.dumps(v)[:80], f"a {type(v).__name__} where a map belongs (its "
+                               "readers, transformers' and vLLM's quantization configs, take a map)",
+                               f"write {key} as its upstream config.json has it (a JSON object), or remove it")
 
 
 def _numbers_are_numbers(cfg_path: str, cfg: dict) -> None:

@@ -161,7 +161,8 @@ def formats_from_config(cfg: dict) -> Optional[Formats]:
         return Formats("bf16", expert, "checkpoint config.json expert_dtype") if expert else None
     method = str(q.get("quant_method") or "").lower()
     bits = set()
-    for g in (q.get("config_groups") or {}).values():
+    groups = q.get("config_groups")
+    for g in (groups.values() if isinstance(groups, dict) else ()):
         w = g.get("weights") if isinstance(g, dict) else None
         if isinstance(w, dict) and isinstance(w.get("num_bits"), int) and not isinstance(w["num_bits"], bool):
             bits.add(w["num_bits"])

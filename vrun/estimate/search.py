@@ -1,4 +1,5 @@
-"""mesh=auto and mesh suggestions: enumerate every mesh that passes the plan's checks, rank them.
+"""mesh=auto: rank the meshes that pass the plan's checks (vrun.estimate.meshes enumerates them), and say why none
+passes.
 
 Objective (RANKING, in order): fits in GPU memory by the estimate (vrun.estimate.memory: the GPU holds the high end of
 its band) — and among meshes that do
@@ -16,7 +17,8 @@ from itertools import takewhile
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, NamedTuple, Optional
 
-from vrun.estimate.mesh import KNOBS, Mesh, Rules, divisors
+from vrun.estimate.mesh import KNOBS, Mesh, Rules
+from vrun.estimate.meshes import valid_meshes
 from vrun.estimate.rollout import RANKING as ROLLOUT_RANKING, ROLLOUT_TP
 
 TIME = "lower predicted step time"
@@ -182,40 +184,6 @@ def step_text(row: dict, sep: str) -> str:
 
 def _num(x: float) -> str:
     return f"{x:,.0f}" if x >= 10 else f"{x:.1f}"
-
-
-def valid_meshes(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[dict] = None,
-                 entrypoint=None, rollout_tps: Optional[list] = None) -> list[Mesh]:
-    """Every mesh of nnodes × gpus_per_node that passes the mesh rules and, given verl's tree and the
-    entrypoint's record (vrun.entrypoints), its mesh-dependent checks (rollout, batch). rollout_tps: the rollout
-    TPs mesh=auto may choose from (the configured one is then not required)."""
-    world = nnodes * gpus_per_node
-    arch = rules.arch
-    out = []
-    other: dict = {}  # the rollout and batch checks depend on the mesh only through its dense DP
-    # the enumeration builds in every rule of mesh_problems (tests/test_search.py checks each result with it)
-    tps, etps = rules.tp_values(), rules.etp_values()
-    for pp in (d for d in divisors(world) if d <= arch.layers):
-        for tp in tps:
-            if (world // pp) % tp:
-                continue
-            for cp in divisors(world // (pp * tp)):
-                for etp in etps:
-                    if (world // pp) % etp:
-                        continue
-                    dp = world // (pp * tp * cp)
-                    if other.get(dp):
-                        continue
-                    for ep in divisors(world // (pp * etp)):
-                        if arch.routed_experts % ep:
-                            continue
-                        m = Mesh(nnodes, gpus_per_node, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)
-                        if verl is not None and dp not in other:
-                            other[dp] = bool(entrypoint.mesh_problems(verl, m, rules, rollout_tps))
-                            if other[dp]:
-                                break
-                        out.append(m)
-    return out
 
 
 # rank() times exactly (with step_time) at least this many first meshes: the chosen one and the alternatives the
@@ -390,24 +358,6 @@ def _decision(ranked: list, time_note: str) -> tuple:
     return decider, (f"{lead}; then {then}" if lead else then) + why
 
 
-def neighbours(mesh: Mesh, valid: Iterable[Mesh], limit: int = 4) -> tuple[list[Mesh], list[Mesh]]:
-    """Valid meshes of the same GPU count that change one knob, and two knobs (closest values first)."""
-    one, two = [], []
-    for v in valid:
-        changed = [k for k in KNOBS if getattr(v, k) != getattr(mesh, k)]
-        dist = sum(abs(getattr(v, k).bit_length() - getattr(mesh, k).bit_length()) for k in changed)
-        if len(changed) == 1:
-            one.append((dist, v))
-        elif len(changed) == 2:
-            two.append((dist, v))
-    pick = lambda xs: [v for _, v in sorted(xs, key=lambda t: (t[0], [getattr(t[1], k) for k in KNOBS]))][:limit]  # noqa: E731
-    return pick(one), pick(two)
-
-
-def as_overrides(mesh: Mesh, base: Mesh) -> str:
-    return mesh.overrides(base)
-
-
 def binding_constraint(rules: Rules, nnodes: int, gpus_per_node: int, verl: Optional[dict], entrypoint,
                        rollout_tps: Optional[list]):
     """Why no mesh passes: the first family of checks that leaves none — Megatron Lite's mesh rules, the rollout
@@ -435,17 +385,3 @@ def binding_constraint(rules: Rules, nnodes: int, gpus_per_node: int, verl: Opti
         return Problem(p.key, p.value, f"every mesh of {world} GPUs fails the batch checks; with {example}: {p.why}",
                        p.fix)
     return None
-
-
-def hints(rules: Rules, mesh: Mesh, verl: dict, entrypoint) -> list[str]:
-    """For mesh errors: valid meshes of the same GPU count that change one knob, then two."""
-    valid = valid_meshes(rules, mesh.nnodes, mesh.gpus_per_node, verl, entrypoint)
-    one, two = neighbours(mesh, valid)
-    out = []
-    if one:
-        out.append("valid meshes, one change: " + " | ".join(as_overrides(v, mesh) for v in one))
-    if two:
-        out.append("valid meshes, two changes: " + " | ".join(as_overrides(v, mesh) for v in two))
-    if not valid:
-        out.append(f"no mesh of {mesh.world} GPUs passes for {rules.model}: change mesh.nnodes")
-    return out

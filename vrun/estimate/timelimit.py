@@ -114,7 +114,7 @@ def first_save_steps(save_freq, saves_for_deadline: bool) -> Optional[int]:
 
 
 def time_limit_problem(time_min, signal_delay_s, load_s: float, step_high_s: Optional[float], save_s: float,
-                       steps: Optional[int] = 2) -> Optional[Problem]:
+                       steps: Optional[int] = 2, cluster: str = "slurm") -> Optional[Problem]:
     """A warning naming cluster.time_min when one attempt cannot load the model, run `steps` steps at the plan's high
     end and write one save before submitit's signal (less SLURM's early margin); None when it can or when there
     is no step estimate or no save at all (steps None)."""
@@ -125,8 +125,10 @@ def time_limit_problem(time_min, signal_delay_s, load_s: float, step_high_s: Opt
     if usable >= need:
         return None
     fix_min = math.ceil((need + float(signal_delay_s or 0) + SIGNAL_EARLY_S) / 60.0)
-    why = (f"{time_min:g} min less submitit's {float(signal_delay_s or 0):g} s signal and SLURM's "
-           f"{SIGNAL_EARLY_S:g} s early margin leaves {usable:,.0f} s, under the {need:,.0f} s the first checkpoint "
+    margin = (f"submitit's {float(signal_delay_s or 0):g} s signal and SLURM's {SIGNAL_EARLY_S:g} s early margin"
+              if cluster == "slurm" else f"the {float(signal_delay_s or 0):g} s (cluster.signal_delay_s) + "
+              f"{SIGNAL_EARLY_S:g} s kept before a {cluster} job's end")
+    why = (f"{time_min:g} min less {margin} leaves {usable:,.0f} s, under the {need:,.0f} s the first checkpoint "
            f"of an attempt needs (model load {load_s:,.0f} s + {steps} step(s) × {step_high_s:,.0f} s, the estimate's "
            f"high end, + one save {save_s:,.0f} s): every attempt would end with nothing saved")
     return Problem("cluster.time_min", time_min, why, f"cluster.time_min={fix_min} or more", warning=True)
@@ -189,11 +191,19 @@ def support(entrypoint: str, use_v1, save_freq, task_runner: Optional[str] = Non
     return Support(True, trainer, f"{name} saves before the time limit")
 
 
+# where a Ray job's end comes from (vrun.launch.deadline.ray_env, in the job's entry)
+RAY_END = {"ray": "cluster=ray: the job ends cluster.time_min after its entry starts (the entry ends it there)",
+           "kuberay": "cluster=kuberay: the operator ends the job at activeDeadlineSeconds = cluster.time_min × 60, "
+                      "counted here from the head pod's start (later than the operator's by the pods' scheduling)"}
+
+
 def plan_lines(s: Support, signal_delay_s, verl_version: Optional[str] = None,
-               redundant_s: Optional[int] = None) -> list[str]:
-    """The plan table's one `deadline` row for a SLURM run."""
+               redundant_s: Optional[int] = None, cluster: str = "slurm") -> list[str]:
+    """The plan table's `deadline` row for a SLURM run, and a Ray job's (with where its end comes from)."""
     delay = float(signal_delay_s or 0)
-    var = f"{ESI_VAR} = end − {delay:g} s signal − {SIGNAL_EARLY_S:g} s"
+    var = f"{ESI_VAR} = end − {delay:g} s {'signal' if cluster == 'slurm' else 'margin'} − {SIGNAL_EARLY_S:g} s"
+    if cluster in RAY_END:
+        return [line + f"; {RAY_END[cluster]}" for line in plan_lines(s, signal_delay_s, verl_version, redundant_s)]
     if s.saves:
         tail = f"; trainer.esi_redundant_time={redundant_s}" if redundant_s is not None else ""
         return [f"deadline  verl{' ' + verl_version if verl_version else ''}: {s.why} ({var}{tail})"]

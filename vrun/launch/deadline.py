@@ -28,9 +28,10 @@ import subprocess
 import time
 from typing import Mapping, Optional
 
+from vrun.core import fs
 from vrun.estimate.timelimit import ESI_VAR, SIGNAL_EARLY_S, deadline
 
-__all__ = ["ESI_VAR", "SIGNAL_EARLY_S", "parse_end", "job_end_time", "esi_env"]
+__all__ = ["ESI_VAR", "SIGNAL_EARLY_S", "parse_end", "job_end_time", "esi_env", "ray_env"]
 
 CLIENT_TIMEOUT_S = 30
 # the client's output in UTC whatever the node's zone (a POSIX TZ string: no zoneinfo file needed)
@@ -100,3 +101,55 @@ def esi_env(end_time: Optional[float], signal_delay_s) -> dict:
     if not math.isfinite(at):
         return {}
     return {ESI_VAR: str(math.floor(at))}  # a whole second at or before it: a deadline rounds early
+
+
+# ---------------------------------------------------------------------------------------------- a Ray job's end
+def container_start(proc: str = "/proc") -> Optional[float]:
+    """When this container started: its process 1's start (boot time + /proc/1/stat's starttime in clock ticks);
+    None where /proc does not say."""
+    stat = fs.read_small(f"{proc}/1/stat", 4096) or ""
+    boot = next((line.split()[1] for line in (fs.read_small(f"{proc}/stat", 1 << 20) or "").splitlines()
+                 if line.startswith("btime ") and len(line.split()) > 1), "")
+    try:
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        t = int(boot) + ticks / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError, OSError):
+        return None
+    return t if PLAUSIBLE[0] < t < PLAUSIBLE[1] else None
+
+
+def job_start(cluster: str, now: float, proc: str = "/proc", environ: Optional[Mapping[str, str]] = None) -> tuple:
+    """(when the job's clock started, in words) as its entry can tell.
+
+    cluster=ray: the entry's own start. Ray's set-up before it (the working dir's upload, the runtime env) is not
+    counted: the job's end is that much later than a clock started at submission would put it, which suits a
+    limit the entry itself enforces (vrun.launch.raywatch ends the job there).
+    cluster=kuberay: the head pod's container start (its process 1) where the entry runs under Kubernetes, else the
+    entry's start. The operator counts activeDeadlineSeconds from the RayJob's own start, before the pods were
+    scheduled and their image pulled: the end told here is later than the operator's by that time (over-counted),
+    and the entry's work before the first step is counted in both. cluster.signal_delay_s is kept before the end
+    (with SIGNAL_EARLY_S) as the margin that covers it."""
+    env = os.environ if environ is None else environ
+    if cluster == "kuberay" and env.get("KUBERNETES_SERVICE_HOST"):
+        t = container_start(proc)
+        if t is not None and t <= now:
+            return t, "the head pod's start"
+    return now, "the job entry's start"
+
+
+def ray_env(cluster: str, time_min, signal_delay_s, now: Optional[float] = None, proc: str = "/proc",
+            environ: Optional[Mapping[str, str]] = None) -> tuple:
+    """cluster=ray or kuberay: (verl's deadline env, the job's end in unix seconds, the line that says how) from
+    cluster.time_min (KubeRay's activeDeadlineSeconds is time_min × 60) counted from job_start; ({}, None, why)
+    where time_min is not a positive whole number of minutes giving a plausible end."""
+    now = time.time() if now is None else now
+    if isinstance(time_min, bool) or not isinstance(time_min, (int, float)) or not math.isfinite(time_min) \
+            or time_min <= 0:
+        return {}, None, f"deadline: cluster.time_min={time_min!r} is no time limit: verl is given none"
+    start, how = job_start(cluster, now, proc, environ)
+    end = start + float(time_min) * 60
+    if not PLAUSIBLE[0] < end < PLAUSIBLE[1]:
+        return {}, None, f"deadline: cluster.time_min={time_min} ends past any plausible date: verl is given none"
+    env = esi_env(end, signal_delay_s)
+    return env, end, (f"deadline: the job ends at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(end))} UTC "
+                      f"(cluster.time_min={time_min} from {how}); verl saves before {env.get(ESI_VAR, '?')}")

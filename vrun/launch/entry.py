@@ -5,6 +5,9 @@ task runner the run config may name (verl's CLI hard-codes its own). Secrets nam
 environment: the Ray instance this driver starts (address=local), or the `ray start` daemons of a SLURM job,
 inherit it and hand it to every worker. They are never put into the config or Ray's runtime env, which verl's
 run_ppo and task runner print into the job's logs.
+
+On cluster=ray and cluster=kuberay (mode=train) the entry also gives verl the job's deadline and watches the
+training beside verl's driver (vrun.launch.raywatch: the watchdog SLURM's node 0 runs, the same events).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ def stack_problems(config_path: str) -> list[str]:
         recorded = PlanRecord.load(run_dir).stack
     except RunDirError as e:
         return [str(e)]
-    return [p.line() for p in stack.mismatch(recorded)]
+    return [p.line() for p in stack.mismatch(recorded) + stack.runtime_mismatch((recorded or {}).get("runtime"))]
 
 
 def resume_problem(config_path: str, config) -> str:
@@ -67,8 +70,10 @@ def resume_problem(config_path: str, config) -> str:
     decision = checkpoints.check(Path(str(root)), record, lambda line: print(line, flush=True))
     if decision.refused is not None:
         return decision.refused.line()
-    if os.path.isdir(record.run_dir):
-        rundir.record(record.run_dir, "resumed", attempt=0, **checkpoints.resumed_fields(decision))
+    from vrun.launch.raywatch import place
+
+    where = place(here, record)  # the run dir when the job reaches it (this run's), else the job's own copy
+    rundir.record(where.dir, "resumed", attempt=0, **checkpoints.resumed_fields(decision))
     return ""
 
 
@@ -131,7 +136,17 @@ def main(argv: list[str] | None = None) -> int:
         import ray
 
         runner = ray.remote(num_cpus=1)(runner)
+    from vrun.launch import raywatch
+
+    try:  # cluster=ray, kuberay: verl's deadline, and the job watched
+        dog = raywatch.start(args.config, config)
+    except Exception as e:  # noqa: BLE001 - a watchdog that cannot start never stops the training
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"vrun: watchdog: not started ({type(e).__name__}: {first})", flush=True)
+        dog = None
     run_ppo(config, task_runner_class=runner)
+    if dog is not None:
+        dog.stop()
     return 0
 
 

@@ -17,6 +17,8 @@ import re
 from typing import Any
 
 RELEASE = "KubeRay v1.4.2"  # tag v1.4.2, commit 34ea80e0f51f
+# the CRD's openAPIV3Schema at that tag, as data, for the tests' validation (tests/test_kuberay_crd.py)
+PUBLISHED = "tests/support/kuberay/rayjob-v1.4.2-openapi.json"
 CRD = "ray-operator/config/crd/bases/ray.io_rayjobs.yaml"
 RAYJOB = "ray-operator/apis/ray/v1/rayjob_types.go"
 VALIDATION = "ray-operator/controllers/ray/utils/validation.go"
@@ -32,6 +34,7 @@ _POD = {
     ".spec.containers[].image": ("string", 1241, 4965),
     ".spec.containers[].resources": ("object", 1571, 5295),
     ".spec.containers[].resources.limits": ("quantity", 1587, 5311),
+    ".spec.containers[].resources.requests": ("quantity", 1595, 5319),
     ".spec.containers[].env": ("array", 1146, 4870),
     ".spec.containers[].env[]": ("object", 1146, 4870),
     ".spec.containers[].env[].name": ("string", 1149, 4873),
@@ -45,6 +48,10 @@ _POD = {
     ".spec.containers[].volumeMounts[]": ("object", 1784, 5508),
     ".spec.containers[].volumeMounts[].name": ("string", 1791, 5515),
     ".spec.containers[].volumeMounts[].mountPath": ("string", 1787, 5511),
+    ".spec.securityContext": ("object", 3362, 7086),
+    ".spec.securityContext.runAsUser": ("integer", 3383, 7107),
+    ".spec.securityContext.runAsGroup": ("integer", 3378, 7102),
+    ".spec.securityContext.fsGroup": ("integer", 3373, 7097),
     ".spec.volumes": ("array", 3529, 7253),
     ".spec.volumes[]": ("object", 3529, 7253),
     ".spec.volumes[].name": ("string", 3983, 7707),
@@ -182,3 +189,67 @@ def check(doc: Any) -> list[str]:
         except yaml.YAMLError:
             out.append("spec.runtimeEnvYAML: does not parse as YAML")
     return out
+
+
+# ==================================================================== the names the project writes, by their grammars
+# Kubernetes' names (k8s.io/apimachinery validation): an RFC 1123 label (namespaces, volume names) of at most 63
+# characters, a subdomain (claims, Secrets) of at most 253; a qualified name (a resource's) is an optional subdomain
+# prefix and '/', then at most 63 of [A-Za-z0-9._-] starting and ending alphanumeric
+LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+LABEL_MAX = 63
+SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+SUBDOMAIN_MAX = 253
+QUALIFIED = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
+# a container image reference (the distribution project's grammar): [host[:port]/]path[:tag][@algorithm:hex]; the
+# path's components lower-case alphanumerics joined by '.', '_', '__' or dashes; the whole name at most 255
+# characters, a tag at most 128
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE = re.compile(rf"(?P<name>(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*)"
+                   r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+                   r"(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}))?\Z")
+IMAGE_NAME_MAX = 255
+IMAGE_MAX = 512  # a name (255), a tag (128) and a sha512 digest (135) fit
+
+
+def name_why(value, kind: str) -> str:
+    """Why `value` is not a Kubernetes name of `kind` ("label" or "subdomain"); "" when it is one."""
+    rule, most = (LABEL, LABEL_MAX) if kind == "label" else (SUBDOMAIN, SUBDOMAIN_MAX)
+    if not isinstance(value, str) or not value:
+        return f"not a name: an RFC 1123 {kind} is lower-case letters, digits and '-'"
+    if len(value) > most:
+        return f"{len(value)} characters: an RFC 1123 {kind} has at most {most}"
+    if not rule.match(value):
+        return (f"not an RFC 1123 {kind}: lower-case letters, digits and '-'" + (", '.' between labels" if kind ==
+                "subdomain" else "") + ", starting and ending with a letter or digit")
+    return ""
+
+
+def image_why(value) -> str:
+    """Why `value` is not a container image reference; "" when it is one (a registry's own rules may be stricter)."""
+    if not isinstance(value, str) or not value.strip():
+        return "no image"
+    if len(value) > IMAGE_MAX:
+        return f"{len(value)} characters: an image reference is a name of at most {IMAGE_NAME_MAX}, a tag and a digest"
+    m = IMAGE.match(value)
+    if m is None:
+        return ("not an image reference: [registry[:port]/]path[:tag][@sha256:<hex>], the path's parts lower-case "
+                "letters and digits joined by '.', '_' or '-', no spaces or quotes")
+    if len(m.group("name")) > IMAGE_NAME_MAX:
+        return f"a repository name of {len(m.group('name'))} characters: at most {IMAGE_NAME_MAX}"
+    return ""
+
+
+def resource_why(value) -> str:
+    """Why `value` is not an extended resource's name (a pod's GPU: `<domain>/<name>`, e.g. nvidia.com/gpu,
+    amd.com/gpu): a qualified name whose prefix is a domain outside kubernetes.io; "" when it is one."""
+    if not isinstance(value, str) or value.count("/") != 1:
+        return "not an extended resource name: <domain>/<name>, e.g. nvidia.com/gpu"
+    domain, name = value.split("/")
+    if name_why(domain, "subdomain"):
+        return f"its domain {domain!r} is not an RFC 1123 subdomain"
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        return "the kubernetes.io domain holds Kubernetes' own resources, not a device's"
+    if len(name) > LABEL_MAX or not QUALIFIED.match(name):
+        return f"its name {name!r} is not a qualified name (at most 63 of letters, digits, '-', '_', '.')"
+    return ""

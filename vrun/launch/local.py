@@ -19,6 +19,7 @@ from pathlib import Path
 
 from vrun.rundir import records as rundir
 from vrun.rundir.joblog import JOB_LOG
+from vrun.planning import measured
 from vrun.planning.plan import Plan
 
 
@@ -124,7 +125,7 @@ def train(plan: Plan) -> int:
         if dog is not None:
             dog.stop()
         rundir.record(plan.run_dir, "exited", attempt=0, node=0, rc=proc.poll())
-        learn(plan.run_dir)
+        measured.learn_at_end(plan.run_dir)
     if proc.returncode:
         print(f"error: the run exited {proc.returncode}; see the output above and {plan.run_dir}", file=sys.stderr)
     return proc.returncode
@@ -195,12 +196,3 @@ def tee(streams: list, path: Path) -> None:
         if log is not None:
             log.close()
 
-
-def learn(run_dir: str) -> None:
-    """The run's measured step time into the calibration record (nothing when verl printed no step line)."""
-    try:
-        from vrun.planning import measured
-
-        measured.learn(Path(run_dir))
-    except Exception:  # noqa: BLE001 - learning never fails a finished run
-        pass

@@ -385,18 +385,32 @@ def classify(stack_text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ one node
-def dump_node(out_dir: Path, root_pid: int, timeout_s: float = 30) -> Path:
-    """Every Python process below root_pid on this node, with its stack, into out_dir (see the module's
-    docstring); returns out_dir. Never raises on what the processes or /proc do."""
+def job_pids(pids: list) -> list:
+    """The given processes and every process below each (a rank's DataLoader workers), each once, in order."""
+    out: list = []
+    for pid in pids:
+        for p in [pid] + descendants(pid):
+            if p not in out:
+                out.append(p)
+    return out
+
+
+def dump_node(out_dir: Path, root_pid: int, timeout_s: float = 30, pids: Optional[list] = None,
+              host: Optional[str] = None) -> Path:
+    """Every Python process below root_pid on this node (or, with `pids`, those processes and the ones below
+    them: a Ray job's workers, which share their raylet with other jobs'), with its stack, into out_dir (see the
+    module's docstring), its files named by `host` (default: the hostname); returns out_dir. Never raises on what
+    the processes or /proc do."""
     t0 = time.monotonic()
     out_dir = Path(out_dir)
-    host = socket.gethostname()
+    host = host or socket.gethostname()
     root = str(out_dir.parent.parent)  # the run dir: the writer writes nowhere else
     os.makedirs(out_dir, exist_ok=True)
     tool = py_spy()
     use_py_spy, why = attach_policy()
     why_not = "" if use_py_spy else why
-    procs = [p for p in (_process(pid) for pid in descendants(root_pid)) if p is not None]
+    chosen = job_pids(pids) if pids is not None else descendants(root_pid)
+    procs = [p for p in (_process(pid) for pid in chosen) if p is not None]
     by_pid = {p["pid"]: p for p in procs}
     for p in procs:  # a child started with its parent's RANK (a DataLoader worker) is not a rank of its own
         parent = by_pid.get(p["ppid"])
@@ -521,7 +535,7 @@ def _phrase(where: str) -> str:
 def summarize(out_dir: Path, step: Optional[int], stalled_for_s: float) -> str:
     """`stalled at step 312 for 41 min: 255 ranks in all_reduce, rank 133 on n17 in data loading → stalls/1/`."""
     out_dir = Path(out_dir)
-    head = f"stalled at {'step ' + str(step) if step is not None else 'the first step'} for {_dur(stalled_for_s)}"
+    head = f"stalled at {'step ' + str(step) if step is not None else 'the first step'} for {duration(stalled_for_s)}"
     tail = f" → {out_dir.parent.name}/{out_dir.name}/"
     ranks, hosts = groups(out_dir)
     if not ranks:
@@ -549,7 +563,7 @@ def summarize(out_dir: Path, step: Optional[int], stalled_for_s: float) -> str:
     return f"{head}: {', '.join(parts)}{tail}"
 
 
-def _dur(s: float) -> str:
+def duration(s: float) -> str:
     s = int(round(s))
     if s < 120:
         return f"{s} s"

@@ -1,5 +1,5 @@
-"""The running job watched (started with the job by the project's own process: node 0 of a SLURM job, or the local
-launch), not a separate service.
+"""The running job watched (started with the job by the project's own process: node 0 of a SLURM job, the local
+launch, or a Ray job's own entry on cluster=ray and cluster=kuberay: vrun.launch.raywatch), not a separate service.
 
 Progress is what verl prints: its step lines (vrun.rundir.joblog) in the job's output, read as they come. No step
 within the plan's bound (plan.json `watch`, vrun.planning.watch: the first step of an attempt gets the model load
@@ -7,12 +7,16 @@ on top) is a stall. A stall is diagnosed at once — every node dumps the Python
 (vrun.launch.stacks), what nvidia-smi reports, NCCL's flight recorder where the run's environment turned it on
 (its dump pipes poked), and Ray's view of its nodes and actors — under <run dir>/stalls/<n>/, then summed up in one
 line (`stalled at step 312 for 41 min: 255 ranks in all_reduce, rank 133 on n17 in data loading → stalls/1/`)
-recorded as a `stalled` event, which `status`, `runs` and the submitter show. Then run.on_stall: report only;
-or, once run.stall_grace_s more pass without a step, cancel (or submit again without the odd rank's node, then
-cancel). A step after the report records `unstalled` and calls the action off.
+recorded as a `stalled` event, which `status`, `runs` and the submitter show. stalls/ and each stall's dir are
+made only as the run dir's own plain dirs (never through a link, never outside it): where they cannot be, or a
+dump fails, the stall is still recorded and acted on, the failure one line in the event (`dump_error`). Then
+run.on_stall: report only; or, once run.stall_grace_s more pass without a step, cancel (or submit again without the
+odd rank's node where the cluster can leave it out, then cancel). A step after the report records `unstalled` and
+calls the action off.
 
 While it watches it also stamps each checkpoint the job finishes with the plan it belongs to
-(vrun.rundir.checkpoints.stamp), so a restart can tell whose checkpoint it resumes.
+(vrun.rundir.checkpoints.stamp), so a restart can tell whose checkpoint it resumes: the tracker read as a regular
+file of ASCII digits (anything else is no step, silently), never stamped through a checkpoints/ link (said once).
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from vrun.core import fs
+from vrun.core import fs, writer
 from vrun.rundir import joblog
 
 POLL_S = 2.0
@@ -127,15 +131,41 @@ def _whole(v) -> Optional[int]:
     return int(v)
 
 
-def next_stall_dir(run_dir: str) -> tuple[int, Path]:
-    """<run dir>/stalls/<n>, n one past the highest there."""
-    base = Path(run_dir) / STALLS
+def own_dir(path: Path, root: str) -> Path:
+    """`path` as a plain directory inside `root` (the run dir), made when absent (mkdir never follows a link);
+    a link, a file or anything else in its place, or a path that leaves the root on its real path, is refused with
+    one line (writer.UnsafePath)."""
+    import stat as st_mod
+
+    path = Path(path)
     try:
-        taken = [int(p.name) for p in base.iterdir() if p.name.isdigit()]
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        pass
+    st, _ = fs.stat(path, follow=False)
+    if st is None or st_mod.S_ISLNK(st.st_mode) or not st_mod.S_ISDIR(st.st_mode):
+        what = "gone" if st is None else "a symbolic link" if st_mod.S_ISLNK(st.st_mode) else "not a directory"
+        raise writer.UnsafePath(f"{path} is {what}: nothing is written there (a run dir's stalls/ is its own dir)")
+    if not writer.contained(str(path / "x"), root):
+        raise writer.UnsafePath(f"{path} is outside {root} on its real path: nothing is written there")
+    return path
+
+
+def next_stall_dir(run_dir: str) -> tuple[int, Path]:
+    """<run dir>/stalls/<n>, made (never through a link), n one past the highest there; raises OSError (one line)
+    where stalls/ is not the run dir's own dir."""
+    base = own_dir(Path(run_dir) / STALLS, run_dir)
+    try:
+        taken = [int(p.name) for p in base.iterdir() if p.name.isascii() and p.name.isdigit()]
     except OSError:
         taken = []
     n = max(taken, default=0) + 1
-    return n, base / str(n)
+    while True:
+        try:
+            os.mkdir(base / str(n), 0o755)
+            return n, base / str(n)
+        except FileExistsError:
+            n += 1
 
 
 class Watchdog(threading.Thread):
@@ -155,9 +185,11 @@ class Watchdog(threading.Thread):
         self.stop_event = threading.Event()
         self.reported: Optional[dict] = None
         self.acted = False
+        self.last_n = 0             # the last stall's number (a stall whose dir cannot be made still gets one)
+        self.said: set = set()      # the checkpoint lines said once
         # the step the attempt starts from is not this attempt's save: only steps the tracker moves to are stamped
-        start = fs.read_small(Path(run_dir) / "checkpoints" / "latest_checkpointed_iteration.txt", 64)
-        self.stamped: set = {int(start.strip())} if start and start.strip().isdigit() else set()
+        start = self.tracker()
+        self.stamped: set = {start} if start is not None else set()
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -196,37 +228,75 @@ class Watchdog(threading.Thread):
             self.act(self.watch.on_stall, self.reported["summary"], self.reported.get("hosts") or [])
 
     def diagnose(self, quiet: float) -> dict:
+        """Every node's stacks under stalls/<n>/ and one summary line, recorded as `stalled`. A dir that cannot be
+        made or a dump that fails is one line in the event (`dump_error`): the stall is recorded and acted on."""
         from vrun.launch import stacks
 
-        n, out = next_stall_dir(self.run_dir)
-        out.mkdir(parents=True, exist_ok=True)
         t0 = self.clock()
-        self.collect(n, out)
         step = self.progress.last_step
-        summary = stacks.summarize(out, step, quiet)
-        hosts = stacks.odd_hosts(out)
+        out, error = None, ""
+        try:
+            n, out = next_stall_dir(self.run_dir)
+        except OSError as e:
+            n, error = self.last_n + 1, f"no dump: {_line(e)}"
+        self.last_n = n
+        if out is not None:
+            try:
+                self.collect(n, out)
+            except Exception as e:  # noqa: BLE001 - the stall is still recorded and acted on
+                error = f"the dump failed: {_line(e)}"
+        if out is not None:
+            summary, hosts = stacks.summarize(out, step, quiet), stacks.odd_hosts(out)
+        else:
+            head = f"stalled at {'step ' + str(step) if step is not None else 'the first step'} for " \
+                   f"{stacks.duration(quiet)}"
+            summary, hosts = f"{head}: {error}", []
         took = round(self.clock() - t0, 1)
-        print(f"vrun: {summary}", flush=True)
-        self.record("stalled", n=n, step=step, quiet_s=round(quiet, 1), summary=summary, dir=str(out),
-                    odd_hosts=hosts, diagnosis_s=took)
+        print(f"vrun: {summary}" + (f" ({error})" if error and out is not None else ""), flush=True)
+        self.record("stalled", n=n, step=step, quiet_s=round(quiet, 1), summary=summary,
+                    dir=str(out) if out is not None else None, odd_hosts=hosts, diagnosis_s=took,
+                    **({"dump_error": error} if error else {}))
         return {"n": n, "t": self.clock(), "summary": summary, "hosts": hosts}
 
+    def tracker(self) -> Optional[int]:
+        """The step the run's checkpoint tracker names (a regular file holding ASCII digits), else None."""
+        from vrun.rundir import checkpoints
+
+        try:
+            return checkpoints.read_tracker(Path(self.run_dir) / "checkpoints")[0]
+        except (OSError, ValueError):
+            return None
+
+    def say_once(self, key: str, line: str) -> None:
+        if key not in self.said:
+            self.said.add(key)
+            print(f"vrun: watchdog: {line}", flush=True)
+
     def stamp(self) -> None:
-        """Each checkpoint the job finished (the tracker moved to it) stamped with this plan."""
+        """Each checkpoint the job finished (the tracker moved to it) stamped with this plan — only inside the run
+        dir: checkpoints/ as a link (followed for reading) is said once, never written through."""
         if self.plan is None:
             return
         root = Path(self.run_dir) / "checkpoints"
-        text = fs.read_small(root / "latest_checkpointed_iteration.txt", 64)
-        if not text or not text.strip().isdigit() or int(text.strip()) in self.stamped:
+        step = self.tracker()
+        if step is None or step in self.stamped:
             return
-        step = int(text.strip())
         self.stamped.add(step)
+        if not writer.contained(str(root / "x"), self.run_dir) or os.path.islink(root):
+            self.say_once("link", f"{root} is a link (to {os.path.realpath(root)}): its steps are read through it, "
+                                  "never stamped through it")
+            return
         try:
             from vrun.rundir import checkpoints
 
             checkpoints.stamp(root, step, self.plan)
         except Exception as e:  # noqa: BLE001
-            print(f"vrun: watchdog: checkpoint {step} not stamped: {e}", flush=True)
+            print(f"vrun: watchdog: checkpoint {step} not stamped: {_line(e)}", flush=True)
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]
 
 
 def nccl_env(run_dir: str) -> dict:

@@ -45,6 +45,16 @@ def learn(run_dir: Path, m: Optional[joblog.Measured] = None) -> bool:
     return calibration.record(t["kind"], str(run.dir), m.step_s, float(t["model_middle_s"]), len(m.steps))
 
 
+def learn_at_end(run_dir) -> None:
+    """At a run's end, in the job's own process (the local launch, SLURM's node 0, a Ray job's entry): its measured
+    step time into the calibration record; nothing when verl printed no step line. Never raises: learning never
+    fails a finished run. The read verbs (`status`, `runs`) never write it."""
+    try:
+        learn(Path(run_dir))
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def column(run: state.Run) -> str:
     """`runs`'s STEP S column: measured / predicted low–high."""
     p = predicted(run)

@@ -289,19 +289,30 @@ def render_overview(points: list, out: str) -> str:
     return out
 
 
+# the drawing child's own bounds: matplotlib's import (it builds a font cache on first use), then the drawing once
+# plan.json is handed over; past either it leaves PICTURE_FAILED saying so and exits. The wait for plan.json in
+# between has none: it ends when the plan hands it over or exits (the child's stdin closes).
+IMPORT_S = 120.0
+DRAW_S = 120.0
+# past a bound, a child whose hung code holds the interpreter is ended by the kernel (SIGALRM) this much later
+HARD_S = 30
+
+
 class Prerenderer:
     """A child process that imports matplotlib while the plan is made, then draws plan.json when given its path.
     The plan does not wait for it: the child draws on after the plan has printed and exited (stdio to /dev/null, so
-    no caller waits on its pipes). A drawing that fails leaves PICTURE_FAILED beside plan.json with the reason;
+    no caller waits on its pipes), within its own bounds (import_s, draw_s). A drawing that fails, a matplotlib
+    that does not import and one that hangs each leave PICTURE_FAILED beside plan.json with the reason;
     `python -m vrun show <run dir>` draws it again in the foreground."""
 
-    def __init__(self) -> None:
+    def __init__(self, import_s: float = IMPORT_S, draw_s: float = DRAW_S) -> None:
         root = str(Path(__file__).resolve().parent.parent.parent)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         try:
             self.proc: Optional[subprocess.Popen] = subprocess.Popen(
-                [sys.executable, "-m", "vrun.planning.picture"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+                [sys.executable, "-m", "vrun.planning.picture", f"{import_s:g}", f"{draw_s:g}"],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env,
+                start_new_session=True)
         except OSError:
             self.proc = None
 
@@ -325,42 +336,116 @@ class Prerenderer:
             self.proc.wait()
 
 
-def _serve() -> int:
-    """The Prerenderer's child: import first, then one request from stdin (EOF: nothing to draw)."""
+class _Bounds:
+    """The child's watch over itself: a thread that, past the bound of the phase it is in, leaves the reason beside
+    plan.json (reading the request itself when the main thread never got to it) and ends the process."""
+
+    def __init__(self, import_s: float, draw_s: float) -> None:
+        import threading
+        import time
+
+        self.draw_s, self.req, self.phase = draw_s, None, "import"
+        self.until = time.monotonic() + import_s
+        self.bound = import_s
+        threading.Thread(target=self._watch, daemon=True).start()
+        signal_alarm(import_s)
+
+    def waiting(self) -> None:
+        import math
+
+        self.phase, self.until = "wait", math.inf
+        signal_alarm(0)
+
+    def drawing(self, req: dict) -> None:
+        import time
+
+        self.req, self.phase, self.until, self.bound = req, "draw", time.monotonic() + self.draw_s, self.draw_s
+        signal_alarm(self.draw_s)
+
+    def _watch(self) -> None:
+        import time
+
+        while time.monotonic() < self.until:
+            time.sleep(0.2)
+        what = "matplotlib's import" if self.phase == "import" else "the drawing"
+        fail(self.req if self.req is not None else _request(), f"{what} took longer than {self.bound:g} s (it hung)")
+        os._exit(1)
+
+
+def signal_alarm(seconds: float) -> None:
+    """The kernel's last word on a child whose hung code never lets the watch thread run (SIGALRM, its default
+    action: the process ends)."""
+    import signal
+
+    if hasattr(signal, "alarm"):
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(int(seconds) + HARD_S if seconds else 0)
+
+
+def _request() -> Optional[dict]:
+    """The request line from stdin (None at EOF or for a line that is not a request)."""
+    line = sys.stdin.readline()
+    try:
+        req = json.loads(line) if line.strip() else None
+    except ValueError:
+        return None
+    return req if isinstance(req, dict) and isinstance(req.get("out"), str) else None
+
+
+def fail(req: Optional[dict], reason: str) -> None:
+    """The reason left beside plan.json (PICTURE_FAILED), through the writer, inside the run dir; nothing without a
+    request."""
+    if req is None:
+        return
+    from vrun.core import writer
+
+    failed = Path(req["out"]).with_name(PICTURE_FAILED)
+    try:
+        writer.write_text(failed, reason.rstrip("\n") + "\n", root=str(failed.parent))
+    except (OSError, ValueError):
+        pass
+
+
+def _serve(import_s: float = IMPORT_S, draw_s: float = DRAW_S) -> int:
+    """The Prerenderer's child: import first, then one request from stdin (EOF: nothing to draw), each within its
+    bound."""
     import io
 
+    bounds = _Bounds(import_s, draw_s)
     try:
         os.nice(5)  # the plan in the parent comes first where CPUs are short
     except OSError:
         pass
-    Figure = _figure()
-    import matplotlib.backends.backend_svg  # noqa: F401
-    import matplotlib.collections  # noqa: F401
-    import matplotlib.patches  # noqa: F401
+    broken = None
+    try:
+        Figure = _figure()
+        import matplotlib.backends.backend_svg  # noqa: F401
+        import matplotlib.collections  # noqa: F401
+        import matplotlib.patches  # noqa: F401
 
-    warm = Figure(figsize=(2, 1))  # fonts and the SVG writer loaded before the plan arrives
-    warm.add_subplot(111).bar([0], [1], label="x")
-    warm.savefig(io.StringIO(), format="svg")
-
-    line = sys.stdin.readline()
-    if not line.strip():
+        warm = Figure(figsize=(2, 1))  # fonts and the SVG writer loaded before the plan arrives
+        warm.add_subplot(111).bar([0], [1], label="x")
+        warm.savefig(io.StringIO(), format="svg")
+    except Exception as e:  # noqa: BLE001 - said beside the plan once it is handed over
+        broken = f"matplotlib did not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); " \
+                 "install it (pip install matplotlib), then python -m vrun show <run dir>"
+    bounds.waiting()
+    req = _request()
+    if req is None:
         return 0
-    req = json.loads(line)
+    if broken:
+        fail(req, broken)
+        return 1
+    bounds.drawing(req)
     try:
         from vrun.rundir import files
 
         render(files.read_object(Path(req["plan"]), {}), req["out"])
     except Exception as e:  # noqa: BLE001 - the reason is left beside the plan, never raised into nothing
-        from vrun.core import writer
-
-        failed = Path(req["out"]).with_name(PICTURE_FAILED)
-        try:
-            writer.write_text(failed, f"{type(e).__name__}: {e}\n", root=str(failed.parent))
-        except (OSError, ValueError):
-            pass
+        fail(req, f"{type(e).__name__}: {e}")
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_serve())
+    sys.exit(_serve(*(float(a) for a in sys.argv[1:3])))

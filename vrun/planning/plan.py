@@ -227,9 +227,9 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     if [x for x in problems if not x.warning]:
         hints = []
         if any(x.key.startswith("mesh.") and not x.warning for x in found):
-            from vrun.estimate import search as searching
+            from vrun.estimate import meshes
 
-            hints = searching.hints(rules, mesh, resolved, ep)
+            hints = meshes.hints(rules, mesh, resolved, ep)
         raise PlanError(problems, hints=hints)
     argv = ep.command(config, run_dir, mesh, python or sys.executable)
     source = mlite.find_source()
@@ -257,6 +257,8 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
     cost = steptime_plan.cost(st, mesh.world, resolved, config.cluster.gpu_hour_price) \
         if st is not None else None
     found, deadline_rows, redundant = deadline_problems(config, resolved, st, counts, mesh, est)
+    if [x for x in found if not x.warning]:
+        raise PlanError(problems + [x for x in found if not x.warning])
     warnings += found
     if redundant is not None:  # verl counts 60 s for a save: the seconds this save takes beyond that
         extra = [verl_tree.Override("trainer.esi_redundant_time", redundant, "set")]
@@ -271,13 +273,19 @@ def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, env
 
 
 def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) -> tuple[list, list, Optional[int]]:
-    """cluster=slurm: whether this run's verl trainer saves before the deadline the node gives it
+    """cluster=slurm, ray, kuberay: whether this run's verl trainer saves before the deadline the job gives it
     (vrun.estimate.timelimit: only RayPPOTrainer, trainer.use_v1=false, asks; nothing saves without
     trainer.save_freq > 0), and whether the time limit holds the model load, the steps before the first save and
     that save. Returns (warnings, the plan table's `deadline` rows, the trainer.esi_redundant_time to write: the
     save's seconds beyond the 60 verl counts, where this trainer saves before the deadline and the user set none)."""
-    if str(config.cluster.name) != "slurm":
-        return [], [], None
+    values = check_values
+    cluster = str(config.cluster.name)
+    if cluster not in ("slurm", "ray", "kuberay"):
+        given = get(resolved, "trainer.esi_redundant_time", 0)
+        return ([Problem(values.ESI_KEY, given, "verl's pre-deadline save, which only a job with a deadline gives it "
+                         f"(MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP: SLURM's, a Ray job's, KubeRay's): on "
+                         f"cluster={cluster} read by nothing", f"drop {values.ESI_KEY}, or cluster=slurm",
+                         warning=True)] if given else []), [], None
     from vrun.estimate import timelimit
     from vrun.planning import watch
 
@@ -298,13 +306,16 @@ def deadline_problems(config: RunConfig, resolved: dict, st, counts, mesh, est) 
     given = get(resolved, "trainer.esi_redundant_time", 0)
     redundant = timelimit.redundant_time(save) if sup.saves and est is not None and not given else None
     lines = timelimit.plan_lines(sup, config.cluster.signal_delay_s, stack.verl_version(),
-                                 redundant if redundant is not None else (given or None))
+                                 redundant if redundant is not None else (given or None), cluster)
+    if given and sup.saves:
+        out += values.esi_problems(given, config.cluster.time_min, config.cluster.signal_delay_s,
+                                   (st.low, st.high) if st is not None else None, save, timelimit.redundant_time(save))
     if st is None:
         return out, lines, redundant
     w = watch.policy(config.run, st.high, counts.total if counts is not None else None, mesh.nnodes)
     p = timelimit.time_limit_problem(config.cluster.time_min, config.cluster.signal_delay_s,
                                      w.first_step_s - w.stall_after_s, st.high, save,
-                                     timelimit.first_save_steps(save_freq, bool(sup.saves)))
+                                     timelimit.first_save_steps(save_freq, bool(sup.saves)), cluster)
     return out + ([p] if p else []), lines, redundant
 
 
@@ -505,13 +516,13 @@ def mesh_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, 
              inputs: Optional[dict]) -> Optional[str]:
     """The mesh of the same GPUs, with the configured rollout replica, that mesh=auto's memory ranking puts first,
     when its band fits the GPU; as overrides with its band. None when none does."""
-    from vrun.estimate import search
+    from vrun.estimate import meshes, search
 
     if params is None:
         return None
     tps = [(get(verl, rollout.ROLLOUT_TP) or 1, get(verl, rollout.ROLLOUT_DP) or 1)] \
         if entrypoint.rollout_inputs(verl) is not None else None
-    valid = search.valid_meshes(rules_of(config, entrypoint, verl), mesh.nnodes, mesh.gpus_per_node, verl,
+    valid = meshes.valid_meshes(rules_of(config, entrypoint, verl), mesh.nnodes, mesh.gpus_per_node, verl,
                                 entrypoint, tps)
     found = search.rank(valid, lambda m: memory.estimate(params, m, **inputs),
                         cp_matters=memory.cp_matters(inputs["layer_shapes"]))
@@ -533,7 +544,7 @@ def nothing_fits(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: 
                  inputs: dict, best, best_overrides: str, tps) -> Problem:
     """mesh=auto when no mesh of the GPUs fits by the estimate: the lowest-peak mesh, and the fewest nodes (doubling)
     on which the search finds a mesh that fits."""
-    from vrun.estimate import search
+    from vrun.estimate import meshes, search
 
     gpn = mesh.gpus_per_node
     fix = "more GPUs (mesh.nnodes), more offload, or a smaller token budget"
@@ -543,7 +554,7 @@ def nothing_fits(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: 
         world = n * gpn
         tp_opts = rollout.choices(world, gpn, config.model.arch.facts(), phases.rollout_ep(verl) > 1) \
             if tps is not None else None
-        found = search.rank(search.valid_meshes(rules, n, gpn, verl, entrypoint, tp_opts),
+        found = search.rank(meshes.valid_meshes(rules, n, gpn, verl, entrypoint, tp_opts),
                             lambda m: memory.estimate(params, m, **inputs))
         if found and found[0].fits:
             fix = f"mesh.nnodes={n} ({world} GPUs: {found[0].mesh.overrides()} peaks at " \
@@ -563,7 +574,7 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
     plan records about the search (with the ranking entry that chose the mesh)."""
     import time
 
-    from vrun.estimate import search
+    from vrun.estimate import meshes, search
     from vrun.planning import steptime_plan
 
     model, arch = config.model, config.model.arch.facts()
@@ -577,7 +588,7 @@ def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mes
         tps = rollout.choices(world, gpn, arch, ep_on)
         if pinned is not None:
             tps = [x for x in tps if x[0] == pinned]
-    valid = search.valid_meshes(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
+    valid = meshes.valid_meshes(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
     inputs = phases.memory_inputs(config, entrypoint, verl) if params is not None else None
     ropts = []
     # the rollout replica depends on the GPUs, not on the training mesh: chosen first, the step times use it

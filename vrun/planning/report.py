@@ -54,7 +54,8 @@ def watch(plan: Plan):
 
     high = plan.time.high if plan.time is not None else None
     total = plan.params.total if plan.params is not None else None
-    return watching.policy(plan.config.run, high, total, plan.mesh.nnodes, _stacks_here())
+    return watching.policy(plan.config.run, high, total, plan.mesh.nnodes, _stacks_here(),
+                           str(plan.config.cluster.name))
 
 
 def plan_json(plan: Plan, **fields) -> dict:

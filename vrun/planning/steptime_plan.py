@@ -37,7 +37,8 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
                   grad_bytes=est.grads if est is not None else 0.0,
                   optimizer_bytes=est.optimizer if est is not None else 0.0)
     attn, cap = steptime.attention_flops_per_key(arch)
-    common.update(attn_flops_per_key=attn, attn_keys_cap=cap, tensors=steptime.tensor_count(arch))
+    # verl's refit: the offloaded training weights to the GPU for the export and back (steptime.REFIT_HOST)
+    common.update(attn_flops_per_key=attn, attn_keys_cap=cap, tensors=steptime.tensor_count(arch), refit_host="weights")
     micro = _micro(tokens / max(mesh.dp, 1), budget * mesh.cp)
     batch = entrypoint.step_batch(verl)  # the record's: samples, lengths, whether a rollout generates them
     step_tokens = batch["samples"] * (batch["prompt_mean"] + batch["response_mean"])

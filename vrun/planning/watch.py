@@ -25,9 +25,10 @@ ENGINE_START_S = 600.0
 VERL_SAVE_S = 60.0
 
 
-def policy(run, step_high_s, params_total, nnodes: int, stacks: str = "") -> WatchRecord:
+def policy(run, step_high_s, params_total, nnodes: int, stacks: str = "", cluster: str = "") -> WatchRecord:
     """run: the run config's `run` group (vrun.config.schema.RunSettings); step_high_s: the plan's step high end
-    (None without an estimate); params_total: the model's parameters (None when unknown)."""
+    (None without an estimate); params_total: the model's parameters (None when unknown); cluster: the cluster's
+    name (a Ray job's stacks are taken otherwise: RAY_STACKS)."""
     if run.stall_after_s is not None:
         stall, basis = float(run.stall_after_s), "run.stall_after_s"
     elif step_high_s:
@@ -39,17 +40,29 @@ def policy(run, step_high_s, params_total, nnodes: int, stacks: str = "") -> Wat
     load = ENGINE_START_S + (2.0 * params_total / max(nnodes, 1) / LOAD_RATE if params_total else 0.0)
     grace = float(run.stall_grace_s) if run.stall_grace_s is not None else stall
     return WatchRecord(stall_after_s=round(stall, 1), first_step_s=round(stall + load, 1),
-                       on_stall=str(run.on_stall), grace_s=round(grace, 1), basis=basis, stacks=stacks)
+                       on_stall=str(run.on_stall), grace_s=round(grace, 1), basis=basis,
+                       stacks=RAY_STACKS if cluster in RAY_CLUSTERS else stacks, cluster=str(cluster or ""))
 
 
 def line(w: WatchRecord) -> str:
-    """The plan table's row."""
+    """The plan table's row: what this cluster gets, never more."""
+    ray = w.cluster in RAY_CLUSTERS
     act = {"report": "reported (the job keeps running)",
-           "cancel": f"reported, then cancelled after {_t(w.grace_s)} more without a step",
+           "cancel": f"reported, then cancelled after {_t(w.grace_s)} more without a step" +
+                     (" (the job ends itself)" if ray else ""),
            "requeue": f"reported, then after {_t(w.grace_s)} submitted again without the odd rank's node"}[w.on_stall]
+    if w.on_stall == "requeue" and w.cluster == "ray":
+        act = (f"reported, then after {_t(w.grace_s)} the job ends and is submitted again to the same cluster, "
+               "resuming from the last whole checkpoint (a standing Ray cluster cannot leave the odd node out; "
+               "cancelled instead where the nodes do not reach the run dir)")
+    elif w.on_stall == "requeue" and w.cluster == "kuberay":
+        act = (f"reported, then cancelled after {_t(w.grace_s)} more without a step: requeue acts as cancel on "
+               "KubeRay (a pod cannot apply a RayJob; python -m vrun resubmit <run dir> from here)")
+    where = ("stacks of every Ray node's processes of the job under <run dir>/stalls/ (under the job's working dir "
+             "where the nodes do not reach the run dir, each event then also a `vrun: event` line in the job's log)"
+             if ray else "stacks of every node under <run dir>/stalls/")
     return (f"watch   stalled after {_t(w.stall_after_s)} without a verl step ({w.basis}; the first step of an "
-            f"attempt: {_t(w.first_step_s)}); on a stall: stacks of every node under <run dir>/stalls/, "
-            f"{act}" + (f"; {w.stacks}" if w.stacks else ""))
+            f"attempt: {_t(w.first_step_s)}); on a stall: {where}, {act}" + (f"; {w.stacks}" if w.stacks else ""))
 
 
 def _t(s: float) -> str:
@@ -62,6 +75,12 @@ def _t(s: float) -> str:
 
 
 HOOK = "the process's own dump on SIGURG (faulthandler, vrun/launch/stackhook)"
+RAY_CLUSTERS = ("ray", "kuberay")
+# a Ray job's stacks: its processes found by Ray's state API, dumped by a task pinned to each node; the stack hook is
+# not on a Ray job's path (PYTHONPATH does not travel), and the nodes' ptrace rules are not known from here
+RAY_STACKS = ("stacks by py-spy on each node (the job's processes from Ray's state API, dumped by a task pinned to "
+              "the node): py-spy must be installed there and allowed to attach (Yama ptrace_scope, SYS_PTRACE in a "
+              "container), else a process is listed without its stack")
 
 
 def attach_rule(has_py_spy: bool, scope: Optional[int], cap_sys_ptrace: bool) -> tuple[bool, str]:

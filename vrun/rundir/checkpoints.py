@@ -434,7 +434,7 @@ def apply(resume: Resume, root: Path) -> bool:
     <tracker>.replaced-<unix time>), or moved aside when no step is whole (verl then starts from step 0). Nothing
     for a refused decision or one verl already follows. Writes only inside root. True when it changed anything."""
     root = Path(root)
-    if resume.refused is not None:
+    if resume.refused is not None or linked(root) is not None:  # never renamed through a link
         return False
     if resume.step is not None and resume.step == resume.tracker_step and not resume.tracker:
         return False
@@ -455,15 +455,35 @@ def apply(resume: Resume, root: Path) -> bool:
     return True
 
 
+def linked(root: Path) -> Optional[str]:
+    """Where `root` really is when it is itself a link (a checkpoints/ link the user made to other storage); None
+    otherwise (links above it are the machine's own layout)."""
+    return os.path.realpath(root) if os.path.islink(root) else None
+
+
 def check(root: Path, plan, say) -> Resume:
     """Before a training attempt starts: decide what verl will load (decide), say each line (say: a function of one
     line), and make verl load it (apply) unless refused. The caller records `resumed` (resumed_fields) or stops on
-    decision.refused."""
+    decision.refused. A root reached through a link is followed for reading and said; the tracker is never
+    renamed or written through it (what apply would have changed is said instead), and a tracker that cannot be
+    changed is one line, never an exception."""
     decision = decide(Path(root), plan, allow_mesh_change=plan.resume_mesh_change)
     for line in decision.lines():
         say(f"vrun: {line}")
-    if decision.refused is None:
+    if decision.refused is not None:
+        return decision
+    target = linked(root)
+    changes = not (decision.step is not None and decision.step == decision.tracker_step and not decision.tracker) \
+        and not (decision.step is None and _lstat(Path(root) / TRACKER) is None)
+    if target is not None:
+        say(f"vrun: resume: {root} is a link to {show(target)}: read through it; the tracker there is never "
+            "rewritten through it" + (f" (verl loads what it names, not global_step_{decision.step}: point it there "
+                                      "yourself, or make checkpoints/ a plain dir)" if changes else ""))
+        return decision
+    try:
         apply(decision, Path(root))
+    except OSError as e:
+        say(f"vrun: resume: the tracker in {root} was not changed: {str(e).splitlines()[0][:300]}")
     return decision
 
 

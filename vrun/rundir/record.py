@@ -78,6 +78,7 @@ class WatchRecord:
     grace_s: float
     basis: str          # how stall_after_s was reached, in words
     stacks: str = ""    # how stacks are taken on this machine
+    cluster: str = ""   # the cluster's name: what a stall can do there (vrun.planning.watch.line)
 
 
 @dataclass(frozen=True)

@@ -156,5 +156,10 @@ def index_add(run_dir: str) -> None:
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         writer.append_line(p, json.dumps({"run_dir": str(Path(run_dir).absolute()), "t": round(time.time(), 3)}))
-    except OSError:
-        pass
+    except OSError as e:
+        from vrun.core import fs
+
+        st = fs.stat(p, follow=False)[0]
+        if st is not None:  # there, and not a file the index can be added to (a FIFO, a link, a dir): said
+            fs.ignored(p, fs.read_checked(p, own=True)[1] or e.strerror or str(e), "the run is not added to the "
+                       "index: `python -m vrun runs` lists it only when given its dir")

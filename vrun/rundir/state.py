@@ -17,6 +17,7 @@ from vrun.rundir import records as rundir
 from vrun.rundir.files import RunDirError
 from vrun.rundir.record import PlanRecord
 from vrun.core import fs
+from vrun.core.text import summarised
 
 # the order of the phases within one attempt (a submitter and a node may write in either order)
 RANK = {"submitted": 0, "requeued": 0, "started": 1, "ray_running": 1, "resumed": 1, "nodes_joined": 2, "ray_up": 3,
@@ -218,7 +219,7 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
             a.hosts = [h for h in (e.get("hosts") or [e.get("host")]) if isinstance(h, str)]
             a.pid, a.host = e.get("pid"), e.get("host")
             a.started = e["t"] if a.started is None else a.started
-            state, phase = "running", f"started on {','.join(a.hosts)}"
+            state, phase = "running", f"started on {summarised(a.hosts, sep=',')}"
         elif ev == "ray_running":  # a Ray job seen running (the dashboard's word, kept: it may stop answering)
             t0 = e.get("started")
             ok = isinstance(t0, (int, float)) and not isinstance(t0, bool) and 0 < t0 < 1e11
@@ -271,9 +272,9 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
     act = a.last("stall_action")
     if act is not None and act.get("action") in ("cancelled", "requeued") and state in ("running", "failed",
                                                                                         "cancelled"):
-        gone = act.get("exclude") or []
+        gone = act.get("exclude") if isinstance(act.get("exclude"), list) else []
         state = "cancelled"
-        phase = ("stalled, submitted again" + (f" without {','.join(gone)}" if gone else "") if act["action"] ==
+        phase = ("stalled, submitted again" + (f" without {summarised(gone, sep=',')}" if gone else "") if act["action"] ==
                  "requeued" else "stalled, cancelled by the watchdog" +
                  (f": {act['why']}" if isinstance(act.get("why"), str) and act["why"] else "")) + \
             f" ({act.get('summary')})"

@@ -78,6 +78,9 @@ def cmd_runs(a) -> int:
     from vrun.rundir import rayjob
 
     rayjob.refresh(runs, with_logs="active", budget_s=RAY_BUDGET_S)  # cluster=ray rows: from their dashboards
+    from vrun.runs import kuberay
+
+    kuberay.refresh(runs)  # cluster=kuberay rows: their RayJobs' status from kubectl
     if a.state:
         want = set(a.state.split(","))
         runs = [r for r in runs if r.state in want]
@@ -131,17 +134,18 @@ def cmd_status(a) -> int:
 
     r = one_run(a.run)
     if r.on_ray:  # the dashboard's word on the job over the run's own lines (its log kept as job.log)
-        from vrun.rundir import rayjob
+        from vrun.rundir import rayjob as ray_dashboard
         from vrun.runs import rayjobs
 
         if r.ray_problem:
             raise Usage(r.ray_problem)
-        rayjob.refresh([r], with_logs="all", budget_s=2 * rayjob.timeout_of(r.plan))
+        ray_dashboard.refresh([r], with_logs="all", budget_s=2 * ray_dashboard.timeout_of(r.plan))
         if r.ray_error and r.ray is not None:
             raise rayjobs.unreachable(r, "its job's state not read")
-    m = measured.of(r)
-    if m.steps:
-        measured.learn(r.dir, m)  # the calibration record learns what this run measured (idempotent)
+    from vrun.runs import kuberay
+
+    rayjob = kuberay.refresh([r]).get(str(r.dir))  # a cluster=kuberay run: its RayJob's status from kubectl
+    m = measured.of(r)  # read only: the calibration learns when the run ends, in the job's own process
     if a.json:
         print(json.dumps({**r.summary(), "events": r.events, "predicted": measured.predicted(r),
                           "measured": m.summary()}, indent=1))
@@ -152,6 +156,8 @@ def cmd_status(a) -> int:
           f"{m.world} GPUs = {m.nnodes}×{m.gpus_per_node}, TP{m.tp} CP{m.cp} PP{m.pp} DP{m.dp} EP{m.ep} "
           f"ETP{m.etp} EDP{m.edp}")
     print(f"state    {state.describe(r)}")
+    if rayjob:
+        print(f"rayjob   {rayjob}")
     if r.failure and r.state == "failed":
         print(f"failed   on {r.failure['node']}: {r.failure['error']}")
     if r.stall:

@@ -2,5 +2,6 @@
 submission, `resubmit`), `checks.py` (what is checked before sbatch: the login preflight, shared storage, the
 partition's limits, sbatch's refusals mapped to fixes; the same checks on a node), `wait.py` and `watch.py`
 (the submitter's wait: progress, the outcome read from the run dir and squeue, never blocking), `node.py` on
-every allocated node (the control dir, Ray head/worker or torchrun, failure propagation).
+every allocated node (the control dir, Ray head/worker or torchrun, failure propagation), `procs.py` (a job's
+ports, the node's address, its children's lifecycle).
 """

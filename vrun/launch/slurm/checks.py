@@ -22,6 +22,7 @@ from typing import Optional
 
 from vrun.core.problems import Problem
 from vrun.core import fs
+from vrun.core.text import summarised
 
 SKIP = "cluster.login_preflight=false"
 
@@ -78,7 +79,7 @@ def node_problems(checks: dict) -> list[str]:
 # ==================================================================== shared storage
 def storage_problems(plan, folder: str) -> list[Problem]:
     """Paths the nodes must see, refused when they are under one of cluster.node_local_paths."""
-    local = [os.path.normpath(p) for p in plan.config.cluster.node_local_paths if str(p).strip()]
+    local = node_local(plan.config.cluster.node_local_paths)
     if not local:
         return []
     import vrun
@@ -94,13 +95,28 @@ def storage_problems(plan, folder: str) -> list[Problem]:
     out, seen = [], set()
     for key, path, what in paths:
         full = os.path.normpath(os.path.abspath(os.path.expanduser(str(path))))
-        under = next((loc for loc in local if full == loc or full.startswith(loc.rstrip("/") + "/")), None)
+        real = os.path.realpath(full)  # a link from shared storage into node-local storage is still node-local
+        under = next((loc for loc in local for p in (full, real)
+                      if p == loc or p.startswith(loc.rstrip("/") + "/")), None)
         if under and key not in seen:
             seen.add(key)
             out.append(Problem(key, full, f"{what} is under {under}, storage private to each node "
                                "(cluster.node_local_paths): the nodes would not see it and the job would end "
-                               "without writing a line", "put it on storage every node shares (e.g. under $HOME "
-                               "or the project's filesystem)"))
+                               "without writing a line", f"put it outside {under}, on storage every node shares "
+                               "(e.g. the project's filesystem)"))
+    return out
+
+
+def node_local(paths) -> list[str]:
+    """cluster.node_local_paths as compared: `~` expanded, normalised, each also as its real path (a link such as
+    /scratch → /local/scratch); relative entries are refused by the knob's own check (vrun.checks.values)."""
+    out: list[str] = []
+    for p in paths or []:
+        if not isinstance(p, str) or not p.strip():
+            continue
+        full = os.path.normpath(os.path.expanduser(p.strip()))
+        if os.path.isabs(full):
+            out += [x for x in dict.fromkeys((full, os.path.realpath(full))) if x not in out]
     return out
 
 
@@ -124,10 +140,13 @@ def _slurm(*argv: str) -> Optional[str]:
 
 
 def minutes(text: str) -> Optional[int]:
-    """A SLURM time limit ([days-]hours:minutes:seconds, minutes, UNLIMITED) in minutes; None: no limit."""
+    """A SLURM time limit ([days-]hours:minutes:seconds, minutes, UNLIMITED) in minutes; None: no limit, or text
+    that is not a time limit (scontrol's answer is read, not trusted)."""
     if not text or text.upper() in ("UNLIMITED", "INFINITE", "NONE"):
         return None
     days, _, rest = text.rpartition("-")
+    if not re.fullmatch(r"[0-9]{0,6}", days) or not re.fullmatch(r"[0-9]{1,9}(:[0-9]{1,9}){0,2}", rest):
+        return None
     parts = [int(x) for x in rest.split(":")]
     if len(parts) == 1:
         h, m, s = 0, parts[0], 0
@@ -162,7 +181,9 @@ def partitions() -> Optional[list[Partition]]:
         gres = _slurm("sinfo", "-h", "-p", name, "-o", "%G") or ""
         gpus = max((gres_gpus(g) for g in gres.split()), default=0)
         maxn = kv.get("MaxNodes", "UNLIMITED")
-        out.append(Partition(name, int(kv.get("TotalNodes", "0") or 0), None if maxn == "UNLIMITED" else int(maxn),
+        total = kv.get("TotalNodes", "0")
+        out.append(Partition(name, int(total) if re.fullmatch(r"[0-9]{1,9}", total) else 0,
+                             int(maxn) if re.fullmatch(r"[0-9]{1,9}", maxn) else None,
                              minutes(kv.get("MaxTime", "UNLIMITED")), gpus or None, kv.get("Default") == "YES"))
     return out
 
@@ -177,7 +198,7 @@ def partition_problems(sub, known: Optional[list] = None) -> list[Problem]:
     if want:
         part = next((p for p in parts if p.name == want), None)
         if part is None:
-            return [Problem(key, want, f"no such partition (this cluster has {', '.join(p.name for p in parts)})",
+            return [Problem(key, want, f"no such partition (this cluster has {summarised(p.name for p in parts)})",
                             f"{key}=<one of those>")]
     else:
         part = next((p for p in parts if p.default), None)
@@ -215,12 +236,12 @@ def sbatch_problem(error: BaseException, sub) -> Problem:
     why = (m.group(1) if m else text)[:300].strip() or type(error).__name__
     low = why.lower()
     parts = partitions() or []
-    names = ", ".join(p.name + ("*" if p.default else "") for p in parts) or "sinfo lists them"
+    names = summarised(p.name + ("*" if p.default else "") for p in parts) or "sinfo lists them"
     if "invalid partition" in low:
         return Problem("cluster.partition", sub.parameters.get("partition"), f"sbatch: {why}",
                        f"cluster.partition=<one of {names}>")
     if "node configuration is not available" in low or "gres" in low:
-        gres = "; ".join(f"{p.name}: {p.nodes} node(s), gpu:{p.gpus_per_node or 0}" for p in parts)
+        gres = summarised((f"{p.name}: {p.nodes} node(s), gpu:{p.gpus_per_node or 0}" for p in parts), sep="; ")
         return Problem("mesh", f"{sub.nodes}x{sub.gpus_per_node}", f"sbatch: {why}",
                        f"a mesh the partition offers ({gres or 'sinfo -o %P,%D,%G'}), or +cluster.additional_"
                        "parameters/cluster.constraint matching its nodes")

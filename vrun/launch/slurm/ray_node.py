@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from vrun.launch.slurm.node import Node, exited, kill, node_ip, start_watchdog, stop
+from vrun.launch.slurm.node import Node, start_watchdog
+from vrun.launch.slurm.procs import exited, kill, node_ip, stop
 from vrun.rundir import records as rundir
 
 
@@ -94,6 +95,10 @@ def run_driver(node: Node, driver_env: dict, alive_s: float, address: Optional[s
             dog.stop()
         stop(proc)
     node.record("exited", node=0, rc=rc)
+    if mode == "train":
+        from vrun.planning import measured
+
+        measured.learn_at_end(job.run_dir)  # the run's measured step time, learned where the run ends
     if rc:
         raise RuntimeError(node.record_failure(f"the driver {exited(rc)} (see the job log)"))
     return {"mode": mode, "run_dir": job.run_dir, "job_id": node.env.job_id}

@@ -7,7 +7,8 @@ import subprocess
 from typing import Any, Optional
 
 from vrun import entrypoints
-from vrun.launch.slurm.node import Node, exited, kill, node_ip, start_watchdog
+from vrun.launch.slurm.node import Node, start_watchdog
+from vrun.launch.slurm.procs import exited, kill, node_ip
 
 
 def torchrun_node(node: Node) -> Any:
