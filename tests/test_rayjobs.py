@@ -43,20 +43,67 @@ def node_flags(p: list) -> list:
             "--runtime-env-agent-port", str(p[5]), "--min-worker-port", str(p[6]), "--max-worker-port", str(p[6] + 40)]
 
 
+def cluster_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PATH=f"{Path(PY).parent}:{env['PATH']}",
+               PYTHONPATH=str(ROOT / "tests" / "support"), CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7")
+    return env
+
+
+def start_head(p: list, temp: Path, log: Path, gpus: int = 0) -> subprocess.Popen:
+    """`ray start --head` on the ports p (gcs, dashboard, client, then the node's seven) and its own temp dir;
+    gpus > 0: the head itself holds that many declared H100s (a one-node cluster)."""
+    gcs, dash, client, *rest = p
+    extra = ["--resources", json.dumps({"accelerator_type:H100": 1})] if gpus else []
+    return subprocess.Popen([RAY, "start", "--head", "--port", str(gcs), "--dashboard-port", str(dash),
+                             "--dashboard-host", "127.0.0.1", "--ray-client-server-port", str(client),
+                             "--include-dashboard=true", "--num-cpus", "2" if gpus else "1", "--num-gpus", str(gpus),
+                             *extra, "--temp-dir", str(temp), *node_flags(rest[:7])],
+                            env=cluster_env(), start_new_session=True, stdout=open(log, "ab"),
+                            stderr=subprocess.STDOUT)
+
+
+def stop(procs: list, sig=signal.SIGTERM) -> None:
+    """The process groups started here, by pid: TERM (or `sig`), then KILL after 30 s."""
+    for p in reversed(procs):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(30)
+
+
+def dashboard_pid(url: str) -> int:
+    """The pid of the dashboard serving `url` (its command line: dashboard.py --port=<port>)."""
+    port = url.rsplit(":", 1)[1]
+    for d in Path("/proc").iterdir():
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"dashboard.py") for a in argv) and f"--port={port}".encode() in argv:
+            return int(d.name)
+    raise AssertionError(f"no dashboard process for {url}")
+
+
+GCS: dict = {}  # the module cluster's GCS port (the address `ray start` prints for joining)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     """http address of a head (no GPUs) with one worker of 8 declared H100s; the pids are stopped at the end."""
     tmp = tmp_path_factory.mktemp("raycluster")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PATH=f"{Path(PY).parent}:{env['PATH']}",
-               PYTHONPATH=str(ROOT / "tests" / "support"), CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7")
-    gcs, dash, client, *rest = ports(12)
+    env = cluster_env()
+    p = ports(12)
     temp = Path("/tmp") / f"vr{os.getpid()}"  # Ray's socket paths must stay short
-    head = subprocess.Popen([RAY, "start", "--head", "--port", str(gcs), "--dashboard-port", str(dash),
-                             "--dashboard-host", "127.0.0.1", "--ray-client-server-port", str(client),
-                             "--include-dashboard=true", "--num-cpus", "1", "--num-gpus", "0",
-                             "--temp-dir", str(temp), *node_flags(rest[:7])],
-                            env=env, start_new_session=True, stdout=open(tmp / "head.log", "wb"), stderr=subprocess.STDOUT)
+    head = start_head(p, temp, tmp / "head.log")
+    gcs, dash = p[0], p[1]
+    GCS["port"] = gcs
     procs = [head]
     url = f"http://127.0.0.1:{dash}"
     try:
@@ -71,16 +118,7 @@ def ray_cluster(tmp_path_factory):
         wait(lambda: len(rayjobs.read_shape(url, 5).nodes) == 2, 90, "the worker joining")
         yield url
     finally:
-        for p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop(procs)
         subprocess.run(["rm", "-rf", str(temp)])
 
 
@@ -104,6 +142,23 @@ def wait(cond, seconds, what):
             pass
         time.sleep(1)
     raise AssertionError(f"{what} did not come up within {seconds}s")
+
+
+@pytest.mark.parametrize("how", ["knob", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"])
+def test_the_gcs_address_is_refused_naming_the_dashboard_form(ray_cluster, tmp_path, how):
+    """The address Ray prints for joining (<head>:<gcs port>) answers an HTTP request in binary: one line naming the
+    dashboard's form, no NUL byte printed, nothing written."""
+    gcs = f"127.0.0.1:{GCS['port']}"
+    env = {k: v for k, v in grpo_env(tmp_path).items() if not k.startswith("RAY_")}
+    if how != "knob":
+        env[how] = gcs
+    run = tmp_path / "r"
+    proc = runner("model=qwen3_5_35b", "algo=grpo", "cluster=ray", "mesh=8gpu", "mode=preflight",
+                  f"cluster.ray.address={gcs if how == 'knob' else 'auto'}", f"hydra.run.dir={run}", env=env,
+                  timeout=200)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "\x00" not in proc.stderr + proc.stdout, proc.stderr
+    assert "GCS address" in errors[0] and "http://<head>:8265" in errors[0] and not (run / "plan.json").exists()
 
 
 def test_shape_read_from_the_live_cluster(ray_cluster):
@@ -185,11 +240,18 @@ def test_a_job_reaches_the_entry_and_the_verbs_work(ray_cluster, tmp_path):
     task runner inside a Ray worker of the cluster; status, logs and cancel through the API."""
     env = dict(grpo_env(tmp_path), RAY_ADDRESS=ray_cluster)
     run = tmp_path / "run"
+    # the submitter follows the job to its end (cluster.detach=false): one line per change, then its state
     proc = runner("model=qwen3_5_35b", "algo=grpo", "cluster=ray", "mesh=8gpu",
-                  "run.task_runner=vrun_probe.ProbeTaskRunner", f"hydra.run.dir={run}", env=env, timeout=300)
+                  "run.task_runner=vrun_probe.ProbeTaskRunner", f"hydra.run.dir={run}", env=env, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     job = json.loads((run / "ray_job.json").read_text())
-    assert job["address"] == ray_cluster and job["job_id"] in proc.stdout
+    assert set(job) == {"address", "job_id"} and job["address"] == ray_cluster and job["job_id"] in proc.stdout
+    from vrun.rundir.records import run_id
+
+    assert job["job_id"] == f"vrun-{run_id(str(run))}-0"
+    follow = [x for x in proc.stdout.splitlines() if x.startswith(f"job {job['job_id']}")]
+    assert follow[-1] == f"job {job['job_id']}: completed" and len(follow) == len(set(follow)), proc.stdout
+    assert "detached" not in proc.stderr
     vr = lambda *a: subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True,
                                    timeout=120)
     try:
@@ -210,15 +272,17 @@ def test_a_job_reaches_the_entry_and_the_verbs_work(ray_cluster, tmp_path):
     assert (report["env"]["WANDB_RUN_ID"], report["env"]["WANDB_RESUME"]) == (f"vrun-{run_id(str(run))}", "allow")
     vr = lambda *a: subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True,
                                    timeout=120)
-    wait(lambda: "SUCCEEDED" in vr("status", str(run)).stdout, 120, "the job's end")
+    st = vr("status", str(run))
+    assert "state    completed" in st.stdout and f"ray job  {job['job_id']} at {ray_cluster}" in st.stdout, st.stdout
     (row,) = json.loads(vr("runs", str(run), "--json").stdout)  # `runs` reads the job's state from the dashboard
-    assert row["state"] == "completed" and row["phase"].startswith("ray job SUCCEEDED"), row
+    assert row["state"] == "completed" and row["phase"] == "completed (ray job SUCCEEDED)", row
+    assert row["elapsed_s"] > 0 and row["attempt"] == 0 and row["job_id"] == job["job_id"], row
     logs = vr("logs", str(run))
     assert logs.returncode == 0 and "planned against" not in logs.stdout
     assert "wandb-test-secret" not in logs.stdout + "".join(f.read_text(errors="ignore") for f in run.rglob("*")
                                                               if f.is_file())
     gone = vr("cancel", str(run))
-    assert gone.returncode == 2 and gone.stderr.count("\n") == 1 and "SUCCEEDED" in gone.stderr
+    assert gone.returncode == 2 and gone.stderr.count("\n") == 1 and "completed" in gone.stderr, gone.stderr
 
 
 @pytest.mark.ray
@@ -234,74 +298,186 @@ def test_a_job_refuses_another_plans_checkpoint_before_ray_starts(ray_cluster, t
     first = runner(*base, "mode=plan", env=env, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     another_models_checkpoint(run)
-    proc = runner(*base, "run.resume=true", env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = runner(*base, "run.resume=true", env=env, timeout=420)
+    # the submitter followed it to its failure: one line, the job's own cause
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "failed" in errors[0], proc.stdout[-3000:] + proc.stderr
     vr = lambda *a: subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True,
                                    timeout=120)
-    wait(lambda: "FAILED" in vr("status", str(run)).stdout, 240, "the job's failure")
+    assert "state    failed" in vr("status", str(run)).stdout
     logs = vr("logs", str(run)).stdout
     assert "vrun: resume: refused" in logs and "saved by model glm5_1" in logs, logs[-3000:]
     assert not (run / "probe.json").exists()
 
 
 @pytest.mark.ray
-def test_cancel_stops_a_running_job_and_logs_follow(ray_cluster, tmp_path):
-    """A held job (tests/support/vrun_hold.py) is RUNNING; logs show the entry reached the worker; cancel stops it
-    and a second cancel is refused in one line; resubmit runs it again as a new job id in the same run dir."""
-    env = dict(grpo_env(tmp_path), RAY_ADDRESS=ray_cluster)
+def test_cancel_stops_a_running_job_and_a_frozen_dashboard_holds_no_verb(ray_cluster, tmp_path):
+    """A held job (tests/support/vrun_hold.py) is running; logs show the entry reached the worker. The dashboard
+    frozen (SIGSTOP): every verb answers in one line within its timeout (3 s), naming the address and the run's last
+    known state. Thawed: cancel stops it, a second cancel is refused in one line, runs says cancelled even with the
+    dashboard frozen again; resubmit runs the plan's job again as the run's next attempt."""
+    env = dict(grpo_env(tmp_path), RAY_API_SERVER_ADDRESS=ray_cluster, RAY_ADDRESS="http://127.0.0.1:1")
     run = tmp_path / "held"
-    proc = runner("model=qwen3_5_35b", "algo=grpo", "cluster=ray", "mesh=8gpu",
+    proc = runner("model=qwen3_5_35b", "algo=grpo", "cluster=ray", "cluster.ray.address=auto", "mesh=8gpu",
+                  "cluster.detach=true", "cluster.ray.dashboard_timeout_s=3",
                   "run.task_runner=vrun_hold.HoldTaskRunner", f"hydra.run.dir={run}", env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     first = json.loads((run / "ray_job.json").read_text())["job_id"]
-    vr = lambda *a: subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True,
-                                   timeout=120)
+    assert first.endswith("-0") and json.loads((run / "ray_job.json").read_text())["address"] == ray_cluster
+
+    def vr(*a, timeout=120):
+        t0 = time.monotonic()
+        p = subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        p.seconds = time.monotonic() - t0
+        return p
+
     wait(lambda: (run / "hold.json").exists(), 240, "the held task runner")
-    assert "RUNNING" in vr("status", str(run)).stdout
+    wait(lambda: "state    running" in vr("status", str(run)).stdout, 60, "the job running")
     wait(lambda: "hold: holding on" in vr("logs", str(run)).stdout, 60, "the job's log")
+    pid = dashboard_pid(ray_cluster)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for verb in ("status", "logs", "cancel", "resubmit"):
+            p = vr(verb, str(run), timeout=60)
+            assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.seconds < 30, (verb, p.seconds, p.stderr)
+            assert ray_cluster in p.stderr and "last known state: running" in p.stderr, p.stderr
+        p = vr("runs", str(run), "--json", timeout=60)
+        assert p.returncode == 0 and p.seconds < 30 and json.loads(p.stdout)[0]["state"] == "running"
+    finally:
+        os.kill(pid, signal.SIGCONT)
     refused = vr("resubmit", str(run))
-    assert refused.returncode == 2 and "RUNNING" in refused.stderr and refused.stderr.count("\n") == 1
+    assert refused.returncode == 2 and "still running" in refused.stderr and refused.stderr.count("\n") == 1
     stopped = vr("cancel", str(run))
     assert stopped.returncode == 0, stopped.stderr
-    wait(lambda: "STOPPED" in vr("status", str(run)).stdout, 60, "the job stopping")
-    (row,) = json.loads(vr("runs", str(run), "--json").stdout)
-    assert row["state"] == "cancelled" and row["phase"].startswith("ray job STOPPED"), row
+    assert "cancelled with python -m vrun cancel" in vr("status", str(run)).stdout
     again = vr("cancel", str(run))
-    assert again.returncode == 2 and "STOPPED" in again.stderr and again.stderr.count("\n") == 1
+    assert again.returncode == 2 and "cancelled" in again.stderr and again.stderr.count("\n") == 1
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        (row,) = json.loads(vr("runs", str(run), "--json").stdout)
+        assert row["state"] == "cancelled", row
+    finally:
+        os.kill(pid, signal.SIGCONT)
     (run / "hold.json").unlink()
-    re = vr("resubmit", str(run))
+    re = vr("resubmit", str(run), "--detach")
     assert re.returncode == 0, re.stderr
     second = json.loads((run / "ray_job.json").read_text())
-    assert second["job_id"] != first and second["replaces"] == first
+    assert second["job_id"] == first[:-1] + "1", second
     wait(lambda: (run / "hold.json").exists(), 240, "the resubmitted job")
+    (row,) = json.loads(vr("runs", str(run), "--json").stdout)
+    assert row["attempt"] == 1 and row["restarts"] >= 0 and row["job_id"] == second["job_id"], row
     assert vr("cancel", str(run)).returncode == 0
 
 
 def test_lost_dashboard_in_the_verbs_is_one_line(tmp_path):
     """A run dir whose cluster has gone: each verb answers in one line within the timeout."""
-    run = tmp_path / "gone"
-    run.mkdir()
-    (run / "ray_job.json").write_text(json.dumps({"address": "http://127.0.0.1:1", "job_id": "raysubmit_x",
-                                                  "entrypoint": "true", "runtime_env": {}}))
+    from test_ray_doors import planned, submitted
+
+    run, env = planned(tmp_path)
+    gone = type("Gone", (), {"url": "http://127.0.0.1:1", "jobs": {}})()
+    submitted(run, gone)
     for verb in ("status", "logs", "cancel", "resubmit"):
         t0 = time.monotonic()
-        p = subprocess.run([PY, "-m", "vrun", verb, str(run)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        p = subprocess.run([PY, "-m", "vrun", verb, str(run)], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=60)
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, (verb, p.stderr)
         assert p.stderr.startswith("error: cluster.ray.address=http://127.0.0.1:1") and time.monotonic() - t0 < 40
+        assert "refused the connection" in p.stderr and "last known state: pending" in p.stderr, p.stderr
 
 
 def test_runs_with_a_lost_dashboard_keeps_the_row_and_says_why(tmp_path):
     """`runs` asks each dashboard once (GET /api/jobs/), within 5 s: one that does not answer leaves the row's
     state as the run dir says and names why."""
-    from types import SimpleNamespace
+    from test_ray_doors import planned, submitted
+    from vrun.rundir import rayjob, state
 
-    from vrun.runs import rayjobs as ray_runs
-
-    run = tmp_path / "gone"
-    run.mkdir()
-    (run / "ray_job.json").write_text(json.dumps({"address": "http://127.0.0.1:1", "job_id": "raysubmit_x",
-                                                  "entrypoint": "true", "runtime_env": {}}))
-    row = SimpleNamespace(dir=run, state="pending", phase="submitted", reason="")
+    run, env = planned(tmp_path)
+    gone = type("Gone", (), {"url": "http://127.0.0.1:1", "jobs": {}})()
+    submitted(run, gone)
+    row = state.load(run)
     t0 = time.monotonic()
-    ray_runs.refresh([row])
-    assert time.monotonic() - t0 < 10 and row.state == "pending" and row.reason == "Ray dashboard unreachable"
+    rayjob.refresh([row, state.load(run)])
+    assert time.monotonic() - t0 < 10 and row.state == "pending" and row.reason == "dashboard unreachable: refused"
+    assert "refused the connection" in row.ray_error
+
+
+@pytest.mark.ray
+def test_a_restarted_head_leaves_the_run_lost_and_resubmit_resumes_it(tmp_path):
+    """A one-node cluster of its own runs the stand-in trainer (verl's step lines, checkpoints in verl's layout);
+    once a checkpoint is whole the head is stopped and started again on the same ports: the new head knows no job.
+    status and runs say lost with why, cancel has nothing to stop, logs print the log kept in the run dir, and
+    resubmit submits the plan's job again: it resumes from the last whole checkpoint under the same tracker id."""
+    from conftest import processes_of
+    from vrun.launch import rayjobs
+    from vrun.rundir import records
+
+    p = ports(12)
+    temp = Path("/tmp") / f"vl{os.getpid()}"
+    url = f"http://127.0.0.1:{p[1]}"
+    procs = [start_head(p, temp, tmp_path / "head.log", gpus=8)]
+    run = tmp_path / "run"
+    rid = records.run_id(str(run))
+
+    def vr(*a):
+        return subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+    try:
+        wait(lambda: len(rayjobs.read_shape(url, 5).nodes) == 1, 120, "the one-node cluster")
+        env = dict(grpo_env(tmp_path), RAY_API_SERVER_ADDRESS=url)
+        base = ["model=qwen3_5_35b", "algo=grpo", "cluster=ray", "cluster.ray.address=auto", "mesh=8gpu",
+                "run.task_runner=vrun_standin.StandinTaskRunner", "verl.trainer.save_freq=1", f"hydra.run.dir={run}"]
+        first = runner(*base, "mode=plan", env=env, timeout=300)
+        assert first.returncode == 0, first.stderr[-2000:]
+        (run / "standin.json").write_text(json.dumps({"steps": 1000, "step_s": 0.5, "save_freq": 1}))
+        proc = runner(*base, "run.resume=true", "cluster.detach=true", env=env, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        tracker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
+        wait(lambda: int(tracker.read_text()) >= 1, 300, "a whole checkpoint")
+        st = vr("status", str(run)).stdout
+        assert "state    running: step" in st and "measured step" in st, st
+        saved = int(tracker.read_text())
+        stop(procs, signal.SIGKILL)  # the head dies (its job history with it)
+        procs.clear()
+        for line in processes_of(".", f"VRUN_RUN_ID={rid}"):  # what the old head left of the job, if anything
+            try:
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        procs.append(start_head(p, temp, tmp_path / "head.log", gpus=8))
+        wait(lambda: len(rayjobs.read_shape(url, 5).nodes) == 1, 120, "the head started again")
+        job = json.loads((run / "ray_job.json").read_text())["job_id"]
+        st = vr("status", str(run))
+        assert st.returncode == 0 and "state    lost" in st.stdout and f"no longer knows job {job}" in st.stdout, \
+            st.stdout + st.stderr
+        (row,) = json.loads(vr("runs", str(run), "--json").stdout)
+        assert row["state"] == "lost" and "resubmit" in row["phase"], row
+        gone = vr("cancel", str(run))
+        assert gone.returncode == 2 and "nothing to stop" in gone.stderr and gone.stderr.count("\n") == 1
+        kept = vr("logs", str(run))
+        assert kept.returncode == 0 and "step:1 - " in kept.stdout and "as last read" in kept.stderr, kept.stderr
+        again = vr("resubmit", str(run), "--detach")
+        assert again.returncode == 0, again.stderr
+        assert json.loads((run / "ray_job.json").read_text())["job_id"] == f"vrun-{rid}-1"
+
+        def resumed():
+            return [e for e in records.events(str(run)) if e["event"] == "resumed"]
+
+        wait(lambda: len(resumed()) == 2, 240, "the resubmitted job's resume check")
+        assert isinstance(resumed()[-1]["step"], int) and resumed()[-1]["step"] >= saved, resumed()
+        wait(lambda: f"step:{resumed()[-1]['step'] + 1} - " in vr("logs", str(run)).stdout, 240,
+             "the step after the checkpoint")
+        info = json.loads(subprocess.run(["curl", "-s", f"{url}/api/jobs/vrun-{rid}-1"], capture_output=True,
+                                         text=True).stdout or "{}")
+        envs = (info.get("runtime_env") or {}).get("env_vars") or {}
+        if envs:  # the dashboard may redact the runtime env
+            assert envs.get("WANDB_RUN_ID") == f"vrun-{rid}", envs
+        assert vr("cancel", str(run)).returncode == 0
+    finally:
+        stop(procs, signal.SIGKILL)
+        for line in processes_of(".", f"VRUN_RUN_ID={rid}"):
+            try:
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        subprocess.run(["rm", "-rf", str(temp)])

@@ -1,58 +1,86 @@
 """cluster=ray: the planned points submitted to a standing Ray cluster through Ray's Job Submission API
 (hydra/launcher=vrun_ray calls `launch`).
 
-The address is the cluster's dashboard (`cluster.ray.address=http://head:8265`, or `auto`: RAY_ADDRESS). Before
-anything is submitted every point gets the verdict the other clusters give (the plan's checks, preflight's checks
-that need no GPU, as cluster=slurm's login preflight) and the cluster's real shape read from the dashboard: alive
-nodes and their GPUs (total and free), the GPU type where Ray exposes it (an `accelerator_type:*` resource), and
-the cluster's Ray and Python versions, which must be this environment's (the plan's stack). A refusal is one line
-naming the cluster's figure and the plan's.
+The address is the cluster's dashboard (`cluster.ray.address=http://head:8265`, an IPv6 head as `http://[::1]:8265`,
+or `auto`: RAY_API_SERVER_ADDRESS, else RAY_ADDRESS, the order of Ray's own job CLI). The GCS address `ray start`
+prints for joining (`<head>:6379`) answers in binary: it is refused in one line naming the dashboard's form. Before
+anything is submitted every point gets the verdict the other clusters give (the plan's checks, and for preflight and
+train alike every check train makes before submitting: `cluster_checks`) and the cluster's real shape read from the
+dashboard: alive nodes and their GPUs (total and free), the GPU type where Ray exposes it (an `accelerator_type:*`
+resource), and the cluster's Ray and Python versions, which must be this environment's (the plan's stack). mode=plan
+reads the shape too where the address answers (a mesh the cluster cannot hold is refused), and plans offline with a
+warning where it does not. A refusal is one line naming the cluster's figure and the plan's.
 
 The job runs the same hand-off as the other clusters: `python -m vrun.launch.entry ppo --config verl_config.yaml`
-(stack check first, then verl's run_ppo), with the run dir as the job's working_dir (plan.json beside the config),
-the vrun package in py_modules, and the plan's environment in env_vars. Secrets pass by name only (--pass-env):
-their values are never put into the runtime env; the cluster's own environment must hold them. The driver joins the
-cluster it runs on (ray_kwargs.ray_init.address=auto). The job's id is kept in <run dir>/ray_job.json, where the
-runs verbs (vrun.runs.rayjobs) find it. Every request carries a timeout: a lost dashboard is one line, never a hang.
+(stack check first, then verl's run_ppo), with plan.json and verl_config.yaml as the job's working_dir, the vrun
+package in py_modules, and the plan's environment in env_vars. Secrets pass by name only (--pass-env): their values
+are never put into the runtime env; the cluster's own environment must hold them. The driver joins the cluster it
+runs on (ray_kwargs.ray_init.address=auto). The job's id is the run's (`vrun-<run id>-<attempt>`), its metadata names
+the run dir and run id (what `cancel` checks before stopping it); <run dir>/ray_job.json keeps only the address and
+the id. Every request, the client's own version check included, goes through vrun.core.remote: one deadline on the
+whole request (cluster.ray.dashboard_timeout_s), a size bound, the answer's shape checked.
 """
 from __future__ import annotations
 
 import json
 import os
 import platform
-import urllib.error
-import urllib.request
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from vrun.core import remote
 from vrun.core.problems import Problem
+from vrun.rundir.rayrecord import RAY_JOB, submission_id
 
-RAY_JOB = "ray_job.json"
-# a dashboard answer larger than this is not read whole (a node summary of thousands of nodes is a few MB)
-DASHBOARD_MAX_BYTES = 64 << 20
 ADDRESS_KEY = "cluster.ray.address"
+# mode=plan waits at most this long for the cluster's shape (it plans offline past it, with a warning)
+PLAN_TIMEOUT_S = 5.0
+DASHBOARD_FORM = "http://<head>:8265"
 
 
 class DashboardError(Exception):
-    """The dashboard did not answer (one line: the address, what failed)."""
+    """The dashboard did not answer as one (one line: the address, what came back)."""
+
+    def __init__(self, text: str, kind: str = ""):
+        super().__init__(text)
+        self.kind = kind
 
 
 def dashboard(address: str) -> str:
-    """The dashboard URL of cluster.ray.address (`auto`: RAY_ADDRESS)."""
-    a = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
-    if not a:
-        raise DashboardError(f"{ADDRESS_KEY}=auto and RAY_ADDRESS is not set: the cluster's dashboard is unknown")
-    return a if a.startswith(("http://", "https://")) else f"http://{a}"
-
-
-def get_json(url: str, path: str, timeout: float) -> dict:
+    """The dashboard URL of cluster.ray.address (`auto`: RAY_API_SERVER_ADDRESS, else RAY_ADDRESS, as Ray's job CLI
+    reads them); DashboardError saying why it is none."""
+    a = address
+    if address == "auto":
+        a = os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS") or ""
+        if not a:
+            raise DashboardError(f"{ADDRESS_KEY}=auto and neither RAY_API_SERVER_ADDRESS nor RAY_ADDRESS is set "
+                                 "(RAY_ADDRESS is not set): the cluster's dashboard is unknown", "address")
+    a = a.strip() if isinstance(a, str) else a
+    if isinstance(a, str) and "://" not in a:
+        a = f"http://{a}"
     try:
-        with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout) as r:
-            return json.loads(r.read(DASHBOARD_MAX_BYTES).decode())
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        why = getattr(e, "reason", None) or e
-        raise DashboardError(f"the Ray dashboard at {url} did not answer {path} within {timeout:g}s ({why})") from None
+        return str(remote.url_of(a.rstrip("/") if isinstance(a, str) else a))
+    except ValueError as e:
+        raise DashboardError(f"{remote.shown(a, 120)} is not a dashboard address: {e} (the form is "
+                             f"{DASHBOARD_FORM})", "address") from None
+
+
+def why(e: remote.RemoteError) -> str:
+    """A dashboard's failure in words, with what to do where the answer says it."""
+    if e.kind == "not_http":
+        return (f"{e.detail}: this looks like the GCS address `ray start` prints for joining nodes (port 6379 by "
+                f"default), not the dashboard; the Job API answers on the dashboard ({DASHBOARD_FORM})")
+    return e.detail
+
+
+def get_json(url: str, path: str, timeout: float, expect: type = dict):
+    """One bounded request for a JSON answer of the type `expect`; DashboardError naming the address otherwise."""
+    try:
+        return remote.request(url, path, timeout).json(expect)
+    except remote.RemoteError as e:
+        raise DashboardError(f"the Ray dashboard at {url} ({path.split('?')[0]}) {why(e)}", e.kind) from None
 
 
 @dataclass
@@ -84,29 +112,44 @@ class Shape:
 
 
 def read_shape(url: str, timeout: float) -> Shape:
-    meta = get_json(url, "/api/v0/cluster_metadata", timeout)
-    meta = meta.get("data", meta)
-    version = meta.get("rayVersion") or meta.get("ray_version") or get_json(url, "/api/version", timeout)["ray_version"]
-    nodes = get_json(url, "/nodes?view=summary", timeout)
-    summary = (nodes.get("data") or {}).get("summary") or []
-    out = []
-    for n in summary:
-        raylet = n.get("raylet") or {}
-        if raylet.get("state") != "ALIVE":
-            continue
-        total = raylet.get("resourcesTotal") or {}
-        avail = raylet.get("resourcesAvailable")
-        # accelerator_type:<kind>, which the dashboard spells acceleratorType:<kind>
-        kinds = [k.split(":", 1)[1] for k in total if k.startswith(("accelerator_type:", "acceleratorType:"))]
-        labels = raylet.get("labels") or {}
-        kind = labels.get("ray.io/accelerator-type") or (kinds[0] if kinds else None)
-        gpus = float(total.get("GPU", 0))
-        out.append({"id": raylet.get("nodeId"), "ip": raylet.get("nodeManagerAddress") or n.get("ip"),
-                    "gpus": gpus, "free_gpus": float(avail.get("GPU", 0)) if isinstance(avail, dict) else None,
-                    "gpu_type": kind})
-    shape = Shape(version, meta.get("pythonVersion") or meta.get("python_version"), out)
+    """The cluster's shape from three dashboard routes, each answer's fields checked before they are read."""
+    src = f"the Ray dashboard at {url}"
+    try:
+        meta = get_json(url, "/api/v0/cluster_metadata", timeout)
+        meta = meta.get("data") if isinstance(meta.get("data"), dict) else meta
+        version = meta.get("rayVersion") or meta.get("ray_version")
+        if not isinstance(version, str):
+            version = remote.need(get_json(url, "/api/version", timeout), "ray_version", (str,), src)
+        py = meta.get("pythonVersion") or meta.get("python_version")
+        nodes = get_json(url, "/nodes?view=summary", timeout)
+        data = remote.need(nodes, "data", (dict,), src)
+        summary = remote.need(data, "summary", (list,), src, optional=True) or []
+        out = [node for n in summary for node in [_node(n, src)] if node is not None]
+    except remote.RemoteError as e:
+        raise DashboardError(f"{src} {e.detail}", e.kind) from None
+    shape = Shape(remote.shown(version, 40), remote.shown(py, 40) if isinstance(py, str) else None, out)
     shape.used_gpus = used_gpus(url, timeout)
     return shape
+
+
+def _node(n, src: str) -> Optional[dict]:
+    """One alive node of /nodes?view=summary: its GPUs (total, free) and GPU type; None for a dead one."""
+    raylet = remote.need(n, "raylet", (dict,), src, optional=True) if isinstance(n, dict) else None
+    if not raylet or raylet.get("state") != "ALIVE":
+        return None
+    total = remote.need(raylet, "resourcesTotal", (dict,), src, optional=True) or {}
+    avail = raylet.get("resourcesAvailable")
+    # accelerator_type:<kind>, which the dashboard spells acceleratorType:<kind>
+    kinds = [k.split(":", 1)[1] for k in total if isinstance(k, str) and k.startswith(("accelerator_type:",
+                                                                                        "acceleratorType:"))]
+    labels = raylet.get("labels") if isinstance(raylet.get("labels"), dict) else {}
+    kind = labels.get("ray.io/accelerator-type") or (kinds[0] if kinds else None)
+    gpus = remote.need(total, "GPU", (int, float), src, optional=True) or 0
+    free = remote.need(avail, "GPU", (int, float), src, optional=True) or 0 if isinstance(avail, dict) else None
+    return {"id": remote.shown(raylet.get("nodeId") or "?", 60),
+            "ip": remote.shown(raylet.get("nodeManagerAddress") or n.get("ip") or "?", 60),
+            "gpus": float(gpus), "free_gpus": None if free is None else float(free),
+            "gpu_type": remote.shown(kind, 40) if isinstance(kind, str) else None}
 
 
 def used_gpus(url: str, timeout: float) -> Optional[float]:
@@ -115,7 +158,7 @@ def used_gpus(url: str, timeout: float) -> Optional[float]:
         status = get_json(url, "/api/cluster_status?format=0", timeout)
         usage = status["data"]["clusterStatus"]["loadMetricsReport"]["usage"]
         return float(usage.get("GPU", [0, 0])[0])
-    except (DashboardError, KeyError, TypeError, IndexError, ValueError):
+    except (DashboardError, KeyError, TypeError, IndexError, ValueError, AttributeError):
         return None
 
 
@@ -159,11 +202,15 @@ def shape_problems(plan, shape: Shape, stack: Optional[dict] = None) -> list[Pro
 
 
 # ==================================================================== the job
-def entrypoint(plan) -> str:
-    """The plan's argv as the job runs it: the cluster's python, the config beside plan.json in the working_dir."""
-    import shlex
+ENTRY = ("-m", "vrun.launch.entry")
 
+
+def entrypoint(plan) -> str:
+    """The plan's argv as the job runs it: the cluster's python, the config beside plan.json in the working_dir.
+    Only the project's own entry (`python -m vrun.launch.entry ...`): ValueError for any other argv."""
     argv = ["python"] + list(plan.argv[1:])
+    if tuple(argv[1:3]) != ENTRY or "--config" not in argv[:-1]:
+        raise ValueError(f"the plan's argv does not run the project's entry (python {' '.join(ENTRY)} ...)")
     i = argv.index("--config")
     argv[i + 1] = "verl_config.yaml"
     return " ".join(shlex.quote(a) for a in argv)
@@ -188,74 +235,114 @@ def job_env(plan) -> dict:
     return env
 
 
-def runtime_env(plan) -> dict:
-    """working_dir: the run dir (plan.json, verl_config.yaml); py_modules: this vrun (PYTHONPATH does not travel);
-    env_vars: job_env."""
+# what the job reads from its working_dir: the plan and verl's config (checkpoints, logs and the rest stay in the
+# run dir, which the job reaches by its absolute path: they are never uploaded)
+JOB_FILES = ("plan.json", "verl_config.yaml")
+
+
+def runtime_env(plan, working_dir: str, attempt: int = 0) -> dict:
+    """working_dir: a folder holding the run's JOB_FILES; py_modules: this vrun (PYTHONPATH does not travel);
+    env_vars: job_env, and the attempt (the job's own lines join it)."""
     import vrun
 
-    return {"working_dir": str(plan.run_dir), "py_modules": [str(Path(vrun.__file__).parent)],
-            "env_vars": job_env(plan)}
+    return {"working_dir": str(working_dir), "py_modules": [str(Path(vrun.__file__).parent)],
+            "env_vars": {**job_env(plan), "VRUN_ATTEMPT": str(attempt)}}
+
+
+class _Answer:
+    """What Ray's client reads of an answer (status, text, JSON), from vrun.core.remote's bounded one."""
+
+    def __init__(self, a: remote.Answer):
+        self.status_code, self.content = a.status, a.body
+        self.text = a.body.decode("utf-8", errors="replace")
+
+    def json(self):
+        return json.loads(self.text)
+
+    def raise_for_status(self) -> None:
+        if self.status_code >= 400:
+            raise DashboardError(f"answered HTTP {self.status_code}", "http")
 
 
 def client(url: str, timeout: float):
+    """Ray's JobSubmissionClient with every request it makes — the version check of its constructor, the package
+    uploads, the submission — sent through vrun.core.remote (one deadline each: `timeout`)."""
     from ray.job_submission import JobSubmissionClient
 
+    class Bounded(JobSubmissionClient):
+        def _do_request(self, method, endpoint, *, data=None, json_data=None, **kw):
+            body = data if data is not None else (json.dumps(json_data).encode() if json_data is not None else None)
+            hdrs = dict(getattr(self, "_headers", None) or {})
+            if json_data is not None:
+                hdrs["Content-Type"] = "application/json"
+            try:
+                return _Answer(remote.request(url, endpoint, timeout, method=method, body=body, headers=hdrs,
+                                              ok=tuple(range(100, 600))))
+            except remote.RemoteError as e:
+                raise DashboardError(f"the Ray dashboard at {url} ({endpoint}) {why(e)}", e.kind) from None
+
     try:
-        c = JobSubmissionClient(url)
-    except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError from the version check
-        raise DashboardError(f"the Ray dashboard at {url} refused the connection "
-                             f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})") from None
-    _timeout(c, timeout)
-    return c
+        return Bounded(url)
+    except DashboardError:
+        raise
+    except (RuntimeError, ConnectionError, ValueError, KeyError, TypeError) as e:
+        raise DashboardError(f"the Ray dashboard at {url} did not answer Ray's version check as a dashboard "
+                             f"({remote.shown(str(e).splitlines()[0] if str(e).strip() else type(e).__name__, 160)})",
+                             "malformed") from None
 
 
-def _timeout(c, timeout: float) -> None:
-    """Every request of the client with a timeout (the SDK's requests carry none)."""
-    do = c._do_request
+def next_attempt(run_dir) -> int:
+    """The attempt a new submission is: one past every submission the run recorded."""
+    from vrun.rundir import records
 
-    def bounded(*a, **kw):
-        import requests
-
-        kw.setdefault("timeout", timeout)
-        try:
-            return do(*a, **kw)
-        except requests.exceptions.RequestException as e:
-            raise DashboardError(f"the Ray dashboard at {c._address} did not answer within {timeout:g}s "
-                                 f"({type(e).__name__})") from None
-
-    c._do_request = bounded
+    subs = [e.get("attempt") for e in records.events(str(run_dir)) if e["event"] == "submitted"]
+    return max([a for a in subs if isinstance(a, int)], default=-1) + 1
 
 
-def submit(plan, url: str, timeout: float) -> str:
+def submit(plan, url: str, timeout: float, attempt: Optional[int] = None) -> str:
+    """The plan's job submitted to the dashboard at `url`: its entrypoint, runtime env and metadata from the plan
+    alone; ray_job.json records the address and the job's id, a `submitted` line the attempt."""
+    import tempfile
+
+    from vrun.core import fs, writer
     from vrun.rundir import records as rundir
-    from vrun.core import writer
 
+    d = Path(plan.run_dir)
+    attempt = next_attempt(d) if attempt is None else attempt
+    rid = rundir.run_id(str(d))
+    job_id = submission_id(rid, attempt)
+    command = entrypoint(plan)
     c = client(url, timeout)
-    job = c.submit_job(entrypoint=entrypoint(plan), runtime_env=runtime_env(plan),
-                       metadata={"vrun_run_dir": str(plan.run_dir)})
-    # what resubmit needs: the same entrypoint and runtime env (no secret is in either)
-    writer.write_text(Path(plan.run_dir) / RAY_JOB, json.dumps({"address": url, "job_id": job, "entrypoint":
-                                                               entrypoint(plan), "runtime_env": runtime_env(plan)},
-                                                              indent=1) + "\n", root=plan.run_dir)
-    # the Ray job's id is not a SLURM job id (the `job_id` of a progress line): it is kept as ray_job
-    rundir.record(plan.run_dir, "submitted", attempt=0, cluster="ray", ray_job=job)
-    return job
-
-
-def load(run_dir) -> Optional[dict]:
-    """ray_job.json through the bounded reader (a FIFO, a link or another user's file is not a job); None when it
-    is not there or not a JSON object."""
-    from vrun.core import fs
-
-    text, _ = fs.read_checked(Path(run_dir) / RAY_JOB, 1 << 20, own=True)
-    try:
-        data = json.loads(text) if text is not None else None
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+    with tempfile.TemporaryDirectory(prefix="vrun-job-") as tmp:
+        for name in JOB_FILES:  # the run dir's own files, read as every run-dir file is
+            text, why_not = fs.read_checked(d / name, 64 << 20, own=True)
+            if text is None:
+                raise DashboardError(f"{d / name}: {why_not}: nothing was submitted", "address")
+            Path(tmp, name).write_text(text)
+        try:
+            got = c.submit_job(entrypoint=command, runtime_env=runtime_env(plan, tmp, attempt), submission_id=job_id,
+                               metadata={"vrun_run_dir": str(d), "vrun_run_id": rid, "vrun_attempt": str(attempt)})
+        except DashboardError:
+            raise
+        except (RuntimeError, ValueError, TypeError, KeyError) as e:  # the SDK's words on a refused submission
+            text = str(e).strip().splitlines()
+            raise DashboardError(f"the Ray dashboard at {url} refused the job ({remote.shown(text[-1] if text else type(e).__name__, 200)})",
+                                 "http") from None
+    if got != job_id:
+        raise DashboardError(f"the Ray dashboard at {url} answered job id {remote.shown(got, 80)} for {job_id}",
+                             "malformed")
+    writer.write_text(d / RAY_JOB, json.dumps({"address": url, "job_id": job_id}, indent=1) + "\n", root=str(d))
+    rundir.record(str(d), "submitted", attempt=attempt, cluster="ray", ray_job=job_id)
+    return job_id
 
 
 # ==================================================================== the launcher
+def cluster_checks(plan, shape: Optional[Shape]) -> list[Problem]:
+    """Every check a cluster=ray point gets before submission, preflight and train alike: the cluster's shape
+    against the plan, then the checks cluster=slurm makes before sbatch."""
+    return (shape_problems(plan, shape) if shape is not None else []) + login_problems(plan)
+
+
 def launch(sweep) -> list:
     from vrun.config import cli_errors
     from vrun.config.schema import Mode
@@ -266,20 +353,23 @@ def launch(sweep) -> list:
     submitting = any(p.config.mode == Mode.train for p in plans)
     cluster = plans[0].config.cluster
     timeout = float(cluster.ray.dashboard_timeout_s)
-    shape, url = None, None
-    if checking:
-        try:
-            url = dashboard(cluster.ray.address)
-            shape = read_shape(url, timeout)
-        except DashboardError as e:
+    shape, url, offline = None, None, None
+    try:
+        url = dashboard(cluster.ray.address)
+        shape = read_shape(url, timeout if checking else min(timeout, PLAN_TIMEOUT_S))
+    except DashboardError as e:
+        if checking or e.kind == "address" and cluster.ray.address != "auto":
             cli_errors.emit([Problem(ADDRESS_KEY, cluster.ray.address, f"{e}; nothing was submitted",
-                                     "start the cluster or give its dashboard address "
-                                     "(cluster.ray.address=http://<head>:8265)").line()])
+                                     f"start the cluster or give its dashboard address ({ADDRESS_KEY}="
+                                     f"{DASHBOARD_FORM})").line()])
+        offline = Problem(ADDRESS_KEY, cluster.ray.address, f"{e}: planned offline, not checked against the "
+                          "cluster's shape", f"check again once the cluster answers (mode=preflight)", warning=True)
+
     def check(point) -> list:
         p = point.plan
         if not checking:
-            return []
-        return shape_problems(p, shape) + (login_problems(p) if p.config.mode == Mode.train else _memory(p))
+            return ([offline] if offline else []) + (shape_problems(p, shape) if shape is not None else [])
+        return cluster_checks(p, shape)
 
     planned.verdict(sweep, check, "refused before submission; nothing was submitted")
     if shape is not None:
@@ -290,16 +380,24 @@ def launch(sweep) -> list:
         print("plan only: nothing submitted" if not checking else "preflight: all checks passed against the "
               "cluster; nothing submitted", flush=True)
         return []
+    followed = []
     for point in sweep.points:
         if point.plan.config.mode != Mode.train:
             continue
+        d = str(point.plan.run_dir)
         try:
             job = submit(point.plan, url, timeout)
-        except DashboardError as e:
+        except (DashboardError, ValueError) as e:
             cli_errors.emit([Problem(ADDRESS_KEY, url, f"{e}; the job may not have been submitted",
-                                     "check the dashboard, then python -m vrun resubmit <run dir>").line()])
-        print(f"submitted {job} to {url} (run dir {point.plan.run_dir}); python -m vrun status|logs|cancel "
-              f"{point.plan.run_dir}", flush=True)
+                                     f"check the dashboard, then python -m vrun resubmit {shlex.quote(d)}").line()])
+        q = shlex.quote(d)
+        print(f"submitted {job} to {url} (run dir {d}); python -m vrun status {q}; python -m vrun logs {q}; "
+              f"python -m vrun cancel {q}", flush=True)
+        followed.append(d)
+    if followed and not cluster.detach:
+        from vrun.launch import raywait
+
+        raywait.until_ended(followed)
     return []
 
 
@@ -309,10 +407,3 @@ def login_problems(plan) -> list[Problem]:
     from vrun.launch import preflight
 
     return [p for p in preflight.collect(plan) if p.key != "mesh.gpus_per_node"]
-
-
-def _memory(plan) -> list[Problem]:
-    from vrun.launch import preflight
-
-    return preflight.memory_problems(plan)
-

@@ -20,9 +20,9 @@ from vrun.core import fs
 from vrun.core.text import summarised
 
 # the order of the phases within one attempt (a submitter and a node may write in either order)
-RANK = {"submitted": 0, "requeued": 0, "started": 1, "resumed": 1, "nodes_joined": 2, "ray_up": 3,
+RANK = {"submitted": 0, "requeued": 0, "started": 1, "ray_running": 1, "resumed": 1, "nodes_joined": 2, "ray_up": 3,
         "entrypoint_started": 4, "stalled": 5, "unstalled": 5, "stall_action": 5, "signalled": 6, "time_limit": 6,
-        "exited": 7, "failed": 7, "cancelled": 8}
+        "exited": 7, "failed": 7, "ray_ended": 7, "cancelled": 8}
 # a run's states; the first three are still holding or waiting for an allocation
 ACTIVE = ("pending", "running", "requeued")
 STATES = ("planned", "pending", "running", "requeued", "completed", "failed", "cancelled", "timeout", "node_fail",
@@ -80,6 +80,10 @@ class Run:
     host: Optional[str] = None
     stall: Optional[dict] = None       # the last `stalled` event of the current attempt, unless progress resumed
     resumed: Optional[dict] = None     # the current attempt's `resumed` event (the checkpoint it started from)
+    ray: Optional[dict] = None         # cluster=ray: the job's address and id (vrun.rundir.rayrecord.load)
+    ray_problem: str = ""              # cluster=ray: why ray_job.json was refused (one line), "" when it was not
+    ray_error: str = ""                # cluster=ray: why its dashboard gave no word on the job this time
+    ray_error_kind: str = ""           # and what came back (vrun.core.remote.KINDS)
 
     @property
     def gpus(self) -> int:
@@ -92,6 +96,11 @@ class Run:
     @property
     def on_slurm(self) -> bool:
         return self.slurm is not None
+
+    @property
+    def on_ray(self) -> bool:
+        """Submitted to a standing Ray cluster (its ray_job.json read, or refused: ray_problem says why)."""
+        return self.ray is not None or bool(self.ray_problem)
 
     @property
     def active(self) -> bool:
@@ -123,7 +132,7 @@ class Run:
                 "attempt": self.attempt, "restarts": self.restarts, "elapsed_s": round(self.elapsed_s, 1),
                 "gpu_hours": round(self.gpu_hours, 3), "checkpoint_step": self.checkpoint_step(),
                 "failure": self.failure, "hosts": self.hosts, "when": self.when, "stall": self.stall,
-                "resumed": self.resumed,
+                "resumed": self.resumed, **({"ray": self.ray} if self.ray else {}),
                 "attempts": [{"n": a.n, "job_id": a.job_id, "restart": a.restart, "state": a.state, "end": a.end,
                               "hosts": a.hosts} for a in self.attempts]}
 
@@ -159,6 +168,10 @@ def load(d: Path, indexed_at: Optional[float] = None) -> Run:
     plan = PlanRecord.load(d, written_by=lambda: _manifest_commit(d))
     slurm = files.slurm_job(d)
     run = Run(dir=d, plan=plan, slurm=slurm, events=rundir.events(str(d)))
+    if plan.cluster == "ray" or fs.exists(d / "ray_job.json"):
+        from vrun.rundir import rayrecord
+
+        run.ray, run.ray_problem = rayrecord.load(d)
     derive(run)
     if not run.when:
         run.when = indexed_at or _mtime(d / "plan.json")
@@ -183,8 +196,16 @@ def attempts_of(events: list, slurm: Optional[dict]) -> list:
         groups[(str(slurm.get("job_id")), 0)] = []
     out = []
     for n, ((job, restart), evs) in enumerate(groups.items()):
-        out.append(Attempt(n=n, job_id=job or None, restart=restart if job else 0, events=evs))
+        out.append(Attempt(n=n, job_id=job or _ray_job(evs), restart=restart if job else 0, events=evs))
     return out
+
+
+def _ray_job(evs: list) -> Optional[str]:
+    """A Ray attempt's job id, as its `submitted` line records it (ray_job), when it is one."""
+    from vrun.rundir.rayrecord import SUBMISSION
+
+    j = next((e.get("ray_job") for e in evs if e["event"] == "submitted" and e.get("cluster") == "ray"), None)
+    return j if isinstance(j, str) and SUBMISSION.fullmatch(j) else None
 
 
 def _phases(a: Attempt, mode: str, hosts_of) -> None:
@@ -199,6 +220,12 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
             a.pid, a.host = e.get("pid"), e.get("host")
             a.started = e["t"] if a.started is None else a.started
             state, phase = "running", f"started on {summarised(a.hosts, sep=',')}"
+        elif ev == "ray_running":  # a Ray job seen running (the dashboard's word, kept: it may stop answering)
+            t0 = e.get("started")
+            ok = isinstance(t0, (int, float)) and not isinstance(t0, bool) and 0 < t0 < 1e11
+            a.started = (t0 if ok else e["t"]) if a.started is None else a.started
+            if state == "pending":
+                state, phase = "running", "running"
         elif ev == "nodes_joined":
             state, phase = "running", f"nodes joined {e.get('joined')}/{e.get('of')}"
         elif ev == "ray_up":
@@ -221,10 +248,17 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
             state, phase = "failed", f"failed on {a.failure['node']}: {a.failure['error']}"
         elif ev == "time_limit":
             state, phase = "timeout", time_limit_words(e)
+        elif ev == "ray_ended":  # how a Ray job ended, recorded once the cluster said so (it may forget it later)
+            s0, s1 = e.get("started"), e.get("ended")
+            if all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e11 for x in (s0, s1)) \
+                    and s0 <= s1:
+                a.started, a.ended = s0, s1
+            if e.get("state") in STATES and e.get("state") not in ACTIVE and state in ACTIVE:
+                state, phase = e["state"], str(e.get("phase") or e["state"])[:300]
         elif ev == "cancelled":
             state, phase = "cancelled", "cancelled with python -m vrun cancel"
-        if ev in ("exited", "failed", "cancelled", "time_limit"):
-            a.ended = max(a.ended or 0.0, e["t"])
+        if ev in ("exited", "failed", "cancelled", "time_limit", "ray_ended"):
+            a.ended = max(a.ended or 0.0, e["t"]) if ev != "ray_ended" or a.ended is None else a.ended
     stop = next((e for e in reversed(a.events) if e["event"] == "signalled" and "node" in e), None)
     if stop is not None and state in ("running", "failed"):  # a node SLURM stopped said why, not a failure
         why = str(stop.get("why") or "")
@@ -290,6 +324,11 @@ def _requeued(run: Run, a: Attempt) -> None:
     a.ended = a.ended or a.started
 
 
+def settle(run: Run) -> None:
+    """The run's state is its last attempt's; elapsed time sums every attempt's (after an attempt changed)."""
+    _settle(run)
+
+
 def _settle(run: Run) -> None:
     """The run's state is its last attempt's; elapsed time sums every attempt's."""
     cur = run.attempts[-1]
@@ -333,7 +372,8 @@ def refresh(runs: list) -> None:
             for r in slurm_runs:
                 follow(r, known)
     for r in runs:
-        if r.active and not r.on_slurm and r.pid and r.host == socket.gethostname() and not alive(r.pid):
+        if r.active and not r.on_slurm and not r.on_ray and r.pid and r.host == socket.gethostname() and \
+                not alive(r.pid):
             r.state, r.phase = "lost", f"process {r.pid} ended without recording an exit"
 
 

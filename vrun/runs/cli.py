@@ -120,9 +120,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--follow", action="store_true", help="follow the current job until it ends")
     p.add_argument("--stream", choices=["both", "out", "err"], default="both")
     p.set_defaults(fn=cmd_logs)
-    p = sub.add_parser("cancel", help="scancel a pending or running run (all points of a sweep dir)",
+    p = sub.add_parser("cancel", help="stop a pending or running run (all points of a sweep dir)",
                        description="scancel the run's jobs (requeued attempts included) and mark the run cancelled; "
-                       "a run on this machine gets SIGTERM. A run that has ended is refused, naming its state.")
+                       "a Ray job is stopped once the cluster's record of it names this run; a run on this machine "
+                       "gets SIGTERM. A run that has ended (or whose job its cluster no longer knows) is refused, "
+                       "naming its state.")
     p.add_argument("runs", nargs="+", metavar="RUN")
     p.add_argument("--yes", action="store_true", help="do not ask before cancelling a sweep's points")
     p.add_argument("--no-wait", action="store_true", help="return without waiting for the jobs to leave the queue")
@@ -141,7 +143,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN")
     p.add_argument("-o", "--output", help="write the script here (default: stdout)")
     p.set_defaults(fn=cmd_export)
-    p = sub.add_parser("resubmit", help="submit a SLURM run dir again (same config, same dir; verl resumes)")
+    p = sub.add_parser("resubmit", help="submit a SLURM or Ray run dir again (its plan's job, same dir; verl resumes)")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--detach", action="store_true", help="return once submitted")
     p.add_argument("--exclude", default="", help="nodes the new job must not get (comma-separated hostnames)")
@@ -155,10 +157,9 @@ def main(argv: list | None = None) -> int:
         return EXIT_USAGE
     a = parser().parse_args(argv)
     try:
-        from vrun.runs import kuberay, rayjobs  # cluster=ray: Ray's Job Submission API; cluster=kuberay: kubectl
+        from vrun.runs import kuberay  # cluster=kuberay: kubectl (cluster=ray: each verb reads its dashboard)
 
         code = kuberay.dispatch(a)
-        code = rayjobs.dispatch(a) if code is None else code
         return a.fn(a) if code is None else code
     except (Usage, RunDirError) as e:
         print(str(e), file=sys.stderr)

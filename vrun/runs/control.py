@@ -3,6 +3,7 @@ a running one; a run is submitted again only when none of its jobs is queued or 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -24,13 +25,17 @@ def cmd_cancel(a) -> int:
         sweep = sweep or len(ps) > 1 or not fs.is_file(Path(path) / "plan.json")
         targets += [state.load(p) for p in ps]
     state.refresh(targets)
+    from vrun.rundir import rayjob
+
+    rayjob.refresh([r for r in targets if r.on_ray], with_logs="none")
     live = [r for r in targets if r.active]
     ended = [r for r in targets if not r.active]
     if not live:
         r = ended[0]
         if len(ended) == 1:
-            raise Usage(f"error: run={r.dir}: {_ended(r)}; nothing to cancel; fix: "
-                        + ("resubmit it (python -m vrun resubmit RUN)" if r.on_slurm else
+            raise Usage(f"error: run={r.dir}: {_ended(r)}; nothing to {'stop' if r.state == 'lost' else 'cancel'}; "
+                        "fix: " + (f"resubmit it (python -m vrun resubmit {shlex.quote(str(r.dir))})"
+                                   if r.on_slurm or r.on_ray else
                            "plan and start it again (python runner.py ...)"))
         raise Usage(f"error: runs={' '.join(a.runs)}: none of the {len(ended)} runs is pending or running "
                     f"({', '.join(sorted({r.state for r in ended}))}); nothing to cancel; fix: python -m vrun runs "
@@ -51,11 +56,21 @@ def cmd_cancel(a) -> int:
         ids = {str(r.dir): own_jobs(r, queue) for r in live if r.on_slurm}
     for r in ended:
         print(f"skipped {r.dir}: {_ended(r)}")
+    failed = []
     for r in live:
-        cancel_one(r, ids.get(str(r.dir)))
+        try:
+            cancel_one(r, ids.get(str(r.dir)))
+        except Usage as e:
+            if not r.on_ray or len(live) == 1:
+                raise
+            failed.append(str(e))  # each Ray point proven and stopped on its own: one refusal stops no other
+    stopping = [r for r in live if not r.on_ray or not any(str(r.dir) in f for f in failed)]
+    for line in failed:
+        print(line, file=sys.stderr)
     if a.no_wait:
-        return 0
-    return wait_stopped(live, a.timeout)
+        return 2 if failed else 0
+    rc = wait_stopped(stopping, a.timeout)
+    return 2 if failed else rc
 
 
 def _ended(r: state.Run) -> str:
@@ -89,7 +104,13 @@ def own_jobs(r: state.Run, queue: Optional[dict]) -> list:
 
 
 def cancel_one(r: state.Run, ids: Optional[list] = None) -> None:
-    """Stop one run: on SLURM, scancel ids (own_jobs: confirmed as the run's); locally, SIGTERM its process."""
+    """Stop one run: on SLURM, scancel ids (own_jobs: confirmed as the run's); on a Ray cluster, stop its job once
+    the cluster's record proves it is the run's; locally, SIGTERM its process."""
+    if r.on_ray:
+        from vrun.runs import rayjobs
+
+        rayjobs.cancel_one(r)
+        return
     if r.on_slurm:
         try:
             p = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
@@ -132,7 +153,11 @@ def wait_stopped(runs: list, timeout: float) -> int:
         queue = jobs.squeue() if any(r.on_slurm for r in left) else {}
         still = []
         for r in left:
-            if r.on_slurm:
+            if r.on_ray:
+                from vrun.runs import rayjobs
+
+                running = [] if rayjobs.stopped(r) else [r.job_id]
+            elif r.on_slurm:
                 running = [j for j in r.job_ids if queue is not None and j in queue and queue[j].active]
             else:
                 pid = next((e.get("pid") for e in reversed(r.events) if e["event"] == "entrypoint_started"), None)
@@ -153,6 +178,12 @@ def wait_stopped(runs: list, timeout: float) -> int:
 
 def cmd_resubmit(a) -> int:
     r = one_run(a.run)
+    if r.on_ray or r.plan.cluster == "ray":
+        from vrun.rundir import rayjob
+        from vrun.runs import rayjobs
+
+        rayjob.refresh([r], with_logs="none", budget_s=2 * rayjob.timeout_of(r.plan))
+        return rayjobs.resubmit(r, a.detach)
     if not r.on_slurm:
         raise Usage(f"error: run={r.dir}: never submitted to SLURM (no slurm_job.json); fix: submit it with "
                     "python runner.py ... cluster=slurm")

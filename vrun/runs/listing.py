@@ -16,6 +16,7 @@ from vrun.runs.common import Usage, dur as _dur, one_run
 from vrun.runs.logs import log_files
 
 INDEX_LIMIT = 16 << 20  # bytes of the runs index read (its newest lines): ~150,000 runs
+RAY_BUDGET_S = 20.0  # `runs` waits at most this long for every Ray dashboard together
 
 
 def print(*parts, **kw) -> None:  # noqa: A001 - every line this module prints passes through visible()
@@ -74,9 +75,9 @@ def collect(dirs: list) -> tuple[list, list]:
 def cmd_runs(a) -> int:
     runs, notes = collect(a.dirs)
     state.refresh(runs)
-    from vrun.runs import rayjobs
+    from vrun.rundir import rayjob
 
-    rayjobs.refresh(runs)  # cluster=ray rows: their jobs' states from the dashboards
+    rayjob.refresh(runs, with_logs="active", budget_s=RAY_BUDGET_S)  # cluster=ray rows: from their dashboards
     from vrun.runs import kuberay
 
     kuberay.refresh(runs)  # cluster=kuberay rows: their RayJobs' status from kubectl
@@ -101,7 +102,7 @@ def cmd_runs(a) -> int:
         s = r.summary()
         rows.append((time.strftime("%m-%d %H:%M", time.localtime(r.when)) if r.when else "-", s["model"] or "?",
                      s["algo"] or "?", str(s["gpus"]), s["mode"] or "?", _short(state.describe(r)),
-                     r.job_id or "-", str(r.attempt) if r.on_slurm else "-", _dur(r.elapsed_s) if r.elapsed_s else "-",
+                     r.job_id or "-", str(r.attempt) if r.on_slurm or r.on_ray else "-", _dur(r.elapsed_s) if r.elapsed_s else "-",
                      f"{r.gpu_hours:.2f}" if r.elapsed_s else "-", measured.column(r),
                      str(s["checkpoint_step"]) if s["checkpoint_step"] is not None else "-", str(r.dir)))
     if not rows:
@@ -112,8 +113,9 @@ def cmd_runs(a) -> int:
     for row, r in zip(rows, runs):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
         full = state.describe(r)
-        if len(full) > STATE_WIDTH or r.stall or r.restarts:
-            print(f"    ↳ {full}" + (f"; {r.restarts} restart(s)" if r.restarts else ""))
+        if len(full) > STATE_WIDTH or r.stall or r.restarts or r.ray_error:
+            print(f"    ↳ {full}" + (f"; {r.restarts} restart(s)" if r.restarts else "")
+                  + (f" (last known: {r.ray_error})" if r.ray_error else ""))
     return 0
 
 
@@ -131,6 +133,15 @@ def cmd_status(a) -> int:
     from vrun.planning import measured
 
     r = one_run(a.run)
+    if r.on_ray:  # the dashboard's word on the job over the run's own lines (its log kept as job.log)
+        from vrun.rundir import rayjob as ray_dashboard
+        from vrun.runs import rayjobs
+
+        if r.ray_problem:
+            raise Usage(r.ray_problem)
+        ray_dashboard.refresh([r], with_logs="all", budget_s=2 * ray_dashboard.timeout_of(r.plan))
+        if r.ray_error and r.ray is not None:
+            raise rayjobs.unreachable(r, "its job's state not read")
     from vrun.runs import kuberay
 
     rayjob = kuberay.refresh([r]).get(str(r.dir))  # a cluster=kuberay run: its RayJob's status from kubectl
@@ -157,6 +168,11 @@ def cmd_status(a) -> int:
         for a in r.attempts[:-1]:
             print(f"  attempt {a.n}: job {a.job_id}" + (f" (restart {a.restart})" if a.restart else "")
                   + (f" on {','.join(a.hosts)}" if a.hosts else "") + f": {a.end or a.state}")
+    if r.on_ray:
+        from vrun.runs import rayjobs
+
+        for line in rayjobs.status_lines(r):
+            print(line)
     if r.resumed:
         print(f"resumed  {r.resumed.get('line') or _resumed(r.resumed)}")
     if r.elapsed_s:

@@ -64,6 +64,10 @@ def log_files(r: state.Run, job_id: str | None = None) -> list:
 
 def cmd_logs(a) -> int:
     r = one_run(a.run)
+    if r.on_ray and r.state != "planned":  # the job's log from its cluster's dashboard
+        from vrun.runs import rayjobs
+
+        return rayjobs.logs(r, a.follow)
     if not r.on_slurm and fs.is_file(r.dir / "job.log"):  # a local run's output, teed by vrun.launch.local
         from vrun.core.text import visible
 
