@@ -70,10 +70,11 @@ def resume_problem(config_path: str, config) -> str:
     decision = checkpoints.check(Path(str(root)), record, lambda line: print(line, flush=True))
     if decision.refused is not None:
         return decision.refused.line()
+    from vrun.launch import raywatch
     from vrun.launch.raywatch import place
 
     where = place(here, record)  # the run dir when the job reaches it (this run's), else the job's own copy
-    rundir.record(where.dir, "resumed", attempt=0, **checkpoints.resumed_fields(decision))
+    rundir.record(where.dir, "resumed", attempt=raywatch.attempt(), **checkpoints.resumed_fields(decision))
     return ""
 
 
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     run_ppo(config, task_runner_class=runner)
     if dog is not None:
         dog.stop()
+    raywatch.learn(args.config)  # the calibration learns where the run ends
     return 0
 
 

@@ -58,6 +58,13 @@ NO_EXCLUDE = {"ray": "a standing Ray cluster cannot leave a node out: submitted 
               "kuberay": "KubeRay schedules its own pods: no node can be left out"}
 
 
+def attempt() -> int:
+    """This job's attempt number as its submission set it (VRUN_ATTEMPT: vrun.launch.rayjobs), 0 where unset: the
+    events it records join that attempt (vrun.rundir.state groups a Ray run's events by attempt)."""
+    a = os.environ.get("VRUN_ATTEMPT", "0")
+    return int(a) if a.isascii() and a.isdigit() and len(a) < 7 else 0
+
+
 @dataclass(frozen=True)
 class Place:
     """Where the job's records go: `dir`, the run dir itself when `same_run`, else the job's working dir."""
@@ -214,7 +221,7 @@ class Job:
         self.kind = str(plan.cluster)
 
     def record(self, event: str, **fields) -> None:
-        fields = {"attempt": 0, **({"ray_job": self.ray_job} if self.ray_job else {}), **fields}
+        fields = {"attempt": attempt(), **({"ray_job": self.ray_job} if self.ray_job else {}), **fields}
         rundir.record(self.where.dir, event, **fields)
         if not self.where.same_run:
             print("vrun: event " + json.dumps({"event": event, "t": round(time.time(), 3), **fields}, default=str),
@@ -333,6 +340,28 @@ def start(config_path: str, config) -> Optional[Watchdog]:
     return dog
 
 
+def learn(config_path: str) -> None:
+    """At the job's end, in its own entry: the run's measured step time (verl's step lines in this driver's output)
+    into the calibration record, as the local launch and a SLURM job's node 0 do (vrun.planning.measured); nothing
+    when the output cannot be read back or holds no step. Never raises."""
+    try:
+        from vrun.planning import measured
+        from vrun.rundir import joblog
+        from vrun.rundir.record import PlanRecord
+
+        here = os.path.dirname(os.path.abspath(config_path))
+        record = PlanRecord.load(here)
+        log = stdout_file()
+        if record.mode != "train" or log is None:
+            return
+        sys.stdout.flush()
+        m = joblog.read([log])
+        if m.steps:
+            measured.learn(Path(place(here, record).dir), m)
+    except Exception:  # noqa: BLE001 - learning never fails a finished run
+        pass
+
+
 def start_requeue(run_dir: str, driver_pid: int, summary: str) -> None:
     """`python -m vrun.launch.raywatch requeue <run dir> <driver pid>` in its own session: it outlives this job."""
     import vrun
@@ -368,8 +397,8 @@ def requeue(run_dir: str, driver_pid: int, summary: str, wait_s: float = REQUEUE
         pass
     if p.returncode:
         last = (tries[-1].splitlines() or ["?"])[-1][:300]
-        rundir.record(run_dir, "stall_action", attempt=0, action="requeue_failed", summary=summary, error=last)
-        rundir.record(run_dir, "stall_action", attempt=0, action="cancelled", summary=summary,
+        rundir.record(run_dir, "stall_action", attempt=attempt(), action="requeue_failed", summary=summary, error=last)
+        rundir.record(run_dir, "stall_action", attempt=attempt(), action="cancelled", summary=summary,
                       why=f"python -m vrun resubmit failed: {last}")
     return p.returncode
 
