@@ -83,7 +83,8 @@ def test_a_hung_rank_is_diagnosed_submitted_again_then_cancelled_at_the_cap(ray4
     proc = runner("model=qwen3_5_35b", "algo=grpo", "cluster=ray", "mesh=8gpu", "mesh.nnodes=2",
                   "mesh.gpus_per_node=4", "run.task_runner=vrun_standin.StandinTaskRunner",
                   f"run.stall_after_s={STALL_S}", "run.stall_grace_s=2", "run.on_stall=requeue",
-                  "cluster.max_requeues=1", "verl.trainer.save_freq=2", f"hydra.run.dir={run}", env=env, timeout=300)
+                  "cluster.max_requeues=1", "verl.trainer.save_freq=2", "cluster.detach=true", f"hydra.run.dir={run}",
+                  env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "submitted again to the same cluster" in proc.stdout and "cannot leave the odd node out" in proc.stdout
     (run / "standin.json").write_text(json.dumps({"steps": 1000, "step_s": 1.0, "save_freq": 2,

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from vrun.core import remote
+from vrun.core.text import summarised
 from vrun.core.problems import Problem
 from vrun.rundir.rayrecord import RAY_JOB, submission_id
 
@@ -107,7 +108,7 @@ class Shape:
         free = self.free_gpus
         return (f"{len(self.nodes)} alive node(s), GPUs per node {'/'.join(f'{s:g}' for s in sizes) or 0}, "
                 f"{'?' if free is None else f'{free:g}'} of {gpus:g} GPUs free"
-                f"{', ' + '/'.join(kinds) if kinds else ''}; Ray {self.ray_version}, "
+                f"{', ' + summarised(kinds, sep='/') if kinds else ''}; Ray {self.ray_version}, "
                 f"Python {self.python_version or 'unknown'}")
 
 
@@ -363,7 +364,7 @@ def launch(sweep) -> list:
                                      f"start the cluster or give its dashboard address ({ADDRESS_KEY}="
                                      f"{DASHBOARD_FORM})").line()])
         offline = Problem(ADDRESS_KEY, cluster.ray.address, f"{e}: planned offline, not checked against the "
-                          "cluster's shape", f"check again once the cluster answers (mode=preflight)", warning=True)
+                          "cluster's shape", "check again once the cluster answers (mode=preflight)", warning=True)
 
     def check(point) -> list:
         p = point.plan

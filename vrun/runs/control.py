@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from vrun.core.text import summarised
 from vrun.core import fs
 from vrun.rundir import records as rundir
 from vrun.rundir import state
@@ -93,7 +94,7 @@ def own_jobs(r: state.Run, queue: Optional[dict]) -> list:
                     "JobID,Name,WorkDir and scancel the run's own by hand")
     ids = [j for j in r.job_ids if j in queue and queue[j].active]
     if not ids:
-        raise Usage(f"error: run={r.dir}: SLURM lists none of its jobs ({','.join(r.job_ids) or 'none recorded'}) "
+        raise Usage(f"error: run={r.dir}: SLURM lists none of its jobs ({summarised(r.job_ids, sep=',') or 'none recorded'}) "
                     f"as pending or running: nothing cancelled; fix: python -m vrun status {r.dir}")
     for j in ids:
         why = state.not_own(r, queue[j])
@@ -123,7 +124,7 @@ def cancel_one(r: state.Run, ids: Optional[list] = None) -> None:
         cur = r.attempts[-1] if r.attempts else None
         rundir.record(str(r.dir), "cancelled", attempt=r.attempt, job_ids=ids, job_id=cur.job_id if cur else None,
                       restart=cur.restart if cur else 0)
-        print(f"cancelled job {','.join(ids)}: {r.dir}", flush=True)
+        print(f"cancelled job {summarised(ids, sep=',')}: {r.dir}", flush=True)
         return
     pid = next((e.get("pid") for e in reversed(r.events) if e["event"] == "entrypoint_started"), None) or r.pid
     host = r.host

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from vrun.core import fs
+from vrun.core.text import summarised
 from vrun.rundir import records as rundir
 from vrun.rundir import state
 from vrun.rundir.state import RunDirError
@@ -163,11 +164,11 @@ def cmd_status(a) -> int:
     if r.stall:
         print(f"stall    {r.stall.get('summary')}  (stacks: {r.stall.get('dir')})")
     if r.on_slurm:
-        print(f"job      {r.job_id} (attempt {r.attempt}; restarts {r.restarts}; job ids {','.join(r.job_ids)})"
-              + (f"; nodes {','.join(r.hosts)}" if r.hosts else ""))
+        print(f"job      {r.job_id} (attempt {r.attempt}; restarts {r.restarts}; job ids {summarised(r.job_ids, sep=',')})"
+              + (f"; nodes {summarised(r.hosts, sep=',')}" if r.hosts else ""))
         for a in r.attempts[:-1]:
             print(f"  attempt {a.n}: job {a.job_id}" + (f" (restart {a.restart})" if a.restart else "")
-                  + (f" on {','.join(a.hosts)}" if a.hosts else "") + f": {a.end or a.state}")
+                  + (f" on {summarised(a.hosts, sep=',')}" if a.hosts else "") + f": {a.end or a.state}")
     if r.on_ray:
         from vrun.runs import rayjobs
 
@@ -187,7 +188,7 @@ def cmd_status(a) -> int:
         print(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} +{e['t'] - t0:6.1f}s  {_event(r, e)}")
     if r.on_slurm:
         files = sorted({str(f[3].parent) for f in log_files(r)})
-        print(f"logs     python -m vrun logs {r.dir}  ({', '.join(files) or 'none yet'})")
+        print(f"logs     python -m vrun logs {r.dir}  ({summarised(files) or 'none yet'})")
     return 0
 
 
@@ -212,7 +213,7 @@ def _event(r: state.Run, e: dict) -> str:
     ev = e["event"]
     rest = {k: v for k, v in e.items() if k not in ("event", "t", "host")}
     if ev == "nodes_joined":
-        return f"nodes joined {e.get('joined')}/{e.get('of')} {','.join(e.get('hosts') or [])}"
+        return f"nodes joined {e.get('joined')}/{e.get('of')} {summarised(e.get('hosts') or [], sep=',')}"
     if ev == "failed":
         return f"failed on {state.node_name(r.hosts, e)}: {e.get('error')}"
     if ev == "stalled":
@@ -222,7 +223,7 @@ def _event(r: state.Run, e: dict) -> str:
     if ev in ("signalled", "time_limit", "stall_action"):
         return f"{ev} ({e.get('host')}): " + " ".join(f"{k}={v}" for k, v in rest.items()
                                                       if k in ("why", "step", "requeued", "action", "exclude", "error"))
-    detail = " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in rest.items()
+    detail = " ".join(f"{k}={summarised(v, sep=',') if isinstance(v, list) else v}" for k, v in rest.items()
                       if k in ("job_id", "restart", "attempt", "rc", "hosts", "seconds", "pid", "job_ids"))
     return f"{ev} ({e.get('host')}) {detail}".rstrip()
 
