@@ -130,7 +130,8 @@ def test_secrets_by_name_from_a_secret(tmp_path):
     (["cluster.kuberay.mount_path=/"], "cluster.kuberay.mount_path", "hides it"),
     (["cluster.kuberay.mount_path=/dev/shm"], "cluster.kuberay.mount_path", "hides it"),
     (["cluster.kuberay.run_as_uid=-1"], "cluster.kuberay.run_as_uid", "[0, 2147483647]"),
-    (["cluster.time_min=1000000000000"], "cluster.time_min", "int32"),
+    # every cluster's range (a year) comes before the RayJob's int32 deadline
+    (["cluster.time_min=1000000000000"], "cluster.time_min", "[1, 525,600]"),
     (["algo=sft", "mesh=8gpu"], "cluster", "torchrun"),
     (["OFFCLAIM"], "hydra.run.dir", "outside the claim's mount"),
 ])

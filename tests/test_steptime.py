@@ -601,7 +601,7 @@ def test_the_micro_batches_without_dynamic_batch_size_are_the_cp_groups():
     assert p.mesh.cp == 8 and cp_group and budget > 0
     assert steptime_plan.group_budget(budget, p.mesh.cp, cp_group) == budget
     per_rank = tokens / p.mesh.dp
-    assert steptime_plan._micro(per_rank, steptime_plan.group_budget(budget, p.mesh.cp, cp_group)) == \
+    assert steptime_plan.micro_batches(per_rank, steptime_plan.group_budget(budget, p.mesh.cp, cp_group)) == \
         max(1, math.ceil(per_rank / budget))
     d = plan(["model=kimi_k2_6", "mode=plan"])
     _, dyn, group = steptime_plan.batch_tokens(d.entrypoint, d.verl)

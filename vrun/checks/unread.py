@@ -25,7 +25,8 @@ READERS = {
     # a SLURM job's resources; a RayJob's pods' requests and limits (vrun.launch.kuberay)
     **{k: (SLURM, KUBERAY) for k in ("cpus_per_task", "mem_gb")},
     # the SLURM submitter's own behaviour: the confirmation, waiting, the login preflight, node-local storage
-    **{k: (SLURM,) for k in ("confirm_gpu_hours", "yes", "detach", "login_preflight", "node_local_paths")},
+    **{k: (SLURM,) for k in ("confirm_gpu_hours", "yes", "login_preflight", "node_local_paths")},
+    "detach": (SLURM, RAY),                 # the submitter returns at once instead of following the job
     "node_setup": (SLURM,),                 # each node's lines (vrun.launch.slurm.node)
     "time_min": (SLURM, RAY, KUBERAY),      # sbatch --time; a Ray job's end; the RayJob's activeDeadlineSeconds
     "master_port": (LOCAL,),                # torchrun's rendezvous on this machine (a SLURM job's comes from its id)

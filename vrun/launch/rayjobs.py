@@ -300,7 +300,7 @@ def next_attempt(run_dir) -> int:
     return max([a for a in subs if isinstance(a, int)], default=-1) + 1
 
 
-def submit(plan, url: str, timeout: float, attempt: Optional[int] = None) -> str:
+def submit(plan, url: str, timeout: float, attempt: Optional[int] = None, replaces: Optional[str] = None) -> str:
     """The plan's job submitted to the dashboard at `url`: its entrypoint, runtime env and metadata from the plan
     alone; ray_job.json records the address and the job's id, a `submitted` line the attempt."""
     import tempfile
@@ -333,7 +333,8 @@ def submit(plan, url: str, timeout: float, attempt: Optional[int] = None) -> str
         raise DashboardError(f"the Ray dashboard at {url} answered job id {remote.shown(got, 80)} for {job_id}",
                              "malformed")
     writer.write_text(d / RAY_JOB, json.dumps({"address": url, "job_id": job_id}, indent=1) + "\n", root=str(d))
-    rundir.record(str(d), "submitted", attempt=attempt, cluster="ray", ray_job=job_id)
+    rundir.record(str(d), "submitted", attempt=attempt, cluster="ray", ray_job=job_id,
+                  **({"replaces": replaces} if replaces else {}))
     return job_id
 
 

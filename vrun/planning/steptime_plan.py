@@ -39,7 +39,7 @@ def workload(config, entrypoint, verl: dict, mesh, counts, est, arch: dict) -> O
     attn, cap = steptime.attention_flops_per_key(arch)
     # verl's refit: the offloaded training weights to the GPU for the export and back (steptime.REFIT_HOST)
     common.update(attn_flops_per_key=attn, attn_keys_cap=cap, tensors=steptime.tensor_count(arch), refit_host="weights")
-    micro = _micro(tokens / max(mesh.dp, 1), group_budget(budget, mesh.cp, cp_group))
+    micro = micro_batches(tokens / max(mesh.dp, 1), group_budget(budget, mesh.cp, cp_group))
     batch = entrypoint.step_batch(verl)  # the record's: samples, lengths, whether a rollout generates them
     step_tokens = batch["samples"] * (batch["prompt_mean"] + batch["response_mean"])
     common.update(mini_batches=max(1, round(step_tokens / tokens)) if tokens > 0 else 1)
@@ -111,7 +111,7 @@ def mesh_timer(config, entrypoint, verl: dict, mesh, counts, replica=None, rollo
     def shape(m, est) -> tuple:
         """The estimate without the mesh's collectives, once per pipeline / micro-batch / offload shape and whether
         expert parallelism splits the experts (the MoE balance, steptime.routed_share)."""
-        micro = _micro(tokens / max(m.dp, 1), group_budget(budget, m.cp, cp_group))
+        micro = micro_batches(tokens / max(m.dp, 1), group_budget(budget, m.cp, cp_group))
         k = (m.pp, m.vpp, micro, m.ep > 1) + ((est.weights, est.grads, est.optimizer) if offload and est is not None
                                               else ())
         if k not in seen:
@@ -151,7 +151,7 @@ def mesh_timer(config, entrypoint, verl: dict, mesh, counts, replica=None, rollo
     return timed, ""
 
 
-def _micro(tokens_per_rank: float, budget: float) -> int:
+def micro_batches(tokens_per_rank: float, budget: float) -> int:
     return max(1, math.ceil(tokens_per_rank / budget)) if budget > 0 else 1
 
 

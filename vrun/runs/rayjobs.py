@@ -175,7 +175,8 @@ def resubmit(r: state.Run, detach: bool) -> int:
                     record_end(r, job)
             except remote.RemoteError:
                 pass
-        job = rayjobs.submit(plan, url, rayjob.timeout_of(plan))
+        last = (r.ray or {}).get("job_id")
+        job = rayjobs.submit(plan, url, rayjob.timeout_of(plan), replaces=last if isinstance(last, str) else None)
     except rayjobs.DashboardError as e:
         raise Usage(f"error: cluster.ray.address={given}: {e}; nothing submitted; fix: check that the cluster is up "
                     f"and its dashboard reachable, then python -m vrun resubmit {q(r.dir)}") from None
