@@ -377,8 +377,10 @@ def start_requeue(run_dir: str, driver_pid: int, summary: str) -> None:
 def requeue(run_dir: str, driver_pid: int, summary: str, wait_s: float = REQUEUE_WAIT_S) -> int:
     """Once the driver is gone: `python -m vrun resubmit <run dir>`, tried until Ray calls the job ended (it says so
     a moment after its driver exits) or wait_s passed; a failure recorded as requeue_failed, then cancelled."""
+    from vrun.rundir import state
+
     end = time.monotonic() + wait_s
-    while time.monotonic() < end and _alive(driver_pid):
+    while time.monotonic() < end and state.alive(driver_pid):
         time.sleep(0.5)
     tries = []
     while True:
@@ -401,16 +403,6 @@ def requeue(run_dir: str, driver_pid: int, summary: str, wait_s: float = REQUEUE
         rundir.record(run_dir, "stall_action", attempt=attempt(), action="cancelled", summary=summary,
                       why=f"python -m vrun resubmit failed: {last}")
     return p.returncode
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "requeue" and sys.argv[3].isdigit():
