@@ -104,7 +104,9 @@ def test_time_limit_and_outside_cancels_tell_the_truth(shared):
     run ends `timeout` with that step. B: scancel from outside while it trains → `cancelled outside vrun (scancel)
     while running`. C: pending for nodes, scancel from outside → `... while pending (never started)`. cancel refuses
     all three as ended; resubmit is allowed."""
+    # a 5-minute job waits for its one node at most 2 minutes (the default 300 s would be the whole job: refused)
     a, _ = submit(shared, "a", *ONE_NODE, "cluster.time_min=5", "cluster.signal_delay_s=60", "cluster.max_requeues=0",
+                  "cluster.ray.join_timeout_s=120",
                   "verl.trainer.use_v1=false",  # the stand-in stands in for RayPPOTrainer, the trainer that asks
                   cues={"steps": 1000, "step_s": 1.0, "save_freq": 1000})
     b, _ = submit(shared, "b", *ONE_NODE, "cluster.time_min=15", cues={"steps": 1000, "step_s": 1.0})
