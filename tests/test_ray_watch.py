@@ -7,7 +7,6 @@ resubmit`, and at cluster.max_requeues cancels it; the job carried verl's deadli
 processes started here are stopped (by their pids)."""
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.request
@@ -17,7 +16,7 @@ import pytest
 
 from conftest import PY, ROOT, runner
 from test_handoff import grpo_env
-from test_rayjobs import RAY, _get, node_flags, ports, wait
+from test_rayjobs import RAY, _get, node_flags, ports, stop, wait
 
 pytestmark = [pytest.mark.stack_free, pytest.mark.ray]
 
@@ -49,16 +48,7 @@ def ray4(tmp_path_factory):
         wait(lambda: len(rayjobs.read_shape(url, 5).nodes) == 2, 90, "the worker joining")
         yield url
     finally:
-        for p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop(procs)
         subprocess.run(["rm", "-rf", str(temp)])
 
 
