@@ -29,6 +29,15 @@ Cues, from <run dir>/standin.json (read at start; the run dir is default_local_d
    "crash": {"rank": 2, "step": 4},
    "kill_mid_save": {"step": 10, "stage": "shards"},
    "cut_short": {"step": 4}}
+Named phases (`_run_phases`, `_phase_work`), with {"phases": {"old_log_prob": 0.2, "update_actor": 0.2,
+"update_weights": 0.2}} in standin.json: after the rollout, each step runs each named phase as a rank actor method
+of the name verl's fused worker gives it (`actor_rollout_compute_log_prob`, `actor_rollout_update_actor`,
+`actor_rollout_update_weights`: what Ray's state API lists while verl runs them), each rank sleeping the phase's
+seconds then joining one all_reduce, and prints the phase's wall time as its timing_s/<timer> key. Cues on them:
+  "phase_hang": {"timer": "update_weights", "step": 4, "rank": 0}   that rank never returns from that phase at that
+      step (the others wait in its all_reduce);
+  "phase_slow": {"timer": "update_weights", "step": 6, "to": 7, "s": 1.0}   from that step on (to `to`, default
+      the end) the phase takes `s` seconds.
 hang: from that step on, that rank blocks forever inside its dataset's __getitem__ (data) or skips the all_reduce
 and sleeps (collective), while the others wait in all_reduce. crash: that rank raises at that step. kill_mid_save:
 at that step every rank writes its save cut short (standin_ckpt's stage, default "shards") and the rank processes
@@ -135,6 +144,16 @@ class Rank:
         dist.all_reduce(t)
         return time.time() - t0
 
+    # ---- named phases: verl's fused worker methods (actor_rollout_ prefix), see _run_phases
+    def actor_rollout_compute_log_prob(self, step: int) -> float:
+        return _phase_work(self, "old_log_prob", step)
+
+    def actor_rollout_update_actor(self, step: int) -> float:
+        return _phase_work(self, "update_actor", step)
+
+    def actor_rollout_update_weights(self, step: int) -> float:
+        return _phase_work(self, "update_weights", step)
+
     def save(self, root: str, step: int, cut_short=False) -> bool:
         import standin_ckpt
 
@@ -145,6 +164,41 @@ class Rank:
 
         standin_ckpt.save(root, step, self.rank, self.world, cut_short=stage, tracker=False, wait_s=2.0)
         os._exit(9)
+
+
+# ==================================================================== named phases (verl's worker methods)
+PHASE_METHODS = (("old_log_prob", "actor_rollout_compute_log_prob"), ("update_actor", "actor_rollout_update_actor"),
+                 ("update_weights", "actor_rollout_update_weights"))
+
+
+def _phase_work(rank, timer: str, step: int) -> float:
+    """One rank's part of a named phase: the cued seconds (a slow phase's from its step), a hang where cued, then
+    one all_reduce with the other ranks (a rank that never comes holds them there)."""
+    import torch
+    import torch.distributed as dist
+
+    t0 = time.time()
+    cues = rank.cues
+    hang, slow = cues.get("phase_hang") or {}, cues.get("phase_slow") or {}
+    if hang.get("timer") == timer and step == hang.get("step") and rank.rank == int(hang.get("rank", 0)):
+        while True:  # a weight sync that never returns (a peer's transfer lost, an engine that never wakes)
+            time.sleep(1)
+    seconds = float((cues.get("phases") or {}).get(timer, 0.0))
+    if slow.get("timer") == timer and int(slow.get("step", 0)) <= step <= int(slow.get("to", 1 << 30)):
+        seconds = float(slow.get("s", seconds))
+    time.sleep(seconds)
+    dist.all_reduce(torch.ones(1))
+    return time.time() - t0
+
+
+def _run_phases(ranks: list, step: int, cues: dict, timing: dict) -> None:
+    """The step's named phases, each on every rank at once, each one's wall time as verl's timer key."""
+    if not cues.get("phases"):
+        return
+    for timer, method in PHASE_METHODS:
+        t0 = time.time()
+        _gather([getattr(a, method).remote(step) for a in ranks])
+        timing[timer] = timing.get(timer, 0.0) + time.time() - t0
 
 
 def _cues(run_dir: Path) -> dict:
@@ -262,6 +316,7 @@ class StandinTaskRunner:
             t0 = time.time()
             time.sleep(max(step_s - (time.time() - t_step), 0.0))  # the update's share of the step
             timing["update_actor"] = time.time() - t0
+            _run_phases(ranks, step, cues, timing)
             if kill.get("step") == step:
                 _gather([a.die_mid_save.remote(str(root), step, kill.get("stage", True)) for a in ranks])
             esi = should_save_ckpt_esi(max_steps_duration=longest, redundant_time=t.esi_redundant_time)
@@ -274,7 +329,7 @@ class StandinTaskRunner:
                          for r, a in enumerate(ranks)])
                 standin_ckpt.write_tracker(root, step)  # verl's driver, once every rank returned
                 timing["save_checkpoint"] = time.time() - t0
-            timing["update_weights"] = 0.0
+            timing.setdefault("update_weights", 0.0)
             timing["step"] = time.time() - t_step
             timing["stop_profile"] = 0.0
             longest = max(longest, timing["step"])

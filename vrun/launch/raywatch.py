@@ -334,8 +334,11 @@ def start(config_path: str, config) -> Optional[Watchdog]:
     if log is None:
         print("vrun: watchdog: this driver's output cannot be read back: the job is not watched", flush=True)
         return None
+    from vrun.launch.phases import RayPhases, ray_job_id
+
     dog = RayWatchdog(where.dir, log, record.watch, record=job.record, collect=job.collect, act=job.act,
-                      plan=record, end_at=end if job.kind == "ray" else None, on_end=job.time_limit)
+                      plan=record, end_at=end if job.kind == "ray" else None, on_end=job.time_limit,
+                      phases=RayPhases(None, job_id=ray_job_id))
     dog.start()
     return dog
 

@@ -175,8 +175,12 @@ class Watchdog(threading.Thread):
     act(action, summary, hosts): cancel or requeue the job; plan: the PlanRecord (for checkpoint stamps)."""
 
     def __init__(self, run_dir: str, log: Path, watch, record: Callable, collect: Callable, act: Callable,
-                 plan=None, poll_s: float = POLL_S, clock=time.time):
+                 plan=None, poll_s: float = POLL_S, clock=time.time, phases=None):
+        """phases: the running phases (vrun.launch.phases.RayPhases; None: the whole step's bound alone)."""
+        from vrun.launch.phases import PhaseWatch
+
         super().__init__(name="vrun-watchdog", daemon=True)
+        self.phases, self.phase_watch = phases, PhaseWatch(dict(getattr(watch, "phases", None) or {}))
         self.run_dir, self.watch, self.plan = run_dir, watch, plan
         self.record, self.collect, self.act = record, collect, act
         self.tail = LogTail(log)
@@ -206,8 +210,9 @@ class Watchdog(threading.Thread):
         moved = False
         for line in self.tail.lines():
             got = joblog.parse_line(line)
-            if got is not None and got[1]:
-                moved = self.progress.feed(now, got[0]) or moved
+            if got is not None and got[1] and self.progress.feed(now, got[0]):
+                moved = True
+                self.judge(got[0], got[1])
         self.stamp()
         if moved and self.reported is not None:
             self.record("unstalled", n=self.reported["n"], step=self.progress.last_step)
@@ -217,19 +222,37 @@ class Watchdog(threading.Thread):
             return
         if self.acted:
             return
-        quiet = self.progress.stalled_for(now)
-        if quiet is None:
-            return
         if self.reported is None:
-            self.reported = self.diagnose(quiet)
+            quiet = self.progress.stalled_for(now)
+            phase = self.phase_stall(now) if quiet is None else None
+            if quiet is not None or phase is not None:
+                self.reported = self.diagnose(quiet if quiet is not None else phase["quiet"], phase)
             return
         if self.watch.on_stall != "report" and now - self.reported["t"] >= self.watch.grace_s:
             self.acted = True
             self.act(self.watch.on_stall, self.reported["summary"], self.reported.get("hosts") or [])
 
-    def diagnose(self, quiet: float) -> dict:
+    def phase_stall(self, now: float) -> Optional[dict]:
+        """A phase running past its own bound (vrun.launch.phases), once the attempt's first step was seen (the
+        first step holds the load, the engine's start and the first refit: its bound is the whole step's)."""
+        if self.phases is None or self.progress.last_t is None or not self.phase_watch.bounds:
+            return None
+        return self.phase_watch.stalled(now, self.phases.look())
+
+    def judge(self, step: int, metrics: dict) -> None:
+        """A step's phase durations: a phase turned slow is recorded `slow` (progress continues: no action), one
+        back within its bounds `slow_over`."""
+        for phase, ratio, line in self.phase_watch.feed(metrics):
+            if ratio is None:
+                self.record("slow_over", phase=phase, step=step)
+                continue
+            print(f"vrun: watchdog: slow at step {step}: {line}", flush=True)
+            self.record("slow", phase=phase, step=step, ratio=ratio, summary=line)
+
+    def diagnose(self, quiet: float, phase: Optional[dict] = None) -> dict:
         """Every node's stacks under stalls/<n>/ and one summary line, recorded as `stalled`. A dir that cannot be
-        made or a dump that fails is one line in the event (`dump_error`): the stall is recorded and acted on."""
+        made or a dump that fails is one line in the event (`dump_error`): the stall is recorded and acted on.
+        phase: the phase past its own bound (PhaseWatch.stalled), named first in the summary and the event."""
         from vrun.launch import stacks
 
         t0 = self.clock()
@@ -251,11 +274,14 @@ class Watchdog(threading.Thread):
             head = f"stalled at {'step ' + str(step) if step is not None else 'the first step'} for " \
                    f"{stacks.duration(quiet)}"
             summary, hosts = f"{head}: {error}", []
+        if phase is not None:
+            summary = f"{phase['line']}; {summary}"
         took = round(self.clock() - t0, 1)
         print(f"vrun: {summary}" + (f" ({error})" if error and out is not None else ""), flush=True)
         self.record("stalled", n=n, step=step, quiet_s=round(quiet, 1), summary=summary,
                     dir=str(out) if out is not None else None, odd_hosts=hosts, diagnosis_s=took,
-                    **({"dump_error": error} if error else {}))
+                    **({"dump_error": error} if error else {}),
+                    **({"phase": phase["phase"], "phase_bound_s": phase["bound"]} if phase is not None else {}))
         return {"n": n, "t": self.clock(), "summary": summary, "hosts": hosts}
 
     def tracker(self) -> Optional[int]:

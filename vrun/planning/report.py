@@ -55,7 +55,17 @@ def watch(plan: Plan):
     high = plan.time.high if plan.time is not None else None
     total = plan.params.total if plan.params is not None else None
     return watching.policy(plan.config.run, high, total, plan.mesh.nnodes, _stacks_here(),
-                           str(plan.config.cluster.name))
+                           str(plan.config.cluster.name), *phase_inputs(plan))
+
+
+def phase_inputs(plan: Plan) -> tuple:
+    """The plan's phase bands {phase: (low_s, high_s)} and its save estimate, for each phase's bound."""
+    from vrun.estimate import timelimit
+
+    bands = {n: (plan.time.phase(n).low, plan.time.phase(n).high) for n in plan.time.phases} if plan.time else {}
+    save = timelimit.save_seconds(timelimit.training_state_bytes(plan.memory), plan.mesh.gpus_per_node) \
+        if plan.memory is not None else None
+    return bands, save
 
 
 def plan_json(plan: Plan, **fields) -> dict:

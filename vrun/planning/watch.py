@@ -25,10 +25,15 @@ ENGINE_START_S = 600.0
 VERL_SAVE_S = 60.0
 
 
-def policy(run, step_high_s, params_total, nnodes: int, stacks: str = "", cluster: str = "") -> WatchRecord:
+def policy(run, step_high_s, params_total, nnodes: int, stacks: str = "", cluster: str = "",
+           bands: Optional[dict] = None, save_s: Optional[float] = None) -> WatchRecord:
     """run: the run config's `run` group (vrun.config.schema.RunSettings); step_high_s: the plan's step high end
     (None without an estimate); params_total: the model's parameters (None when unknown); cluster: the cluster's
-    name (a Ray job's stacks are taken otherwise: RAY_STACKS)."""
+    name (a Ray job's stacks are taken otherwise: RAY_STACKS); bands: {phase: (low_s, high_s)} of the plan's step
+    and save_s the save estimate, each phase's own bound (vrun.planning.phase_bounds) — none where
+    run.stall_after_s is set: the user's bound is the one bound."""
+    from vrun.planning import phase_bounds
+
     if run.stall_after_s is not None:
         stall, basis = float(run.stall_after_s), "run.stall_after_s"
     elif step_high_s:
@@ -41,7 +46,8 @@ def policy(run, step_high_s, params_total, nnodes: int, stacks: str = "", cluste
     grace = float(run.stall_grace_s) if run.stall_grace_s is not None else stall
     return WatchRecord(stall_after_s=round(stall, 1), first_step_s=round(stall + load, 1),
                        on_stall=str(run.on_stall), grace_s=round(grace, 1), basis=basis,
-                       stacks=RAY_STACKS if cluster in RAY_CLUSTERS else stacks, cluster=str(cluster or ""))
+                       stacks=RAY_STACKS if cluster in RAY_CLUSTERS else stacks, cluster=str(cluster or ""),
+                       phases=phase_bounds.plan_bounds(bands or {}, save_s) if run.stall_after_s is None else {})
 
 
 def line(w: WatchRecord) -> str:
@@ -61,8 +67,19 @@ def line(w: WatchRecord) -> str:
     where = ("stacks of every Ray node's processes of the job under <run dir>/stalls/ (under the job's working dir "
              "where the nodes do not reach the run dir, each event then also a `vrun: event` line in the job's log)"
              if ray else "stacks of every node under <run dir>/stalls/")
+    from vrun.planning import phase_bounds
+
+    each = (f"; each phase from an attempt's second step: {phase_bounds.watch_line(w.phases)}, then "
+            f"{phase_bounds.RUN_FACTOR:g} × this run's median where longer" + (
+                " (not on cluster=local: the job's Ray is verl's own, its state API unknown here)"
+                if w.cluster == "local" else "")) if w.phases else ""
     return (f"watch   stalled after {_t(w.stall_after_s)} without a verl step ({w.basis}; the first step of an "
-            f"attempt: {_t(w.first_step_s)}); on a stall: {where}, {act}" + (f"; {w.stacks}" if w.stacks else ""))
+            f"attempt: {_t(w.first_step_s)}){each}; on a stall: {where}, {act}" + (f"; {w.stacks}" if w.stacks else ""))
+
+
+def duration(s: float) -> str:
+    """Seconds as the watch says them: `90 s`, `5 min`, `2.5 h` (whole seconds from 10 s on)."""
+    return _t(round(s) if s >= 10 else round(s, 1))
 
 
 def _t(s: float) -> str:

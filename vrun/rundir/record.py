@@ -69,6 +69,15 @@ class SlurmRecord:
 
 
 @dataclass(frozen=True)
+class PhaseBound:
+    """One phase's bound (vrun.planning.phase_bounds): the seconds it may run, the plan's band it came from."""
+    bound_s: float
+    low_s: float
+    high_s: float
+    basis: str = ""
+
+
+@dataclass(frozen=True)
 class WatchRecord:
     """How the job is watched (vrun.planning.watch): seconds without a step before it counts as stalled (the first
     step of an attempt gets first_step_s), what a stall does and after how long."""
@@ -79,6 +88,8 @@ class WatchRecord:
     basis: str          # how stall_after_s was reached, in words
     stacks: str = ""    # how stacks are taken on this machine
     cluster: str = ""   # the cluster's name: what a stall can do there (vrun.planning.watch.line)
+    # each phase's bound, in step order (vrun.planning.phase_bounds; empty: the whole step's bound only)
+    phases: dict[str, PhaseBound] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)

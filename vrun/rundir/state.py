@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from vrun.rundir import records as rundir
+from vrun.rundir import records as rundir, slowness
 from vrun.rundir.files import RunDirError
 from vrun.rundir.record import PlanRecord
 from vrun.core import fs
@@ -21,7 +21,7 @@ from vrun.core.text import summarised
 
 # the order of the phases within one attempt (a submitter and a node may write in either order)
 RANK = {"submitted": 0, "requeued": 0, "started": 1, "ray_running": 1, "resumed": 1, "nodes_joined": 2, "ray_up": 3,
-        "entrypoint_started": 4, "stalled": 5, "unstalled": 5, "stall_action": 5, "signalled": 6, "time_limit": 6,
+        "entrypoint_started": 4, "stalled": 5, "unstalled": 5, "stall_action": 5, "slow": 5, "slow_over": 5, "signalled": 6, "time_limit": 6,
         "exited": 7, "failed": 7, "ray_ended": 7, "cancelled": 8}
 # a run's states; the first three are still holding or waiting for an allocation
 ACTIVE = ("pending", "running", "requeued")
@@ -79,6 +79,7 @@ class Run:
     pid: Optional[int] = None
     host: Optional[str] = None
     stall: Optional[dict] = None       # the last `stalled` event of the current attempt, unless progress resumed
+    slow: list = field(default_factory=list)  # the current attempt's phases slow now (vrun.rundir.slowness)
     resumed: Optional[dict] = None     # the current attempt's `resumed` event (the checkpoint it started from)
     ray: Optional[dict] = None         # cluster=ray: the job's address and id (vrun.rundir.rayrecord.load)
     ray_problem: str = ""              # cluster=ray: why ray_job.json was refused (one line), "" when it was not
@@ -131,7 +132,7 @@ class Run:
                 "phase": self.phase, "reason": self.reason, "job_id": self.job_id, "job_ids": self.job_ids,
                 "attempt": self.attempt, "restarts": self.restarts, "elapsed_s": round(self.elapsed_s, 1),
                 "gpu_hours": round(self.gpu_hours, 3), "checkpoint_step": self.checkpoint_step(),
-                "failure": self.failure, "hosts": self.hosts, "when": self.when, "stall": self.stall,
+                "failure": self.failure, "hosts": self.hosts, "when": self.when, "stall": self.stall, "slow": self.slow,
                 "resumed": self.resumed, **({"ray": self.ray} if self.ray else {}),
                 "attempts": [{"n": a.n, "job_id": a.job_id, "restart": a.restart, "state": a.state, "end": a.end,
                               "hosts": a.hosts} for a in self.attempts]}
@@ -338,6 +339,7 @@ def _settle(run: Run) -> None:
     run.resumed = cur.last("resumed")
     stalled, back = cur.last("stalled"), cur.last("unstalled")
     run.stall = stalled if stalled and (not back or back["t"] < stalled["t"]) else None
+    run.slow = slowness.active(cur.events)
     if run.stall and run.state == "running":
         run.phase = str(run.stall.get("summary") or "stalled")
     now = time.time()

@@ -11,7 +11,7 @@ from pathlib import Path
 from vrun.core import fs
 from vrun.core.text import summarised
 from vrun.rundir import records as rundir
-from vrun.rundir import state
+from vrun.rundir import slowness, state
 from vrun.rundir.state import RunDirError
 from vrun.runs.common import Usage, dur as _dur, one_run
 from vrun.runs.logs import log_files
@@ -114,9 +114,10 @@ def cmd_runs(a) -> int:
     for row, r in zip(rows, runs):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
         full = state.describe(r)
-        if len(full) > STATE_WIDTH or r.stall or r.restarts or r.ray_error:
+        if len(full) > STATE_WIDTH or r.stall or r.restarts or r.ray_error or r.slow:
             print(f"    ↳ {full}" + (f"; {r.restarts} restart(s)" if r.restarts else "")
-                  + (f" (last known: {r.ray_error})" if r.ray_error else ""))
+                  + (f" (last known: {r.ray_error})" if r.ray_error else "")
+                  + "".join(f"; slow: {slowness.line(e)}" for e in r.slow))
     return 0
 
 
@@ -163,6 +164,8 @@ def cmd_status(a) -> int:
         print(f"failed   on {r.failure['node']}: {r.failure['error']}")
     if r.stall:
         print(f"stall    {r.stall.get('summary')}  (stacks: {r.stall.get('dir')})")
+    for e in r.slow:
+        print(f"slow     {slowness.line(e)}")
     if r.on_slurm:
         print(f"job      {r.job_id} (attempt {r.attempt}; restarts {r.restarts}; job ids {summarised(r.job_ids, sep=',')})"
               + (f"; nodes {summarised(r.hosts, sep=',')}" if r.hosts else ""))
@@ -218,6 +221,8 @@ def _event(r: state.Run, e: dict) -> str:
         return f"failed on {state.node_name(r.hosts, e)}: {e.get('error')}"
     if ev == "stalled":
         return f"stalled: {e.get('summary')}"
+    if ev == "slow":
+        return f"slow: {slowness.line(e)}"
     if ev == "resumed":
         return f"resumed {e.get('line') or _resumed(e)}"
     if ev in ("signalled", "time_limit", "stall_action"):

@@ -383,8 +383,13 @@ def start_watchdog(node: Node, ray_address: Optional[str] = None):
 
     if node.plan.mode != "train" or node.plan.watch is None:
         return None
+    from vrun.launch.phases import RayPhases
+
+    host = ray_address.rsplit(":", 1)[0].strip("[]") if ray_address else ""
+    dash = f"http://{f'[{host}]' if ':' in host else host}:{node.ports['dashboard']}" if host else None
     dog = Watchdog(node.job.run_dir, Path(node.env.paths.stdout), node.plan.watch, record=node.record,
-                   collect=lambda n, out: node.collect(n, out, ray_address), act=node.act, plan=node.plan)
+                   collect=lambda n, out: node.collect(n, out, ray_address), act=node.act, plan=node.plan,
+                   phases=RayPhases(dash) if dash else None)
     dog.start()
     return dog
 

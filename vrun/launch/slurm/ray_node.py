@@ -61,7 +61,8 @@ def ray_head(node: Node) -> Any:
         pt = node.ports
         address = f"{ray.ip}:{pt['gcs']}"
         proc = ray.start(node, "--head", "--port", str(pt["gcs"]), "--ray-client-server-port", str(pt["client"]),
-                         "--include-dashboard=false")
+                         "--include-dashboard=true", "--dashboard-host", ray.ip, "--dashboard-port",
+                         str(pt["dashboard"]))  # the state API the watchdog asks which phase each worker is in
         t0 = time.monotonic()
         node.publish("head", address)
         wait_for_nodes(node, address, proc, ray.extra, t0)
