@@ -206,5 +206,5 @@ def test_make_runs_plan_bounds_the_weight_sync_5x_below_the_step(tmp_path):
     assert set(watch["phases"]) >= {"rollout", "log_prob", "train", "sync", "save"}
     assert watch["stall_after_s"] / watch["phases"]["sync"]["bound_s"] >= 5, watch
     row = next(line for line in p.stdout.splitlines() if line.startswith("watch "))
-    assert f"weight sync {watching.duration(watch['phases']['sync']['bound_s'])} (plan " in row, row
+    assert f"weight sync {pb.duration(watch['phases']['sync']['bound_s'])} (plan " in row, row
     assert Path(tmp_path / "run").is_dir()

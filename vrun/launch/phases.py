@@ -197,9 +197,7 @@ class PhaseWatch:
                             else f"save estimate {pb.band_text(0.0, plan.high_s)}")
             if m is not None:
                 said.append(f"this run {pb.band_text(0.0, m)}")
-            from vrun.planning.watch import duration
-
-            line = f"stalled in {pb.WORDS.get(name, name)} for {duration(round(quiet))}" + (
+            line = f"stalled in {pb.WORDS.get(name, name)} for {pb.duration(quiet)}" + (
                 f" ({', '.join(said)})" if said else "") + f" in {r.method}, past its bound of {round(bound)} s"
             return {"phase": name, "quiet": quiet, "bound": round(bound, 1), "line": line, "method": r.method}
         return None

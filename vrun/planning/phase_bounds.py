@@ -124,13 +124,26 @@ def slow_line(phase: str, ratio: float, has_band: bool, direction: str, n: int) 
 
 def watch_line(bounds: dict) -> str:
     """The plan's `watch` row's phase part: `weight sync 5 min (plan 21–105 s)`, in step order."""
-    from vrun.planning.watch import duration
-
     parts = []
     for name, b in bounds.items():
         band = f"estimate {band_text(0.0, b.high_s)}" if name == "save" else f"plan {band_text(b.low_s, b.high_s)}"
         parts.append(f"{WORDS.get(name, name)} {duration(b.bound_s)} ({band})")
     return ", ".join(parts)
+
+
+def clock_text(s: float) -> str:
+    """Seconds as the watch says them: `90 s`, `5 min`, `2.5 h`."""
+    s = float(s)
+    if s < 120:
+        return f"{s:g} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def duration(s: float) -> str:
+    """A measured or bounding time: whole seconds from 10 s on (`321 s` is `5 min`)."""
+    return clock_text(round(s) if s >= 10 else round(s, 1))
 
 
 def band_text(low: float, high: float) -> str:

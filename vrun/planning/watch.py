@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 from vrun.estimate.timelimit import SAVE_WRITE_RATE
+from vrun.planning import phase_bounds
 from vrun.rundir.record import WatchRecord
 
 STALL_FACTOR = 3.0
@@ -32,7 +33,6 @@ def policy(run, step_high_s, params_total, nnodes: int, stacks: str = "", cluste
     name (a Ray job's stacks are taken otherwise: RAY_STACKS); bands: {phase: (low_s, high_s)} of the plan's step
     and save_s the save estimate, each phase's own bound (vrun.planning.phase_bounds) — none where
     run.stall_after_s is set: the user's bound is the one bound."""
-    from vrun.planning import phase_bounds
 
     if run.stall_after_s is not None:
         stall, basis = float(run.stall_after_s), "run.stall_after_s"
@@ -67,8 +67,6 @@ def line(w: WatchRecord) -> str:
     where = ("stacks of every Ray node's processes of the job under <run dir>/stalls/ (under the job's working dir "
              "where the nodes do not reach the run dir, each event then also a `vrun: event` line in the job's log)"
              if ray else "stacks of every node under <run dir>/stalls/")
-    from vrun.planning import phase_bounds
-
     each = (f"; each phase from an attempt's second step: {phase_bounds.watch_line(w.phases)}, then "
             f"{phase_bounds.RUN_FACTOR:g} × this run's median where longer" + (
                 " (not on cluster=local: the job's Ray is verl's own, its state API unknown here)"
@@ -77,18 +75,8 @@ def line(w: WatchRecord) -> str:
             f"attempt: {_t(w.first_step_s)}){each}; on a stall: {where}, {act}" + (f"; {w.stacks}" if w.stacks else ""))
 
 
-def duration(s: float) -> str:
-    """Seconds as the watch says them: `90 s`, `5 min`, `2.5 h` (whole seconds from 10 s on)."""
-    return _t(round(s) if s >= 10 else round(s, 1))
-
-
 def _t(s: float) -> str:
-    s = float(s)
-    if s < 120:
-        return f"{s:g} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    return f"{s / 3600:.1f} h"
+    return phase_bounds.clock_text(s)
 
 
 HOOK = "the process's own dump on SIGURG (faulthandler, vrun/launch/stackhook)"
