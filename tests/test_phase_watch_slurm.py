@@ -1,7 +1,7 @@
 """A hang in one phase of the step on the real SLURM harness (tests/test_slurm_lifecycle.py's setup: 3 nodes of 4
 declared GPUs, the stand-in trainer's rank actors on two of them): the stand-in runs each step's log-prob, update
 and weight sync as rank actor methods named as verl's fused worker names them; rank 5 never returns from the weight
-sync at step 5. Node 0's watchdog asks the allocation's Ray (its head's dashboard: the state API) which method each
+sync at step 6. Node 0's watchdog asks the allocation's Ray (its head's dashboard: the state API) which method each
 worker runs, and reports `stalled in weight sync …` within that phase's bound (printed in the plan, at least 5×
 below the whole step's) + 60 s, then cancels the job as any stall."""
 import json
@@ -26,22 +26,22 @@ def test_a_hung_weight_sync_is_reported_within_its_own_bound(shared):  # noqa: F
                   "verl.trainer.save_freq=0",
                   cues={"steps": 1000, "step_s": 1.0, "save_freq": 0,
                         "phases": {"old_log_prob": 0.2, "update_actor": 0.2, "update_weights": 0.2},
-                        "phase_hang": {"timer": "update_weights", "step": 5, "rank": 5}})
+                        "phase_hang": {"timer": "update_weights", "step": 6, "rank": 5}})
     watch = json.loads((d / "plan.json").read_text())["watch"]
     bound = watch["phases"]["sync"]["bound_s"]
     assert watch["stall_after_s"] / bound >= 5, watch
     row = next(x for x in p.stdout.splitlines() if x.startswith("watch "))
     assert f"weight sync {pb.duration(bound)} (plan " in row, row
-    stepping(d, 4)
+    stepping(d, 5)
     t_hang = time.monotonic()
     s = wait_for("the phase's stall", lambda: (lambda s: s if s.get("stall") else None)(status(d)),
                  timeout=bound + 120)
     assert time.monotonic() - t_hang <= bound + 60 + 10, "reported later than the phase's bound + 60 s"
     stall = s["stall"]
-    assert stall["phase"] == "sync" and stall["step"] == 4, stall
+    assert stall["phase"] == "sync" and stall["step"] == 5, stall
     summary = stall["summary"]
     assert summary.startswith("stalled in weight sync for ") and "(plan " in summary and ", this run " in summary
-    assert "in actor_rollout_update_weights, past its bound of " in summary and "stalled at step 4 for " in summary
+    assert "in actor_rollout_update_weights, past its bound of " in summary and "stalled at step 5 for " in summary
     assert "7 ranks in all_reduce" in summary and summary.endswith("→ stalls/1/"), summary
     assert "stalled in weight sync" in vrun("status", str(d)).stdout
     wait_for("the cancel", lambda: (lambda s: s if s["state"] == "cancelled" else None)(status(d)), timeout=120)

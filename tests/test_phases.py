@@ -208,3 +208,15 @@ def test_make_runs_plan_bounds_the_weight_sync_5x_below_the_step(tmp_path):
     row = next(line for line in p.stdout.splitlines() if line.startswith("watch "))
     assert f"weight sync {pb.duration(watch['phases']['sync']['bound_s'])} (plan " in row, row
     assert Path(tmp_path / "run").is_dir()
+
+
+def test_a_sync_growing_for_20_steps_is_said_again_with_its_trend():
+    """A weight sync steady at 20 s, then growing by 30% a step: slow once it passes 3× both its band (105 s) and
+    the run's median, said again every 20 steps while it stays slow, `growing` each time."""
+    w = ph.PhaseWatch({"sync": PhaseBound(bound_s=321.0, low_s=16.0, high_s=105.0)})
+    durations = [20.0] * 12 + [20.0 * 1.3 ** k for k in range(1, 40)]
+    said = [(i + 1, got) for i, d in enumerate(durations) for got in w.feed({"timing_s/update_weights": d})]
+    slow = [(step, line) for step, (_, ratio, line) in said if ratio is not None]
+    assert len(slow) >= 2 and slow[1][0] - slow[0][0] == pb.TREND_STEPS, said
+    first = slow[0][1]
+    assert first.startswith("weight sync ") and "× its band, growing over the last 20 steps" in first, first

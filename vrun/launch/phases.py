@@ -149,12 +149,12 @@ class PhaseWatch:
     about the running phases. bounds: plan.json `watch.phases` ({phase: PhaseBound})."""
     bounds: dict
     durations: dict = field(default_factory=dict)     # phase -> [seconds per step], this attempt's
-    slow_now: dict = field(default_factory=dict)      # phase -> ratio while it is slow
+    slow_now: dict = field(default_factory=dict)      # phase -> steps since its `slow` was said, while slow
 
     def feed(self, metrics: dict) -> list:
         """One step's metrics (joblog.parse_line's): each phase's duration kept; returns the `slow` verdicts
         [(phase, ratio, line)] of phases that turned slow at this step, and [(phase, None, "")] of those back
-        within."""
+        within (a phase still slow is said again every TREND_STEPS steps, with its trend then)."""
         out = []
         for phase, timers in pb.TIMERS.items():
             got = [metrics[f"timing_s/{k}"] for k in timers if f"timing_s/{k}" in metrics]
@@ -165,15 +165,17 @@ class PhaseWatch:
             band = self.bounds.get(phase)
             ratio = pb.slow(d, band.high_s if band is not None else None, before)
             before.append(d)
-            if ratio is not None and phase not in self.slow_now:
+            said = self.slow_now.get(phase)
+            if ratio is not None and (said is None or said >= pb.TREND_STEPS):
                 n = min(len(pb.measured(before)), pb.TREND_STEPS)
                 line = pb.slow_line(pb.WORDS.get(phase, phase), ratio, band is not None,
                                     pb.trend(pb.measured(before)), n)
                 out.append((phase, round(ratio, 2), line))
-            elif ratio is None and phase in self.slow_now:
+                said = 0
+            elif ratio is None and said is not None:
                 out.append((phase, None, ""))
             if ratio is not None:
-                self.slow_now[phase] = ratio
+                self.slow_now[phase] = said + 1
             else:
                 self.slow_now.pop(phase, None)
         return out
