@@ -57,6 +57,10 @@ def test_an_old_watch_record_without_phases_still_loads():
     assert typed(WatchRecord, old, "plan.json").phases == {}
     new = dict(old, phases={"sync": {"bound_s": 90.0, "low_s": 3.9, "high_s": 29.0, "basis": "3 × the high end"}})
     assert typed(WatchRecord, new, "plan.json").phases["sync"].bound_s == 90.0
+    # a bound edited into nonsense bounds nothing (the whole step's bound holds), never stalls at once
+    bad = {"sync": PhaseBound(bound_s=-5.0, low_s=0, high_s=1), "train": PhaseBound(float("nan"), 0, 1),
+           "gpu": PhaseBound(5.0, 0, 1), "rollout": PhaseBound(float("inf"), 0, 1)}
+    assert ph.PhaseWatch(bad).bounds == {}
 
 
 def test_the_run_raises_a_bound_after_its_warm_up_never_below_the_plan():
@@ -92,6 +96,8 @@ def test_verl_methods_map_to_phases_fused_prefixes_included():
     got = ph.running([("W.actor_rollout_update_weights", 100.0), ("W.actor_rollout_update_weights", 90.0),
                       ("W.update_actor", 0), ("TaskRunner.run", 5.0)])
     assert got == {"sync": ph.Running("sync", 90.0, "actor_rollout_update_weights", 2)}
+    odd = ph.running([("W.\x1b[2J" + "x" * 300 + "_update_weights", 1.0)])["sync"].method
+    assert odd.endswith("x_update_weights") and len(odd) == ph.METHOD_CHARS and "\x1b" not in odd
 
 
 def test_a_stalled_phase_is_named_with_its_band_and_this_runs_median():

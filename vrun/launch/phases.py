@@ -19,6 +19,7 @@ the attempt's warm-up, raises a bound (`PhaseWatch.bound`) and judges a phase `s
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from vrun.planning import phase_bounds as pb
 
 STATE_TIMEOUT_S = 20        # each request to the state API
 QUERY_EVERY_S = 5.0         # how often the running tasks are asked for
+METHOD_CHARS = 100          # a method's name as a stall names it (the end of it; read from the cluster)
 # verl's worker methods, by the phase they run in (the plan's phase names)
 METHODS = {"generate_sequences": "rollout", "generate": "rollout",
            "compute_log_prob": "log_prob", "compute_ref_log_prob": "log_prob",
@@ -65,7 +67,8 @@ def running(tasks: list) -> dict:
             continue
         got = out.get(phase)
         if got is None or start < got.since:
-            out[phase] = Running(phase, float(start), str(name).rsplit(".", 1)[-1], (got.tasks if got else 0) + 1)
+            method = re.sub(r"[^A-Za-z0-9_]", "?", str(name).rsplit(".", 1)[-1])[-METHOD_CHARS:]  # said in lines
+            out[phase] = Running(phase, float(start), method, (got.tasks if got else 0) + 1)
         else:
             out[phase] = Running(phase, got.since, got.method, got.tasks + 1)
     return out
@@ -150,6 +153,12 @@ class PhaseWatch:
     bounds: dict
     durations: dict = field(default_factory=dict)     # phase -> [seconds per step], this attempt's
     slow_now: dict = field(default_factory=dict)      # phase -> steps since its `slow` was said, while slow
+
+    def __post_init__(self):
+        """Only bounds that can bound (plan.json is read back: a bound that is not a positive finite number of
+        seconds, or a phase the watch does not know, is left out: that phase has the whole step's bound)."""
+        self.bounds = {k: b for k, b in self.bounds.items() if k in pb.WORDS and pb.finite(b.bound_s)
+                       and b.bound_s > 0}
 
     def feed(self, metrics: dict) -> list:
         """One step's metrics (joblog.parse_line's): each phase's duration kept; returns the `slow` verdicts

@@ -55,13 +55,13 @@ def plan_bounds(bands: dict, save_s: Optional[float], factor: float = PHASE_FACT
         if name not in bands:
             continue
         low, high = bands[name]
-        if not _finite(high) or high <= 0:
+        if not finite(high) or high <= 0:
             continue
         bound = max(floor, factor * high)
         why = f"{factor:g} × the high end" if bound > floor else "the floor"
         out[name] = PhaseBound(bound_s=round(bound, 1), low_s=round(max(low, 0.0), 2), high_s=round(high, 2),
                                basis=why)
-    if save_s is not None and _finite(save_s) and save_s > 0:
+    if save_s is not None and finite(save_s) and save_s > 0:
         bound = max(floor, factor * save_s)
         out["save"] = PhaseBound(bound_s=round(bound, 1), low_s=0.0, high_s=round(save_s, 1),
                                  basis=f"{factor:g} × the save estimate" if bound > floor else "the floor")
@@ -70,7 +70,7 @@ def plan_bounds(bands: dict, save_s: Optional[float], factor: float = PHASE_FACT
 
 def measured(durations: list) -> list:
     """A phase's durations past the attempt's warm-up (durations: in step order, this attempt's)."""
-    return [d for d in durations[WARMUP_STEPS:] if _finite(d) and d >= 0]
+    return [d for d in durations[WARMUP_STEPS:] if finite(d) and d >= 0]
 
 
 def median(durations: list) -> Optional[float]:
@@ -94,9 +94,9 @@ def slow(duration: float, band_high: Optional[float], before: list,
     """The phase's ratio to its band's high end (to this run's median where it has no band) when this duration is
     `factor` times both, else None. before: the phase's durations of this attempt's earlier steps."""
     m = median(before)
-    if m is None or not _finite(duration) or duration < factor * m or m <= 0:
+    if m is None or not finite(duration) or duration < factor * m or m <= 0:
         return None
-    if band_high is not None and _finite(band_high) and band_high > 0:
+    if band_high is not None and finite(band_high) and band_high > 0:
         return duration / band_high if duration >= factor * band_high else None
     return duration / m
 
@@ -104,7 +104,7 @@ def slow(duration: float, band_high: Optional[float], before: list,
 def trend(durations: list, steps: int = TREND_STEPS) -> str:
     """Which way the phase went over its last `steps` durations: `growing`, `easing` or `steady` (the later half's
     median against the earlier half's)."""
-    last = [d for d in durations[-steps:] if _finite(d)]
+    last = [d for d in durations[-steps:] if finite(d)]
     if len(last) < 4:
         return "steady"
     half = len(last) // 2
@@ -155,5 +155,6 @@ def _n(x: float) -> str:
     return f"{x:.2g}" if x < 10 else f"{x:,.0f}"
 
 
-def _finite(x) -> bool:
+def finite(x) -> bool:
+    """A real number, not a bool, not NaN or infinite (a value read back from plan.json or a log)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
