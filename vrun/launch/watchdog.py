@@ -7,6 +7,8 @@ on top) is a stall. A stall is diagnosed at once — every node dumps the Python
 (vrun.launch.stacks), what nvidia-smi reports, NCCL's flight recorder where the run's environment turned it on
 (its dump pipes poked), and Ray's view of its nodes and actors — under <run dir>/stalls/<n>/, then summed up in one
 line (`stalled at step 312 for 41 min: 255 ranks in all_reduce, rank 133 on n17 in data loading → stalls/1/`)
+— or, where Ray's state API shows a phase of the step past its own bound (vrun.launch.phases), that phase named
+first (`stalled in weight sync for 6 min (plan 21–105 s, this run 48 s) …`) —
 recorded as a `stalled` event, which `status`, `runs` and the submitter show. stalls/ and each stall's dir are
 made only as the run dir's own plain dirs (never through a link, never outside it): where they cannot be, or a
 dump fails, the stall is still recorded and acted on, the failure one line in the event (`dump_error`). Then
@@ -226,7 +228,7 @@ class Watchdog(threading.Thread):
             quiet = self.progress.stalled_for(now)
             phase = self.phase_stall(now) if quiet is None else None
             if quiet is not None or phase is not None:
-                self.reported = self.diagnose(quiet if quiet is not None else phase["quiet"], phase)
+                self.reported = self.diagnose(quiet if quiet is not None else now - self.progress.last_t, phase)
             return
         if self.watch.on_stall != "report" and now - self.reported["t"] >= self.watch.grace_s:
             self.acted = True

@@ -6,7 +6,8 @@ stall_after_s = run.stall_after_s, else max(STALL_FLOOR_S, STALL_FACTOR × the s
 that takes three times the estimate's pessimistic end is not a slow step but a stuck one; with no estimate,
 STALL_FALLBACK_S. The first step of an attempt adds the load: the node's share of the bf16 weights read at
 LOAD_RATE plus ENGINE_START_S (Ray workers, the Megatron Lite model built, vLLM started and its CUDA graphs
-captured, the first refit).
+captured, the first refit). Each phase of the step has its own bound too (vrun.planning.phase_bounds: plan.json
+`watch.phases`), unless run.stall_after_s is set.
 """
 from __future__ import annotations
 
