@@ -7,9 +7,11 @@ each phase runs (verl's trainer fit() and its worker classes, the same in 0.9.1,
 generate_sequences (the agent loop's workers, the rollout; the rollout servers' generate), compute_log_prob and
 compute_ref_log_prob (log-prob), update_actor and update_critic (train), update_weights and
 execute_checkpoint_engine (the weight sync: the actors' and the rollout's checkpoint engine; the rollout servers'
-wake_up, release_kv_cache and resume_kv_cache around it), sleep (offload) and save_checkpoint (save). A colocated worker group runs one fused class whose methods carry their role's prefix
-(`actor_rollout_update_actor`, `actor_rollout_ref_compute_ref_log_prob`): a method is known by its name or by
-`_<name>` at its end. Nothing in verl is touched or wrapped.
+wake_up, release_kv_cache and resume_kv_cache around it), sleep (offload) and save_checkpoint (save). A colocated
+worker group runs one fused class whose methods carry their role's prefix (`actor_rollout_update_actor`,
+`actor_rollout_ref_compute_ref_log_prob`): a method is known by its name or by `_<name>` at its end. Nothing in
+verl is touched or wrapped. A cluster whose task events are off (RAY_enable_task_events=0) lists no task: the whole
+step's bound alone holds there.
 
 A frozen dashboard never holds the watchdog: a query runs in its own thread with the state API's timeout, one at a
 time; while it has not answered the watch goes on with the whole step's bound alone (`RayPhases.look` is None).

@@ -21,8 +21,8 @@ from vrun.core.text import summarised
 
 # the order of the phases within one attempt (a submitter and a node may write in either order)
 RANK = {"submitted": 0, "requeued": 0, "started": 1, "ray_running": 1, "resumed": 1, "nodes_joined": 2, "ray_up": 3,
-        "entrypoint_started": 4, "stalled": 5, "unstalled": 5, "stall_action": 5, "slow": 5, "slow_over": 5, "signalled": 6, "time_limit": 6,
-        "exited": 7, "failed": 7, "ray_ended": 7, "cancelled": 8}
+        "entrypoint_started": 4, "stalled": 5, "unstalled": 5, "stall_action": 5, "signalled": 6, "time_limit": 6,
+        "slow": 5, "slow_over": 5, "exited": 7, "failed": 7, "ray_ended": 7, "cancelled": 8}
 # a run's states; the first three are still holding or waiting for an allocation
 ACTIVE = ("pending", "running", "requeued")
 STATES = ("planned", "pending", "running", "requeued", "completed", "failed", "cancelled", "timeout", "node_fail",
@@ -132,7 +132,8 @@ class Run:
                 "phase": self.phase, "reason": self.reason, "job_id": self.job_id, "job_ids": self.job_ids,
                 "attempt": self.attempt, "restarts": self.restarts, "elapsed_s": round(self.elapsed_s, 1),
                 "gpu_hours": round(self.gpu_hours, 3), "checkpoint_step": self.checkpoint_step(),
-                "failure": self.failure, "hosts": self.hosts, "when": self.when, "stall": self.stall, "slow": self.slow,
+                "failure": self.failure, "hosts": self.hosts, "when": self.when, "stall": self.stall,
+                "slow": self.slow,
                 "resumed": self.resumed, **({"ray": self.ray} if self.ray else {}),
                 "attempts": [{"n": a.n, "job_id": a.job_id, "restart": a.restart, "state": a.state, "end": a.end,
                               "hosts": a.hosts} for a in self.attempts]}
