@@ -162,6 +162,7 @@ class Case:
     engine_sleep_level: int = 1
     grad_reduce_bytes: float = 2.0               # bf16 gradient reduction (grad_reduce_in_fp32: false)
     refit_host: str = "state"                    # the refit sends the optimizer states and weights to the host
+    gpus_per_node: int = 8                       # DGX-H100: 8; GB200 NVL72: 4 per compute tray
 
 
 # verl's own published DeepSeek-V3 run: docs/perf/dpsk.md ("Benchmark": 96 GPUs, mean response length 1960,
@@ -209,6 +210,86 @@ CASES = {
                                       phases={"train": 50.0, "sync": 12.0, "rollout": 78.0, "log_prob": 23.0},
                                       utilization=0.7, **_V03),
 }
+
+
+# NeMo RL's later performance summaries (the same file, the same columns, one section per release), their on-policy
+# GRPO rows in bf16 on the Megatron backend: DGX-H100 (8 GPUs a node) and GB200-NVL72 (4 a compute tray, the rack's
+# 72 GPUs one NVLink domain). Left out: the 1-step and 8-step off-policy rows (generation overlaps training, which
+# verl's colocated step does not), the FP8 rows (all off-policy), the DAPO row (several rollout rounds a step) and
+# the SWE row (off-policy). Each row's recipe is the release's examples/configs/recipes/llm/performance/<model>-
+# <nodes>n<gpus>g.yaml over grpo_math_1B.yaml (V05_RECIPES, V06_RECIPES): full recompute for DeepSeek-V3,
+# Qwen3-235B and Llama-3.1-8B, none for Qwen3-30B-A3B and Qwen3-32B; sequence packing on (micro-batches of
+# max_total_sequence_length) except DeepSeek-V3 on GB200 at v0.5 and DeepSeek-V3 everywhere at v0.6
+# (sequence_packing.enabled: false); vLLM at gpu_memory_utilization 0.6 unless the recipe sets it (v0.6 DeepSeek-V3
+# on GB200 0.3, v0.6 Qwen3-235B on 64 GB200 0.4); the optimizer on the GPU, bf16 gradient reduction, vLLM's level-1
+# sleep and the reference pass as at v0.4 (grpo_math_1B.yaml: optimizer_cpu_offload false, grad_reduce_in_fp32
+# false, reference_policy_kl_penalty 0.01; vllm_worker.py sleep(level=1)). Where a recipe and its table row differ,
+# the row is kept, as for v0.4's Llama (its training column has seven entries, the recipe PP2 on H100): v0.6's
+# DeepSeek-V3 on 512 H100 and on 256 GB200 (table EP16, recipe EP32).
+SOURCE_V05 = {"repo": "NVIDIA-NeMo/RL", "path": "docs/about/performance-summary.md",
+              "commit": "9dbd9adc95a10f5946cceb36e1d5b31e2429e470", "section": "Nemo RL v0.5, GRPO, on policy"}
+SOURCE_V06 = {"repo": "NVIDIA-NeMo/RL", "path": "docs/about/performance-summary.md",
+              "commit": "66059ab4d8e46b2043f97012ed7d4b1ddfebbecd", "section": "NeMo RL v0.6, GRPO, on policy"}
+V05_RECIPES = {"repo": "NVIDIA-NeMo/RL", "path": "examples/configs/recipes/llm/performance", "tag": "v0.5.0",
+               "commit": "6c7089300fded94abfa49bb9cbf9eb357d862461"}
+V06_RECIPES = {"repo": "NVIDIA-NeMo/RL", "path": "examples/configs/recipes/llm/performance", "tag": "v0.6.0",
+               "commit": "5fb588932bf835506a8a5bac01de4f8c7ab0a065"}
+
+_GB = dict(part="GB200", gpus_per_node=4)
+
+
+def _later(source: dict, name: str, arch: dict, gpus: int, max_seq: int, avg_seq: int, samples: int, gen_tp: int,
+           train: tuple, step_s: float, recompute: bool, packed: bool = True, **kw) -> tuple:
+    """One on-policy row of a later summary: (name, Case), the row's columns as the table gives them (T-GBS 512)."""
+    return name, Case(arch, gpus, max_seq, avg_seq, samples, 512, gen_tp, train, step_s, source=source,
+                      recompute=recompute, reference=True, packed_tokens=max_seq if packed else None, **kw)
+
+
+LATER = dict([
+    # v0.5 H100 (SOURCE_V05, V05_RECIPES)
+    _later(SOURCE_V05, "v05_llama3_1_8b_16xh100", LLAMA3_1_8B, 16, 4096, 1019, 2048, 1, (1, 1, 1, 1), 92.8, True),
+    _later(SOURCE_V05, "v05_deepseek_v3_256xh100", DEEPSEEK_V3, 256, 1536, 744, 512, 32, (1, 1, 16, 16), 134.0,
+           True),
+    _later(SOURCE_V05, "v05_qwen3_235b_a22b_128xh100", QWEN3_235B_A22B, 128, 8192, 5700, 512, 16, (2, 2, 16, 8),
+           431.0, True),
+    _later(SOURCE_V05, "v05_qwen3_30b_a3b_32xh100", QWEN3_30B_A3B, 32, 4096, 3196, 2048, 2, (1, 1, 8, 1), 198.0,
+           False),
+    _later(SOURCE_V05, "v05_qwen3_32b_32xh100", QWEN3_32B, 32, 4096, 3251, 2048, 4, (4, 1, 1, 4), 376.0, False),
+    # v0.5 GB200-NVL72
+    _later(SOURCE_V05, "v05_llama3_1_8b_8xgb200", LLAMA3_1_8B, 8, 4096, 1066, 2048, 1, (1, 1, 1, 1), 91.0, True,
+           **_GB),
+    _later(SOURCE_V05, "v05_deepseek_v3_128xgb200", DEEPSEEK_V3, 128, 1536, 996, 512, 32, (1, 1, 16, 8), 128.0,
+           True, packed=False, **_GB),
+    _later(SOURCE_V05, "v05_qwen3_235b_a22b_64xgb200", QWEN3_235B_A22B, 64, 8192, 5711, 512, 8, (2, 2, 16, 4),
+           332.0, True, **_GB),
+    _later(SOURCE_V05, "v05_qwen3_30b_a3b_16xgb200", QWEN3_30B_A3B, 16, 4096, 3198, 2048, 1, (1, 1, 16, 1), 232.0,
+           False, **_GB),
+    _later(SOURCE_V05, "v05_qwen3_32b_16xgb200", QWEN3_32B, 16, 4096, 3253, 2048, 1, (2, 1, 1, 1), 381.0, False,
+           **_GB),
+    # v0.6 H100 (SOURCE_V06, V06_RECIPES)
+    _later(SOURCE_V06, "v06_deepseek_v3_256xh100", DEEPSEEK_V3, 256, 1536, 701, 512, 32, (1, 1, 16, 16), 134.0,
+           True, packed=False),
+    _later(SOURCE_V06, "v06_deepseek_v3_512xh100", DEEPSEEK_V3, 512, 1536, 697, 512, 32, (1, 1, 16, 16), 111.0,
+           True, packed=False),
+    _later(SOURCE_V06, "v06_qwen3_235b_a22b_128xh100", QWEN3_235B_A22B, 128, 8192, 5698, 512, 16, (2, 2, 16, 8),
+           395.0, True),
+    _later(SOURCE_V06, "v06_qwen3_235b_a22b_256xh100", QWEN3_235B_A22B, 256, 8192, 5713, 512, 16, (2, 2, 16, 8),
+           312.0, True),
+    _later(SOURCE_V06, "v06_qwen3_30b_a3b_32xh100", QWEN3_30B_A3B, 32, 4096, 3203, 2048, 2, (1, 1, 8, 1), 192.0,
+           False),
+    # v0.6 GB200-NVL72
+    _later(SOURCE_V06, "v06_deepseek_v3_128xgb200", DEEPSEEK_V3, 128, 1536, 711, 512, 32, (1, 1, 16, 8), 108.0,
+           True, packed=False, utilization=0.3, **_GB),
+    _later(SOURCE_V06, "v06_deepseek_v3_256xgb200", DEEPSEEK_V3, 256, 1536, 700, 512, 32, (1, 1, 16, 8), 98.7,
+           True, packed=False, utilization=0.3, **_GB),
+    _later(SOURCE_V06, "v06_qwen3_235b_a22b_64xgb200", QWEN3_235B_A22B, 64, 8192, 5709, 512, 8, (2, 2, 16, 4),
+           286.0, True, utilization=0.4, **_GB),
+    _later(SOURCE_V06, "v06_qwen3_235b_a22b_128xgb200", QWEN3_235B_A22B, 128, 8192, 5693, 512, 8, (2, 2, 16, 4),
+           345.0, True, **_GB),
+    _later(SOURCE_V06, "v06_qwen3_30b_a3b_16xgb200", QWEN3_30B_A3B, 16, 4096, 3199, 2048, 1, (1, 1, 16, 1), 221.0,
+           False, **_GB),
+])
+CASES.update(LATER)
 
 
 # The same v0.3 recipes rerun on a second cluster (NVIDIA-NeMo/RL issue 959, "70B GRPO training is slower than
