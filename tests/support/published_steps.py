@@ -69,8 +69,8 @@ lengths spread with their mean (the step waiting for its longest), the refit's c
 wake-up, optimizer states through pageable memory and gradients not copied, the distributed optimizer's DP traffic
 per optimizer step, and the NeMo RL recipes' sequence packing, GPU-resident optimizer and level-1 sleep; "bands" is
 the model whose bands hold every published figure: the decode bandwidth past TP8 (not measured by its source)
-banded from the source's trend carried on to TP8's figure held flat (the middle their geometric mean: the TP16 and
-TP32 replicas decode slower), experts split over EP ranks waiting for the busiest (FEPLB's 18.6% at the pessimistic
+banded by the source's trend carried on from both ends of TP8's band (the middle the geometric mean of TP8's figure
+held flat and the pessimistic end: the TP16 and TP32 replicas decode slower), experts split over EP ranks waiting for the busiest (FEPLB's 18.6% at the pessimistic
 end), and the host-bound costs (refit, offload) 1.5× slower on a second cluster at the pessimistic end (NeMo RL issue
 959's reruns of the v0.3 recipes, DTensor rows):
   case                      gen TP  published  roofline  +coll  +refit   +ref  tp-mbu  phases  bands (its middle)
@@ -86,6 +86,17 @@ the training state it sends to the host, NeMo RL v0.3's refits read as the sync 
 1.2 s of 5 s), 0.33× (Llama-3.1-70B, 4.7 s of 14 s), 0.33× (Qwen3-32B) and 0.59× (Qwen3-30B-A3B); with it (the
 optimizer states and weights to the host, steptime.REFIT_HOST "state") 0.81×, 0.54×, 0.54× and 0.71×, the same
 figures the phase mapping gave before it, the totals unchanged.
+NeMo RL's v0.5 and v0.6 tables (LATER: 20 on-policy totals, DGX-H100 and GB200-NVL72) added to the cases above, the
+model's middles unchanged: every total inside its band but one, v0.6's Qwen3-235B-A22B on 128 H100 (395 s against a
+low end of 423 s; the same recipe published at 506 s by v0.4 and 431 s by v0.5: the software alone moved it 1.28×).
+Its low end was its TP16 rollout's optimistic end, whose decode MBU was TP8's measured middle figure held flat
+(0.25): 2.4× under a TP8 replica's own optimistic end (0.60), a step no source measured. Carrying the source's trend
+(0.625× per doubling) on from the band's high end as from its low end (0.375 at TP16, 0.234 at TP32, the band keeping
+its TP8 width, every end counting the whole TP group's all-reduces past the NVLink domain) puts that low end at 330 s
+(v0.5's 431 s case 423 -> 330 s, v0.4's 506 s case 422 -> 329 s, v0.6's 256-GPU 312 s case 311 -> 243 s); the TP32
+replicas' low ends rise a little (verl's DeepSeek-V3 753 -> 781 s, its rollout's 381 -> 410 s; v0.6's DeepSeek-V3 on
+256 H100 72 -> 75 s, its band 5.44× -> 5.21× wide). No middle and no high end moved; the TP8-and-narrower replicas
+(every GB200 row, and the plans' own TP8 rollouts) are unchanged.
 Tried for the rollout's middle and not kept: counting the sequences a replica decodes at once at their mean KV
 occupancy (vLLM's paged cache admits that many) rather than at the longest sequence — verl's DeepSeek-V3 rollout came
 to 385 s (0.37×) against its 1,050 s; it is the band's optimistic end instead.
