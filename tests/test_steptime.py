@@ -59,7 +59,7 @@ def case_workload(name):
         kv_per_sequence=r.kv.per_sequence, kv_fits=r.fits, attn_flops_per_key=attn, attn_keys_cap=cap,
         param_bytes=est.weights, grad_bytes=est.grads, optimizer_bytes=est.optimizer, param_offload=True,
         optimizer_offload=True, tensors=steptime.tensor_count(arch), engine_sleep_level=c.engine_sleep_level,
-        grad_reduce_bytes=c.grad_reduce_bytes, refit_host=c.refit_host)
+        grad_reduce_bytes=c.grad_reduce_bytes, refit_host=c.refit_host, reference_swap=c.reference_swap)
 
 
 def predictions():
@@ -248,6 +248,29 @@ def test_the_refit_moves_the_training_state_off_the_gpu():
                                                  optimizer_offload=False), h100)
     assert {n for n, _ in none.phase("sync").parts} <= set(steptime.REFIT_ENGINE_PARTS)
     assert "offload" not in none.phases
+
+
+def test_nemo_rls_reference_pass_swaps_the_weights_through_the_host():
+    """NeMo RL's Megatron worker keeps the reference's weights in host memory and swaps them in for the reference
+    pass: the policy's weights out, the reference's in, the policy's back, three copies of the per-GPU weights at the
+    pinned rate (non-blocking copies from the GPU land in pinned memory), in the log-prob phase beside its two passes;
+    verl's reference is its own module: nothing swapped, and no swap without a reference pass."""
+    import dataclasses
+
+    h100 = hardware.PARTS["H100"]
+    f = steptime.FACTORS
+    w = case_workload("v03_llama3_1_70b_64xh100")
+    assert w.reference_swap and w.reference and w.param_bytes > 0
+    st = steptime.estimate(w, h100)
+    swap = st.part("log_prob", "reference_swap")
+    pcie, host = f["pcie"], f["host"]
+    assert swap.high == pytest.approx(3 * w.param_bytes / (h100.pcie * pcie.low) / host.low)
+    assert swap.low == pytest.approx(3 * w.param_bytes / (h100.pcie * pcie.high))
+    assert st.phase("log_prob").middle == pytest.approx(st.part("log_prob", "passes").middle + swap.middle)
+    for other in (dataclasses.replace(w, reference_swap=False), dataclasses.replace(w, reference=False)):
+        o = steptime.estimate(other, h100)
+        assert o.part("log_prob", "reference_swap").high == 0.0 and not o.phase("log_prob").parts
+    assert not case_workload("verl_deepseek_v3_96xh20").reference_swap
 
 
 def test_the_optimizers_dp_traffic_per_optimizer_step():
@@ -488,8 +511,9 @@ def test_the_host_factor_is_the_refits_slowdown_on_a_second_cluster():
 
 
 def test_the_host_factor_widens_only_the_host_bound_costs():
-    """The host factor (the refit's time on another cluster, NeMo RL issue 959) scales the refit, offload and the
-    engine's sleep copy: their optimistic ends unchanged, their pessimistic ends × 1.5; compute and decode untouched."""
+    """The host factor (the refit's time on another cluster, NeMo RL issue 959) scales the refit, offload, the
+    engine's sleep copy and the reference's weight swap: their optimistic ends unchanged, their pessimistic ends ×
+    1.5; compute and decode untouched."""
     h100 = hardware.PARTS["H100"]
     w = case_workload("v03_llama3_1_70b_64xh100")
     flat = {**steptime.FACTORS, "host": steptime.Factor(1.0, 1.0, "")}
@@ -500,7 +524,9 @@ def test_the_host_factor_widens_only_the_host_bound_costs():
         assert a.phase(ph).middle == pytest.approx(b.phase(ph).middle * math.sqrt(1.5))
     assert a.part("rollout", "sleep").high == pytest.approx(b.part("rollout", "sleep").high * 1.5)
     assert a.part("rollout", "decode").high == b.part("rollout", "decode").high
-    assert a.phase("train").high == b.phase("train").high and a.phase("log_prob").high == b.phase("log_prob").high
+    assert a.part("log_prob", "reference_swap").high == pytest.approx(b.part("log_prob", "reference_swap").high * 1.5)
+    assert a.phase("train").high == b.phase("train").high
+    assert a.part("log_prob", "passes").high == b.part("log_prob", "passes").high
     assert "issue 959" in a.summary()["factors"]["host"]["source"]
 
 
@@ -527,7 +553,9 @@ def test_recompute_and_a_kl_term_cost_more():
     again = steptime.estimate(dataclasses.replace(w, recompute=True), h100, collectives=False)
     assert again.phases["train"].low == pytest.approx(alone.phases["train"].low * 8 / 6, rel=1e-6)
     assert more.phases["train"].low > base.phases["train"].low
-    assert more.phases["log_prob"].low == pytest.approx(base.phases["log_prob"].low * 2, rel=1e-6)
+    # two passes instead of one; NeMo RL's reference pass also swaps the weights in (its own test)
+    assert more.part("log_prob", "passes").low == pytest.approx(base.phases["log_prob"].low * 2, rel=1e-6)
+    assert more.phases["log_prob"].low > more.part("log_prob", "passes").low
 
 
 # ---------------------------------------------------------------- in the plan

@@ -97,6 +97,9 @@ its TP8 width, every end counting the whole TP group's all-reduces past the NVLi
 replicas' low ends rise a little (verl's DeepSeek-V3 753 -> 781 s, its rollout's 381 -> 410 s; v0.6's DeepSeek-V3 on
 256 H100 72 -> 75 s, its band 5.44× -> 5.21× wide). No middle and no high end moved; the TP8-and-narrower replicas
 (every GB200 row, and the plans' own TP8 rollouts) are unchanged.
+NeMo RL's reference pass swaps the reference's weights in through host memory (steptime_refit.reference_swap_s:
+three pinned copies of the per-GPU weights inside "Get logprobs"): v0.3's log-prob phases 0.98 -> 1.09 (Llama-3.1-8B),
+0.87 -> 0.93 (70B), 1.07 -> 1.09 (Qwen3-32B), 0.86 -> 0.90 (Qwen3-30B-A3B); the totals 0-3% up.
 Tried for the rollout's middle and not kept: counting the sequences a replica decodes at once at their mean KV
 occupancy (vLLM's paged cache admits that many) rather than at the longest sequence — verl's DeepSeek-V3 rollout came
 to 385 s (0.37×) against its 1,050 s; it is the band's optimistic end instead.
@@ -174,6 +177,7 @@ class Case:
     grad_reduce_bytes: float = 2.0               # bf16 gradient reduction (grad_reduce_in_fp32: false)
     refit_host: str = "state"                    # the refit sends the optimizer states and weights to the host
     gpus_per_node: int = 8                       # DGX-H100: 8; GB200 NVL72: 4 per compute tray
+    reference_swap: bool = True                  # NeMo RL: the reference's weights swapped in through the host
 
 
 # verl's own published DeepSeek-V3 run: docs/perf/dpsk.md ("Benchmark": 96 GPUs, mean response length 1960,
@@ -206,7 +210,7 @@ CASES = {
                                     source=VERL_DPSK, part="H20", mean_response=1960, max_prompt=2048,
                                     recompute=True, reference=True, phases={"rollout": 1050.0}, timers="verl",
                                     optimizer_on_gpu=False, engine_sleep_level=2, grad_reduce_bytes=4.0,
-                                    refit_host="weights"),
+                                    refit_host="weights", reference_swap=False),
     # NeMo RL v0.3 release post (NEMO_RL_V03, V03_RECIPES): totals and four phases each; the max sequence 4096, the
     # average one the prompt (PROMPT_MEAN) + the post's generated tokens per sample
     "v03_llama3_1_8b_8xh100": Case(LLAMA3_1_8B, 8, 4096, PROMPT_MEAN + 795, 2048, 512, 1, (1, 1, 1, 1), 112.0,

@@ -91,7 +91,8 @@ from vrun.estimate.steptime_comm import (  # noqa: F401 - the estimate's names, 
 from vrun.estimate.steptime_rollout import (  # noqa: F401 - the estimate's names, one namespace for its callers
     Lengths, concurrency, decode_step_s, prefill_s, rollout_s, spread_rollout_s)
 from vrun.estimate.steptime_refit import (  # noqa: F401 - the estimate's names, one namespace for its callers
-    host_copies, offload_parts, on_host, refit_bytes, refit_host_parts, refit_parts, rollout_shard_bytes, sync_s)
+    host_copies, offload_parts, on_host, reference_swap_s, refit_bytes, refit_host_parts, refit_parts,
+    rollout_shard_bytes, sync_s)
 
 
 @dataclass(frozen=True)
@@ -214,8 +215,12 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
                                    "longest; high: the last wave's whole batch decoding max_response_length")
     if w.rollout:
         passes = 2 if w.reference else 1
-        phases["log_prob"] = compute(2 * w.active_params * w.tokens * passes, attn * passes,
-                                     "old policy" + (" + reference" if w.reference else ""), passes)
+        note = "old policy" + (" + reference" if w.reference else "")
+        passes_s = compute(2 * w.active_params * w.tokens * passes, attn * passes, note, passes)
+        swap = reference_swap_s(w, part, f)
+        phases["log_prob"] = summed({"passes": passes_s, "reference_swap": swap},
+                                    note + ", its weights swapped in through host memory") if swap.high > 0 \
+            else passes_s
     k = 8 if w.recompute else 6
     train = compute(k * w.active_params * w.tokens, k / 2 * attn,
                     f"{k}·N·T + attention + TP/EP collectives, pipeline bubble ×{bubble:.2f}, the optimizer's "
