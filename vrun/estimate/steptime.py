@@ -25,6 +25,8 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               (rollout_s; plan.json's rollout_at_max_response_length, beside rollout_at_mean: every response at
               the mean).
   log-prob    2·N·T / (G·P·MFU) per pass: the old policy always, the reference when a KL term is on
+              (NeMo RL's Megatron worker swaps the reference's weights in through pinned host memory for its pass:
+              three copies of the per-GPU weights, reference_swap_s; verl's reference is its own module)
   training    6·N·T (8·N·T under full recompute: the forward again) / (G·P·MFU) — the 6·N·T rule of Kaplan
               et al. 2020 (arXiv:2001.08361) and Narayanan et al. 2021 (arXiv:2104.04473, with recompute) — plus
               the training mesh's TP all-reduce and EP all-to-all bytes (training_collectives_s; log-prob too).
