@@ -102,6 +102,7 @@ DOORS = [
     ("x=y'z", "x=y'z", "x='y\\'z'"),
     ("mesh", "mesh", "mesh=<value>"),
     ("hydra.launcher.partion=gpu", "hydra.launcher.partion", None),
+    ("+model.env.A.B=1", "+model.env.A.B=1", "+model.env.A_B=1"),
 ]
 SWEEP_DOORS = [
     ("mesh.nnodes=choice()", "mesh.nnodes", "at least one value"),

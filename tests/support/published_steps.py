@@ -69,8 +69,8 @@ lengths spread with their mean (the step waiting for its longest), the refit's c
 wake-up, optimizer states through pageable memory and gradients not copied, the distributed optimizer's DP traffic
 per optimizer step, and the NeMo RL recipes' sequence packing, GPU-resident optimizer and level-1 sleep; "bands" is
 the model whose bands hold every published figure: the decode bandwidth past TP8 (not measured by its source)
-banded from the source's trend carried on to TP8's figure held flat (the middle their geometric mean: the TP16 and
-TP32 replicas decode slower), experts split over EP ranks waiting for the busiest (FEPLB's 18.6% at the pessimistic
+banded by the source's trend carried on from both ends of TP8's band (the middle the geometric mean of TP8's figure
+held flat and the pessimistic end: the TP16 and TP32 replicas decode slower), experts split over EP ranks waiting for the busiest (FEPLB's 18.6% at the pessimistic
 end), and the host-bound costs (refit, offload) 1.5× slower on a second cluster at the pessimistic end (NeMo RL issue
 959's reruns of the v0.3 recipes, DTensor rows):
   case                      gen TP  published  roofline  +coll  +refit   +ref  tp-mbu  phases  bands (its middle)
@@ -86,6 +86,20 @@ the training state it sends to the host, NeMo RL v0.3's refits read as the sync 
 1.2 s of 5 s), 0.33× (Llama-3.1-70B, 4.7 s of 14 s), 0.33× (Qwen3-32B) and 0.59× (Qwen3-30B-A3B); with it (the
 optimizer states and weights to the host, steptime.REFIT_HOST "state") 0.81×, 0.54×, 0.54× and 0.71×, the same
 figures the phase mapping gave before it, the totals unchanged.
+NeMo RL's v0.5 and v0.6 tables (LATER: 20 on-policy totals, DGX-H100 and GB200-NVL72) added to the cases above, the
+model's middles unchanged: every total inside its band but one, v0.6's Qwen3-235B-A22B on 128 H100 (395 s against a
+low end of 423 s; the same recipe published at 506 s by v0.4 and 431 s by v0.5: the software alone moved it 1.28×).
+Its low end was its TP16 rollout's optimistic end, whose decode MBU was TP8's measured middle figure held flat
+(0.25): 2.4× under a TP8 replica's own optimistic end (0.60), a step no source measured. Carrying the source's trend
+(0.625× per doubling) on from the band's high end as from its low end (0.375 at TP16, 0.234 at TP32, the band keeping
+its TP8 width, every end counting the whole TP group's all-reduces past the NVLink domain) puts that low end at 330 s
+(v0.5's 431 s case 423 -> 330 s, v0.4's 506 s case 422 -> 329 s, v0.6's 256-GPU 312 s case 311 -> 243 s); the TP32
+replicas' low ends rise a little (verl's DeepSeek-V3 753 -> 781 s, its rollout's 381 -> 410 s; v0.6's DeepSeek-V3 on
+256 H100 72 -> 75 s, its band 5.44× -> 5.21× wide). No middle and no high end moved; the TP8-and-narrower replicas
+(every GB200 row, and the plans' own TP8 rollouts) are unchanged.
+NeMo RL's reference pass swaps the reference's weights in through host memory (steptime_refit.reference_swap_s:
+three pinned copies of the per-GPU weights inside "Get logprobs"): v0.3's log-prob phases 0.98 -> 1.09 (Llama-3.1-8B),
+0.87 -> 0.93 (70B), 1.07 -> 1.09 (Qwen3-32B), 0.86 -> 0.90 (Qwen3-30B-A3B); the totals 0-3% up.
 Tried for the rollout's middle and not kept: counting the sequences a replica decodes at once at their mean KV
 occupancy (vLLM's paged cache admits that many) rather than at the longest sequence — verl's DeepSeek-V3 rollout came
 to 385 s (0.37×) against its 1,050 s; it is the band's optimistic end instead.
@@ -162,6 +176,8 @@ class Case:
     engine_sleep_level: int = 1
     grad_reduce_bytes: float = 2.0               # bf16 gradient reduction (grad_reduce_in_fp32: false)
     refit_host: str = "state"                    # the refit sends the optimizer states and weights to the host
+    gpus_per_node: int = 8                       # DGX-H100: 8; GB200 NVL72: 4 per compute tray
+    reference_swap: bool = True                  # NeMo RL: the reference's weights swapped in through the host
 
 
 # verl's own published DeepSeek-V3 run: docs/perf/dpsk.md ("Benchmark": 96 GPUs, mean response length 1960,
@@ -194,7 +210,7 @@ CASES = {
                                     source=VERL_DPSK, part="H20", mean_response=1960, max_prompt=2048,
                                     recompute=True, reference=True, phases={"rollout": 1050.0}, timers="verl",
                                     optimizer_on_gpu=False, engine_sleep_level=2, grad_reduce_bytes=4.0,
-                                    refit_host="weights"),
+                                    refit_host="weights", reference_swap=False),
     # NeMo RL v0.3 release post (NEMO_RL_V03, V03_RECIPES): totals and four phases each; the max sequence 4096, the
     # average one the prompt (PROMPT_MEAN) + the post's generated tokens per sample
     "v03_llama3_1_8b_8xh100": Case(LLAMA3_1_8B, 8, 4096, PROMPT_MEAN + 795, 2048, 512, 1, (1, 1, 1, 1), 112.0,
@@ -209,6 +225,86 @@ CASES = {
                                       phases={"train": 50.0, "sync": 12.0, "rollout": 78.0, "log_prob": 23.0},
                                       utilization=0.7, **_V03),
 }
+
+
+# NeMo RL's later performance summaries (the same file, the same columns, one section per release), their on-policy
+# GRPO rows in bf16 on the Megatron backend: DGX-H100 (8 GPUs a node) and GB200-NVL72 (4 a compute tray, the rack's
+# 72 GPUs one NVLink domain). Left out: the 1-step and 8-step off-policy rows (generation overlaps training, which
+# verl's colocated step does not), the FP8 rows (all off-policy), the DAPO row (several rollout rounds a step) and
+# the SWE row (off-policy). Each row's recipe is the release's examples/configs/recipes/llm/performance/<model>-
+# <nodes>n<gpus>g.yaml over grpo_math_1B.yaml (V05_RECIPES, V06_RECIPES): full recompute for DeepSeek-V3,
+# Qwen3-235B and Llama-3.1-8B, none for Qwen3-30B-A3B and Qwen3-32B; sequence packing on (micro-batches of
+# max_total_sequence_length) except DeepSeek-V3 on GB200 at v0.5 and DeepSeek-V3 everywhere at v0.6
+# (sequence_packing.enabled: false); vLLM at gpu_memory_utilization 0.6 unless the recipe sets it (v0.6 DeepSeek-V3
+# on GB200 0.3, v0.6 Qwen3-235B on 64 GB200 0.4); the optimizer on the GPU, bf16 gradient reduction, vLLM's level-1
+# sleep and the reference pass as at v0.4 (grpo_math_1B.yaml: optimizer_cpu_offload false, grad_reduce_in_fp32
+# false, reference_policy_kl_penalty 0.01; vllm_worker.py sleep(level=1)). Where a recipe and its table row differ,
+# the row is kept, as for v0.4's Llama (its training column has seven entries, the recipe PP2 on H100): v0.6's
+# DeepSeek-V3 on 512 H100 and on 256 GB200 (table EP16, recipe EP32).
+SOURCE_V05 = {"repo": "NVIDIA-NeMo/RL", "path": "docs/about/performance-summary.md",
+              "commit": "9dbd9adc95a10f5946cceb36e1d5b31e2429e470", "section": "Nemo RL v0.5, GRPO, on policy"}
+SOURCE_V06 = {"repo": "NVIDIA-NeMo/RL", "path": "docs/about/performance-summary.md",
+              "commit": "66059ab4d8e46b2043f97012ed7d4b1ddfebbecd", "section": "NeMo RL v0.6, GRPO, on policy"}
+V05_RECIPES = {"repo": "NVIDIA-NeMo/RL", "path": "examples/configs/recipes/llm/performance", "tag": "v0.5.0",
+               "commit": "6c7089300fded94abfa49bb9cbf9eb357d862461"}
+V06_RECIPES = {"repo": "NVIDIA-NeMo/RL", "path": "examples/configs/recipes/llm/performance", "tag": "v0.6.0",
+               "commit": "5fb588932bf835506a8a5bac01de4f8c7ab0a065"}
+
+_GB = dict(part="GB200", gpus_per_node=4)
+
+
+def _later(source: dict, name: str, arch: dict, gpus: int, max_seq: int, avg_seq: int, samples: int, gen_tp: int,
+           train: tuple, step_s: float, recompute: bool, packed: bool = True, **kw) -> tuple:
+    """One on-policy row of a later summary: (name, Case), the row's columns as the table gives them (T-GBS 512)."""
+    return name, Case(arch, gpus, max_seq, avg_seq, samples, 512, gen_tp, train, step_s, source=source,
+                      recompute=recompute, reference=True, packed_tokens=max_seq if packed else None, **kw)
+
+
+LATER = dict([
+    # v0.5 H100 (SOURCE_V05, V05_RECIPES)
+    _later(SOURCE_V05, "v05_llama3_1_8b_16xh100", LLAMA3_1_8B, 16, 4096, 1019, 2048, 1, (1, 1, 1, 1), 92.8, True),
+    _later(SOURCE_V05, "v05_deepseek_v3_256xh100", DEEPSEEK_V3, 256, 1536, 744, 512, 32, (1, 1, 16, 16), 134.0,
+           True),
+    _later(SOURCE_V05, "v05_qwen3_235b_a22b_128xh100", QWEN3_235B_A22B, 128, 8192, 5700, 512, 16, (2, 2, 16, 8),
+           431.0, True),
+    _later(SOURCE_V05, "v05_qwen3_30b_a3b_32xh100", QWEN3_30B_A3B, 32, 4096, 3196, 2048, 2, (1, 1, 8, 1), 198.0,
+           False),
+    _later(SOURCE_V05, "v05_qwen3_32b_32xh100", QWEN3_32B, 32, 4096, 3251, 2048, 4, (4, 1, 1, 4), 376.0, False),
+    # v0.5 GB200-NVL72
+    _later(SOURCE_V05, "v05_llama3_1_8b_8xgb200", LLAMA3_1_8B, 8, 4096, 1066, 2048, 1, (1, 1, 1, 1), 91.0, True,
+           **_GB),
+    _later(SOURCE_V05, "v05_deepseek_v3_128xgb200", DEEPSEEK_V3, 128, 1536, 996, 512, 32, (1, 1, 16, 8), 128.0,
+           True, packed=False, **_GB),
+    _later(SOURCE_V05, "v05_qwen3_235b_a22b_64xgb200", QWEN3_235B_A22B, 64, 8192, 5711, 512, 8, (2, 2, 16, 4),
+           332.0, True, **_GB),
+    _later(SOURCE_V05, "v05_qwen3_30b_a3b_16xgb200", QWEN3_30B_A3B, 16, 4096, 3198, 2048, 1, (1, 1, 16, 1), 232.0,
+           False, **_GB),
+    _later(SOURCE_V05, "v05_qwen3_32b_16xgb200", QWEN3_32B, 16, 4096, 3253, 2048, 1, (2, 1, 1, 1), 381.0, False,
+           **_GB),
+    # v0.6 H100 (SOURCE_V06, V06_RECIPES)
+    _later(SOURCE_V06, "v06_deepseek_v3_256xh100", DEEPSEEK_V3, 256, 1536, 701, 512, 32, (1, 1, 16, 16), 134.0,
+           True, packed=False),
+    _later(SOURCE_V06, "v06_deepseek_v3_512xh100", DEEPSEEK_V3, 512, 1536, 697, 512, 32, (1, 1, 16, 16), 111.0,
+           True, packed=False),
+    _later(SOURCE_V06, "v06_qwen3_235b_a22b_128xh100", QWEN3_235B_A22B, 128, 8192, 5698, 512, 16, (2, 2, 16, 8),
+           395.0, True),
+    _later(SOURCE_V06, "v06_qwen3_235b_a22b_256xh100", QWEN3_235B_A22B, 256, 8192, 5713, 512, 16, (2, 2, 16, 8),
+           312.0, True),
+    _later(SOURCE_V06, "v06_qwen3_30b_a3b_32xh100", QWEN3_30B_A3B, 32, 4096, 3203, 2048, 2, (1, 1, 8, 1), 192.0,
+           False),
+    # v0.6 GB200-NVL72
+    _later(SOURCE_V06, "v06_deepseek_v3_128xgb200", DEEPSEEK_V3, 128, 1536, 711, 512, 32, (1, 1, 16, 8), 108.0,
+           True, packed=False, utilization=0.3, **_GB),
+    _later(SOURCE_V06, "v06_deepseek_v3_256xgb200", DEEPSEEK_V3, 256, 1536, 700, 512, 32, (1, 1, 16, 8), 98.7,
+           True, packed=False, utilization=0.3, **_GB),
+    _later(SOURCE_V06, "v06_qwen3_235b_a22b_64xgb200", QWEN3_235B_A22B, 64, 8192, 5709, 512, 8, (2, 2, 16, 4),
+           286.0, True, utilization=0.4, **_GB),
+    _later(SOURCE_V06, "v06_qwen3_235b_a22b_128xgb200", QWEN3_235B_A22B, 128, 8192, 5693, 512, 8, (2, 2, 16, 4),
+           345.0, True, **_GB),
+    _later(SOURCE_V06, "v06_qwen3_30b_a3b_16xgb200", QWEN3_30B_A3B, 16, 4096, 3199, 2048, 1, (1, 1, 16, 1), 221.0,
+           False, **_GB),
+])
+CASES.update(LATER)
 
 
 # The same v0.3 recipes rerun on a second cluster (NVIDIA-NeMo/RL issue 959, "70B GRPO training is slower than

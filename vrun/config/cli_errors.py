@@ -124,6 +124,15 @@ def describe(ex: BaseException) -> str:
             return (f"error: {key}={_value_of(key)}: the interpolation does not parse (OmegaConf's grammar: "
                     f"{first[:100]}); fix: {key}=<the interpolation with its argument quoted, ${{resolver:'...'}}, "
                     "and its braces balanced>")
+        nested = _nested_under(key) if "Cannot convert 'dict'" in first else None
+        if nested:  # +a.b.c=1 where a.b is a plain value (a map of strings, a number): c has nowhere to go
+            from vrun.config.overrides import shown_override
+
+            name, value = nested.lstrip("+~").split("=", 1)
+            parent = key.rsplit(".", 1)[0]
+            fix = (f"+{parent}.{name[len(parent) + 1:].replace('.', '_')}={value} (one key per entry of {parent})"
+                   if "." in key and _is_map(parent) else f"{key}=<one value>")
+            return f"error: {shown_override(nested)}: {key} holds one value, not keys under it; fix: {fix}"
         choices = re.search(r"expected one of \[([^\]]*)\]", first)  # a closed choice (an enum in vrun.config.schema)
         fix = " or ".join(f"{key}={c.strip()}" for c in choices.group(1).split(",")) if choices else \
             f"{key}=<{_wanted(first)}>"
@@ -190,7 +199,16 @@ _TYPE_WANTED = {"Integer": "an integer", "int": "an integer", "Float": "a number
 def _wanted(message: str) -> str:
     m = re.search(r"(?:converted to|field of type|is not a valid) '?(Integer|Float|Boolean|String|int|float|bool|str)'?",
                   message)
-    return _TYPE_WANTED[m.group(1)] if m else "a value of its type (README 'Config groups')"
+    return _TYPE_WANTED[m.group(1)] if m else "a value of its type (docs/configuration.md 'Config groups')"
+
+
+def _nested_under(key: str):
+    """The command-line override that put keys under `key` (`+model.env.A.B=1` for key model.env.A), or None."""
+    for arg in sys.argv[1:]:
+        name = arg.lstrip("+~").split("=", 1)[0]
+        if "=" in arg and name.startswith(key + "."):
+            return arg
+    return None
 
 
 def _hydra_edit_error(first: str):

@@ -106,7 +106,7 @@ class PPO(Entrypoint):
                 problems.append(Problem("algo", algo.name, f"the installed verl {verl_version} has no {section} in "
                                         f"its config: {algo.name}'s {loses} would be read by nothing",
                                         "install verl main 1dda039b or later (it has both this and the engine fields "
-                                        "Megatron Lite sets; README 'Which verl'), or plan without it: "
+                                        "Megatron Lite sets; docs/configuration.md 'Which verl'), or plan without it: "
                                         "algo.dynamic_sampling=false"))
         values = {k: v for k, v in values.items()
                   if not (k in from_algo and any(k.startswith(section + ".") for section in lacking))}

@@ -7,13 +7,13 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               dense weights / TP, the routed experts / (TP·DP) that its C sequences touch (1 − (1 − k/E)^C of them)
               and their KV: time = max(bytes / (B·MBU), 2·N·C/DP/TP / (P·MFU)) (the roofline: memory bound until the
               batch is large). The middle MBU is the one measured at the replica's TP (DECODE_MBU_AT_TP: a whole
-              decode step on one node, its all-reduces included); past the widest TP measured (TP8) the band runs
-              from the source's trend carried on (decode_mbu_worst) to TP8's figure held flat (decode_mbu_best),
-              the middle between them. A replica wider than its NVLink domain adds the
+              decode step on one node, its all-reduces included); past the widest TP measured (TP8) both ends of
+              the band carry on the source's trend per doubling (decode_mbu_worst, decode_mbu_best: the band keeps
+              its TP8 width), the middle between TP8's figure held flat and the trend. A replica wider than its
+              NVLink domain adds the
               step's two all-reduces per decoder layer (Shoeybi et al. 2019) of its bf16 activations over the TP
               group: NCCL's own latency model (Ring or Tree, LL; vrun/estimate/hardware.py NCCL_LATENCY_US, from
-              NCCL's tuning.cc) + 2(n−1)/n·bytes over the node's network (at the optimistic end, TP8's figure held
-              flat, less the share of TP8's own all-reduces that figure already holds: decode_step_s measured_flat).
+              NCCL's tuning.cc) + 2(n−1)/n·bytes over the node's network, at every end (decode_step_s).
               Prefill: 2·N·prompt tokens / (G·P·MFU).
               spread_rollout_s: the response lengths spread as the maximum-entropy distribution on
               [0, max_response_length] with the known mean (Lengths); C = min(S, DP·max_num_seqs, the KV cache's fit
@@ -25,6 +25,8 @@ P = peak dense bf16 FLOP/s of the part, B = its HBM bandwidth (vrun/estimate/har
               (rollout_s; plan.json's rollout_at_max_response_length, beside rollout_at_mean: every response at
               the mean).
   log-prob    2·N·T / (G·P·MFU) per pass: the old policy always, the reference when a KL term is on
+              (NeMo RL's Megatron worker swaps the reference's weights in through pinned host memory for its pass:
+              three copies of the per-GPU weights, reference_swap_s; verl's reference is its own module)
   training    6·N·T (8·N·T under full recompute: the forward again) / (G·P·MFU) — the 6·N·T rule of Kaplan
               et al. 2020 (arXiv:2001.08361) and Narayanan et al. 2021 (arXiv:2104.04473, with recompute) — plus
               the training mesh's TP all-reduce and EP all-to-all bytes (training_collectives_s; log-prob too).
@@ -91,7 +93,8 @@ from vrun.estimate.steptime_comm import (  # noqa: F401 - the estimate's names, 
 from vrun.estimate.steptime_rollout import (  # noqa: F401 - the estimate's names, one namespace for its callers
     Lengths, concurrency, decode_step_s, prefill_s, rollout_s, spread_rollout_s)
 from vrun.estimate.steptime_refit import (  # noqa: F401 - the estimate's names, one namespace for its callers
-    host_copies, offload_parts, on_host, refit_bytes, refit_host_parts, refit_parts, rollout_shard_bytes, sync_s)
+    host_copies, offload_parts, on_host, reference_swap_s, refit_bytes, refit_host_parts, refit_parts,
+    rollout_shard_bytes, sync_s)
 
 
 @dataclass(frozen=True)
@@ -194,13 +197,13 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
     elif w.rollout:
         at_tp, worst = decode_mbu(w.rollout_tp, mbu), decode_mbu_worst(w.rollout_tp, mbu)
         best = decode_mbu_best(w.rollout_tp, mbu)
-        at_mean = Phase(rollout_s(w, part, w.response_mean, best, mfu.high, False, net.high, True),
+        at_mean = Phase(rollout_s(w, part, w.response_mean, best, mfu.high, False, net.high),
                         rollout_s(w, part, w.response_mean, worst, mfu.low, False, net.low), "",
                         rollout_s(w, part, w.response_mean, at_tp, middle(mfu), False, middle(net)))
-        at_max = Phase(rollout_s(w, part, w.response_max, best, mfu.high, True, net.high, True),
+        at_max = Phase(rollout_s(w, part, w.response_max, best, mfu.high, True, net.high),
                        rollout_s(w, part, w.response_max, worst, mfu.low, True, net.low), "",
                        rollout_s(w, part, w.response_max, at_tp, middle(mfu), True, middle(net)))
-        decode = Phase(spread_rollout_s(w, part, best, mfu.high, net.high, paged=True, measured_flat=True),
+        decode = Phase(spread_rollout_s(w, part, best, mfu.high, net.high, paged=True),
                        max(spread_rollout_s(w, part, worst, mfu.low, net.low), at_max.high), "",
                        spread_rollout_s(w, part, at_tp, middle(mfu), middle(net)))
         parts = {"decode": decode}
@@ -214,8 +217,12 @@ def estimate(w: Workload, part: Part, factors: Optional[dict] = None, same_rollo
                                    "longest; high: the last wave's whole batch decoding max_response_length")
     if w.rollout:
         passes = 2 if w.reference else 1
-        phases["log_prob"] = compute(2 * w.active_params * w.tokens * passes, attn * passes,
-                                     "old policy" + (" + reference" if w.reference else ""), passes)
+        note = "old policy" + (" + reference" if w.reference else "")
+        passes_s = compute(2 * w.active_params * w.tokens * passes, attn * passes, note, passes)
+        swap = reference_swap_s(w, part, f)
+        phases["log_prob"] = summed({"passes": passes_s, "reference_swap": swap},
+                                    note + ", its weights swapped in through host memory") if swap.high > 0 \
+            else passes_s
     k = 8 if w.recompute else 6
     train = compute(k * w.active_params * w.tokens, k / 2 * attn,
                     f"{k}·N·T + attention + TP/EP collectives, pipeline bubble ×{bubble:.2f}, the optimizer's "

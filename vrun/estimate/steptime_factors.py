@@ -73,18 +73,29 @@ def decode_mbu_worst(tp: int, band: Factor) -> float:
     (0.25 / 0.40)^log2(tp / 8): 0.156 at TP16, 0.098 at TP32). The trend is what a narrower per-GPU share of each
     GEMM and the all-reduces together cost; past TP8 the all-reduces are counted apart as well (decode_step_s), so
     this end counts them twice."""
-    pts = sorted(DECODE_MBU_AT_TP.items())
-    (t0, m0), (t1, m1) = pts[-2], pts[-1]
-    if tp <= t1:
-        return band.low
-    return min(band.low, m1 * (m1 / m0) ** ((math.log2(tp) - math.log2(t1)) / (math.log2(t1) - math.log2(t0))))
+    t1, m1 = max(DECODE_MBU_AT_TP.items())
+    return band.low if tp <= t1 else min(band.low, m1 * _trend(tp))
 
 
 def decode_mbu_best(tp: int, band: Factor) -> float:
     """The optimistic decode MBU of a replica of TP `tp`: the band's high end up to the widest TP the source
-    measured (TP8); past it that TP's figure (the trend held flat, the optimistic reading of it)."""
-    t1, m1 = max(DECODE_MBU_AT_TP.items())
-    return band.high if tp <= t1 else min(band.high, max(m1, decode_mbu_worst(tp, band)))
+    measured (TP8); past it that end carried on by the source's own trend, the same ratio per doubling as
+    decode_mbu_worst (0.60 · (0.25 / 0.40)^log2(tp / 8): 0.375 at TP16, 0.234 at TP32), so the band keeps the width
+    it has at TP8 (band.high / band.low) and moves with the trend at both ends. Holding TP8's measured figure (0.25)
+    flat instead made a TP16 replica's optimistic end 2.4× slower per byte than a TP8 replica's, a step no source
+    measured (the source's own step per doubling is 0.625×): Qwen3-235B-A22B's TP16 rollout on 128 H100 then put
+    the step's low end at 423 s against NeMo RL v0.6's published 395 s."""
+    return min(band.high, band.high * _trend(tp))
+
+
+def _trend(tp: int) -> float:
+    """The source's last step (TP4 -> TP8) carried on past TP8, per doubling of TP: 1 up to TP8, (0.25 / 0.40) at
+    TP16, its square at TP32."""
+    pts = sorted(DECODE_MBU_AT_TP.items())
+    (t0, m0), (t1, m1) = pts[-2], pts[-1]
+    if tp <= t1:
+        return 1.0
+    return (m1 / m0) ** ((math.log2(tp) - math.log2(t1)) / (math.log2(t1) - math.log2(t0)))
 
 
 def decode_mbu(tp: int, band: Factor) -> float:

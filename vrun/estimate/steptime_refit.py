@@ -76,6 +76,22 @@ def host_copies(w: Workload, part: Part, f: dict) -> tuple[Phase, Phase]:
     return way(params, flat), way(optim, pageable)
 
 
+def reference_swap_s(w: Workload, part: Part, f: dict) -> Phase:
+    """The reference log-prob pass of NeMo RL's Megatron worker, which holds one model on the GPU and the reference's
+    weights in host memory: per step the policy's weights go to the host, the reference's come in, and after the
+    pass the policy's go back (nemo_rl/models/policy/megatron_policy_worker.py use_reference_model @ v0.3.0 b1c86a81,
+    workers/megatron_policy_worker.py @ v0.6.0 5fb58893: state_dict tensors .to("cpu", non_blocking=True,
+    copy=True), the reference's made the same way, then load_state_dict): three copies of the per-GPU weights over
+    PCIe, to and from pinned memory (PyTorch's _to_copy pins the host tensor of a non-blocking copy from the GPU,
+    aten/src/ATen/native/TensorConversions.cpp pin_out), at the pinned rate and the host factor's ends. Zero without
+    the swap or without a reference pass."""
+    if not (w.reference_swap and w.reference and w.param_bytes > 0):
+        return Phase(0.0, 0.0)
+    pcie, nbytes = f["pcie"], 3 * w.param_bytes
+    return on_host(Phase(nbytes / (part.pcie * pcie.high), nbytes / (part.pcie * pcie.low), "",
+                         nbytes / (part.pcie * middle(pcie))), f)
+
+
 def refit_host_parts(w: Workload, part: Part, f: dict) -> dict:
     """What the colocated refit itself moves between the GPU and the host beside the weights it hands the engine
     (REFIT_HOST, w.refit_host): verl's ("weights") brings the offloaded training weights to the GPU for the export

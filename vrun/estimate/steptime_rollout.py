@@ -11,19 +11,16 @@ from typing import Optional
 
 from vrun.estimate.hardware import Part
 from vrun.estimate.steptime_comm import nvlink_span, tp_collectives_s
-from vrun.estimate.steptime_factors import DECODE_MBU_AT_TP
 from vrun.estimate.steptime_work import Workload, compute_s
 
 
 def decode_step_s(w: Workload, part: Part, concurrent: float, context: float, mbu: float, mfu: float,
-                  net: Optional[float] = None, measured_flat: bool = False) -> float:
+                  net: Optional[float] = None) -> float:
     """One decode step of a replica with `concurrent` sequences at `context` tokens each: the roofline, then, for a
     replica wider than its NVLink domain, its TP all-reduces (net: the network efficiency; None leaves them out).
-    Within a domain they are in the measured MBU (DECODE_MBU_AT_TP).
-    measured_flat: `mbu` is the widest measured TP's figure held flat (decode_mbu_best, the optimistic end). That
-    figure's step at TP m held TP m's all-reduces; held flat at TP `tp` its time shrinks to m/tp of it, the
-    all-reduces' share with it, so m/tp of TP m's all-reduces are counted already and only the rest of the whole
-    group's come on top (the middle and the pessimistic end count the whole group's on top: a pessimistic bias)."""
+    Within a domain they are in the measured MBU (DECODE_MBU_AT_TP); past it the whole TP group's are counted on top
+    at every end of the band, whose MBU past TP8 carries the source's trend (decode_mbu_worst, decode_mbu_best):
+    their within-domain share is counted twice, a pessimistic bias."""
     tp, dp = w.rollout_tp, w.rollout_dp
     per_rank = concurrent / dp
     touched = 1.0 if not w.experts else 1 - (1 - w.top_k / w.experts) ** concurrent
@@ -34,11 +31,7 @@ def decode_step_s(w: Workload, part: Part, concurrent: float, context: float, mb
     span = nvlink_span(w.gpus_per_node, part)
     if net is None or tp <= span:
         return max(memory, flops)
-    collectives = tp_collectives_s(w, part, per_rank, net)
-    if measured_flat:
-        m = min(span, max(DECODE_MBU_AT_TP))
-        collectives -= tp_collectives_s(w, part, per_rank, net, ranks=m) * m / tp
-    return max(memory, flops) + collectives
+    return max(memory, flops) + tp_collectives_s(w, part, per_rank, net)
 
 
 def _replicas(w: Workload) -> tuple[int, int]:
@@ -52,19 +45,19 @@ def prefill_s(w: Workload, part: Part, mfu: float) -> float:
 
 
 def rollout_s(w: Workload, part: Part, response: float, mbu: float, mfu: float, longest: bool,
-              net: Optional[float] = None, measured_flat: bool = False) -> float:
+              net: Optional[float] = None) -> float:
     """Every response at `response` tokens (longest=False), or (longest=True) the last wave's whole batch decoding
     `response` steps. Concurrency: at the mean, as many sequences as the paged KV cache holds at their mean occupancy
     (concurrency); at the longest, the KV cache's fit at the longest sequence (kv_fits); in waves."""
     _, share = _replicas(w)
     c = max(1, int(concurrency(w, w.prompt_mean + w.response_mean / 2 if not longest else None)))
     waves = -(-share // c)
-    mean_step = decode_step_s(w, part, c, w.prompt_mean + w.response_mean / 2, mbu, mfu, net, measured_flat)
+    mean_step = decode_step_s(w, part, c, w.prompt_mean + w.response_mean / 2, mbu, mfu, net)
     if not longest:
         decode = waves * response * mean_step
     else:
         decode = (waves - 1) * w.response_mean * mean_step + \
-            response * decode_step_s(w, part, c, w.prompt_mean + response / 2, mbu, mfu, net, measured_flat)
+            response * decode_step_s(w, part, c, w.prompt_mean + response / 2, mbu, mfu, net)
     return decode + prefill_s(w, part, mfu)
 
 
@@ -147,7 +140,7 @@ def _mean_of(a: float) -> float:
 
 
 def spread_rollout_s(w: Workload, part: Part, mbu: float, mfu: float, net: Optional[float] = None,
-                     paged: bool = False, segments: int = 48, measured_flat: bool = False) -> float:
+                     paged: bool = False, segments: int = 48) -> float:
     """The middle rollout: response lengths spread as Lengths(mean, max). A replica decodes as many sequences at
     once as its KV cache holds at the longest sequence (concurrency, kv_fits); while sequences wait, the slots decode
     at full batch (the queue's tokens over the slots), each at the prompt and the mean age of a sequence in flight;
@@ -161,10 +154,10 @@ def spread_rollout_s(w: Workload, part: Part, mbu: float, mfu: float, net: Optio
     occupancy = w.prompt_mean + age
     c = concurrency(w, occupancy if paged else None)
     queued = max(0.0, (share - c) * w.response_mean / c)
-    full = queued * decode_step_s(w, part, c, occupancy, mbu, mfu, net, measured_flat) if queued else 0.0
+    full = queued * decode_step_s(w, part, c, occupancy, mbu, mfu, net) if queued else 0.0
     h, drain = longest / segments, 0.0
     for i in range(segments):
         t = (i + 0.5) * h
         alive = max(1.0, c * (1 - lengths.cdf(t, a)))
-        drain += h * decode_step_s(w, part, alive, w.prompt_mean + t, mbu, mfu, net, measured_flat)
+        drain += h * decode_step_s(w, part, alive, w.prompt_mean + t, mbu, mfu, net)
     return full + drain + prefill_s(w, part, mfu)

@@ -60,6 +60,9 @@ class Workload:
     engine_sleep_level: int = ENGINE_SLEEP_LEVEL
     refit_host: str = "state"       # what the refit itself moves to and from the host (REFIT_HOST): NeMo RL's,
                                     # whose refits REFIT_RATE and the host factor were measured on; a plan: verl's
+    reference_swap: bool = False    # the reference pass swaps its weights in through pinned host memory (NeMo RL's
+                                    # Megatron worker, steptime_refit.reference_swap_s); verl's reference is its own
+                                    # module (False)
     mean_source: str = f"mean prompt and response = {MEAN_FRACTION:g} × their maxima (assumed)"
 
     @property
