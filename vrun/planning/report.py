@@ -59,9 +59,12 @@ def watch(plan: Plan):
 
 
 def phase_inputs(plan: Plan) -> tuple:
-    """The plan's phase bands {phase: (low_s, high_s)} and its save estimate, for each phase's bound."""
+    """The plan's phase bands {phase: (low_s, high_s)} and its save estimate, for each phase's bound; none for a
+    trainer under torchrun (SFT): its phases are no Ray actor methods the watchdog could see."""
     from vrun.estimate import timelimit
 
+    if plan.entrypoint.name.value == "sft":
+        return {}, None
     bands = {n: (plan.time.phase(n).low, plan.time.phase(n).high) for n in plan.time.phases} if plan.time else {}
     save = timelimit.save_seconds(timelimit.training_state_bytes(plan.memory), plan.mesh.gpus_per_node) \
         if plan.memory is not None else None
