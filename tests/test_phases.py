@@ -124,6 +124,10 @@ def test_slow_is_recorded_once_and_its_end_too():
               {"event": "slow_over", "phase": "log_prob", "step": 8}]
     assert [e["phase"] for e in slowness.active(events)] == ["sync"]
     assert slowness.line(events[1]) == "weight sync 4.0× its band (since step 7)"
+    # read back from a file anyone could edit: no string, no whole step, a summary of 5,000 characters
+    assert slowness.line({"phase": ["x"], "summary": 12, "step": 7.5}) == "a phase"
+    assert slowness.line({"phase": "sync", "summary": None, "step": True}) == "sync"
+    assert len(slowness.line({"summary": "y" * 5000, "step": 3})) == slowness.LINE_CHARS + len(" (since step 3)")
 
 
 def test_a_frozen_dashboard_never_holds_the_watch(monkeypatch):

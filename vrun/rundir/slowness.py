@@ -22,7 +22,15 @@ def active(events: list) -> list:
     return list(now.values())[-SHOWN:]
 
 
+# a summary read back is said up to this many characters (the watchdog writes about 60)
+LINE_CHARS = 200
+
+
 def line(e: dict) -> str:
-    """`sync 4.1× its band, growing over the last 20 steps (since step 312)`."""
-    step = e.get("step")
-    return f"{e.get('summary') or e.get('phase')}" + (f" (since step {step})" if isinstance(step, int) else "")
+    """`sync 4.1× its band, growing over the last 20 steps (since step 312)` (the event is read back: a summary or
+    phase that is no string is not said, a long one is cut)."""
+    step, said = e.get("step"), e.get("summary")
+    said = said if isinstance(said, str) and said else e.get("phase") if isinstance(e.get("phase"), str) else "a phase"
+    said = said if len(said) <= LINE_CHARS else said[:LINE_CHARS - 1] + "…"
+    whole = isinstance(step, int) and not isinstance(step, bool)
+    return said + (f" (since step {step})" if whole else "")
