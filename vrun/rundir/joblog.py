@@ -23,7 +23,8 @@ STEP = re.compile(r"(?:^|[\s)\]|])step:(\d+) - (.+)$")
 NUMBER = re.compile(r"^(?:(?:np|numpy)\.[a-z0-9_]+\()?\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*\)?$")
 # the metrics kept (the rest of a step's line is not needed)
 KEYS = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights",
-        "timing_s/step", "timing_s/reward", "timing_s/save_checkpoint", "perf/throughput", "perf/time_per_step", "perf/mfu/actor", "train/mfu")
+        "timing_s/step", "timing_s/reward", "timing_s/save_checkpoint", "perf/throughput", "perf/time_per_step",
+        "perf/mfu/actor", "train/mfu")
 # a value verl could print: a time of at most ~11.6 days a step, a throughput or MFU below 1e9; anything else
 # (1e400 reads as inf, a negative time) is not a measurement and is skipped
 VALUE_MAX = 1e6
