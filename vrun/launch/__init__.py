@@ -3,7 +3,8 @@
 on every node), the local launch by mode (`local.py`), the job entry (`entry.py`: checks
 the plan's stack, then verl's main_ppo on the saved config), the watchdog (`watchdog.py`; in a Ray job's entry:
 `raywatch.py`, the job seen from its own driver in `rayjob_own.py`), a stall's stacks taken (`stacks.py`) and read back (`stall_summary.py`), the job's deadline
-(`deadline.py`), a standing Ray cluster's Job Submission API (`rayjobs.py`), KubeRay's RayJob (`kuberay.py`, its
+(`deadline.py`), a standing Ray cluster's Job Submission API (`rayjobs.py`;
+its dashboard and shape: `ray_dashboard.py`), KubeRay's RayJob (`kuberay.py`, its
 checks `kuberay_checks.py`, its API's fields `kuberay_schema.py`, kubectl's answers `kubectl.py`) and SLURM
 (`slurm/`). The Hydra plugins in
 hydra_plugins/ (the sweeper that plans, the launchers that call in here) are its only callers besides `runs`.
