@@ -45,7 +45,7 @@ from typing import Optional
 
 from vrun.core import fs, writer
 from vrun.launch.rayjob_own import (  # noqa: F401 - the job seen from its driver; importable from here
-    SUBMISSION_ID, Place, attempt, place, stdout_file, submission_id, tee_stdout)
+    SUBMISSION_ID, Place, attempt, keep_log, place, stdout_file, submission_id, tee_stdout)
 from vrun.launch.watchdog import Watchdog
 from vrun.rundir import records as rundir
 
@@ -182,6 +182,7 @@ class Job:
     def end(self, code: int, line: str) -> None:
         """This driver ends now, non-zero: Ray stops the job's actors with it."""
         print(line, flush=True)
+        keep_log()  # cluster=ray: its log kept in the run dir (vrun.launch.rayjob_own)
         for s in (sys.stdout, sys.stderr):
             try:
                 s.flush()

@@ -83,6 +83,8 @@ class Run:
     ray_problem: str = ""              # cluster=ray: why ray_job.json was refused (one line), "" when it was not
     ray_error: str = ""                # cluster=ray: why its dashboard gave no word on the job this time
     ray_error_kind: str = ""           # and what came back (vrun.core.remote.KINDS)
+    ray_log: Optional[str] = None      # cluster=ray: the job's log as its dashboard gave it this time (shown,
+                                       # never stored: the job's entry keeps its own as job.log)
 
     @property
     def gpus(self) -> int:
