@@ -272,7 +272,17 @@ def test_a_job_reaches_the_entry_and_the_verbs_work(ray_cluster, tmp_path):
     assert (report["env"]["WANDB_RUN_ID"], report["env"]["WANDB_RESUME"]) == (f"vrun-{run_id(str(run))}", "allow")
     vr = lambda *a: subprocess.run([PY, "-m", "vrun", *a], cwd=ROOT, env=env, capture_output=True, text=True,
                                    timeout=120)
-    st = vr("status", str(run))
+    # the job's own entry recorded its start and its end and kept its log (the run dir is shared here); the read
+    # verbs show what the dashboard says and write nothing
+    own = [e for e in records.events(str(run)) if e["event"] in ("ray_running", "ray_ended")]
+    assert [e["event"] for e in own] == ["ray_running", "ray_ended"] and own[1]["state"] == "completed", own
+    assert all(e["ray_job"] == job["job_id"] and e["attempt"] == 0 for e in own), own
+    kept = (run / "job.log").read_text()
+    from test_read_verbs import unchanged_by_the_read_verbs
+
+    done = unchanged_by_the_read_verbs(run, vr)
+    assert kept.strip() and kept.strip().splitlines()[0] in done["logs"].stdout, (kept[-2000:], done["logs"].stdout[-2000:])
+    st = done["status"]
     assert "state    completed" in st.stdout and f"ray job  {job['job_id']} at {ray_cluster}" in st.stdout, st.stdout
     (row,) = json.loads(vr("runs", str(run), "--json").stdout)  # `runs` reads the job's state from the dashboard
     assert row["state"] == "completed" and row["phase"] == "completed (ray job SUCCEEDED)", row
@@ -335,6 +345,17 @@ def test_cancel_stops_a_running_job_and_a_frozen_dashboard_holds_no_verb(ray_clu
     wait(lambda: (run / "hold.json").exists(), 240, "the held task runner")
     wait(lambda: "state    running" in vr("status", str(run)).stdout, 60, "the job running")
     wait(lambda: "hold: holding on" in vr("logs", str(run)).stdout, 60, "the job's log")
+    # the entry recorded its start before any verb read the run; the verbs, the dashboard answering, write nothing
+    from vrun.rundir import records
+
+    assert [e["ray_job"] for e in records.events(str(run)) if e["event"] == "ray_running"] == [first]
+    log = run / "job.log"  # kept by the entry as its output grows (the held job prints nothing after this line)
+    wait(lambda: log.exists() and "hold: holding on" in log.read_text(), 60, "the job's log kept by its entry")
+    from test_read_verbs import unchanged_by_the_read_verbs
+
+    done = unchanged_by_the_read_verbs(run, vr)
+    assert "state    running" in done["status"].stdout and json.loads(done["runs --json"].stdout)[0]["state"] == "running"
+    assert "hold: holding on" in done["logs"].stdout
     pid = dashboard_pid(ray_cluster)
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -437,6 +458,9 @@ def test_a_restarted_head_leaves_the_run_lost_and_resubmit_resumes_it(tmp_path):
         st = vr("status", str(run)).stdout
         assert "state    running: step" in st and "measured step" in st, st
         saved = int(tracker.read_text())
+        # the job's entry keeps its log in the run dir as it grows (the read verbs keep nothing)
+        wait(lambda: "step:1 - " in ((run / "job.log").exists() and (run / "job.log").read_text() or ""), 60,
+             "the job's log kept by its entry")
         stop(procs, signal.SIGKILL)  # the head dies (its job history with it)
         procs.clear()
         for line in processes_of(".", f"VRUN_RUN_ID={rid}"):  # what the old head left of the job, if anything

@@ -1,10 +1,11 @@
 """Values as verl reads them: the ranges verl (or its first step) enforces, one source for the lengths, the run
-config's own ranges, the model group's facts as counts, and types — a boolean given as a string, NaN or inf, a
-negative where verl's default is positive — refused so the plan and verl never read a value differently.
+config's own ranges, the model group's facts as counts (vrun.checks.model_facts), and types — a boolean given as a
+string, NaN or inf, a negative where verl's default is positive — refused so the plan and verl never read a value
+differently.
 
 Entry points: `run_config(config)` on the typed run config; `verl(resolved, entrypoint, base)` on the resolved
 verl tree (entrypoint: its record, vrun.entrypoints; base: verl's own composed tree, for the types of its
-defaults).
+defaults). The cluster's addresses and ports are read in vrun.checks.addresses.
 """
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ import math
 import re
 from typing import Any, Optional
 
+from vrun.checks.addresses import (  # noqa: F401 - the cluster's addresses and ports; importable from here
+    HOST_PORT, MAX_PORT, RAY_CLIENT_PORT, RAY_DASHBOARD_PORT, RAY_GCS_PORT, address_problems, host_port,
+    port_problems)
+from vrun.checks.model_facts import (  # noqa: F401 - the model group's facts; importable from here
+    ARCH_POSITIVE, MAX_COUNT, MAX_LAYERS, arch_problems, model_problems)
 from vrun.checks.paths import short as _short
 from vrun.core.problems import Problem
 from vrun.estimate import timelimit
@@ -74,82 +80,10 @@ def _types(v: Any, b: Any, path: str, out: list) -> None:
 NON_NEGATIVE_INT = ("trainer.total_epochs", "trainer.save_freq", "trainer.test_freq")
 # read by both entrypoints when set (null: verl counts the steps from the data and epochs)
 POSITIVE_INT = ("trainer.total_training_steps",)
-# host:port as Ray and its dashboard take it: a host name (letters, digits, . _ -, not starting with -) or an IP
-# address, IPv6 in brackets ([::1], [fe80::1%eth0]); the port is checked apart (1..65535)
-HOST_PORT = re.compile(r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[^\]/\s]+\]|[A-Za-z0-9_][A-Za-z0-9._-]*)"
-                       r":(?P<port>[0-9]{1,5})(?P<slash>/?)$")
-# the ports a Ray head listens on by default (ray start --head): its GCS, its Ray client server, its dashboard
-RAY_GCS_PORT, RAY_CLIENT_PORT, RAY_DASHBOARD_PORT = 6379, 10001, 8265
-MAX_PORT = 65535
 # RAY_AUTH_MODE's values (Ray 2.60: ray._private.authentication, AuthenticationMode)
 RAY_AUTH_MODES = ("disabled", "token")
 # a Linux interface name: IFNAMSIZ 16 with its NUL, no / or space; never an option to `ip`
 IFACE = re.compile(r"[A-Za-z0-9_.:@][A-Za-z0-9_.:@-]{0,14}")
-
-
-def host_port(text, schemes: tuple) -> tuple[Optional[tuple], str]:
-    """((scheme, host, port), "") for `[scheme://]host:port` with a scheme among `schemes` ("" for none), or
-    (None, why not): a host that is neither a name nor an IP address, a port outside 1..65535."""
-    import ipaddress
-
-    m = HOST_PORT.match(text) if isinstance(text, str) else None
-    if m is None:
-        return None, "not [scheme://]host:port"
-    scheme, host, port = (m.group("scheme") or "").lower(), m.group("host"), int(m.group("port"))
-    if scheme not in schemes:
-        return None, f"the scheme {scheme or '(none)'} is not one of {', '.join(s or '(none)' for s in schemes)}"
-    if m.group("slash") and scheme not in ("http", "https"):
-        return None, "a trailing / after the port"
-    if host.startswith("["):
-        try:
-            ipaddress.IPv6Address(host[1:-1])
-        except ValueError:
-            return None, f"{host} is not an IPv6 address"
-    if not 1 <= port <= MAX_PORT:
-        return None, f"port {port} is not a TCP port (1..{MAX_PORT})"
-    return (scheme, host, port), ""
-
-
-def port_problems(key: str, v) -> list[Problem]:
-    """A TCP port: an integer in 1..65535 (0 asks the OS for any port: nothing could be told where to reach it)."""
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_PORT:
-        return [Problem(key, v, f"not a TCP port (an integer in 1..{MAX_PORT})", f"{key}=29500")]
-    return []
-
-
-def address_problems(c, slurm: bool, sft: bool) -> list[Problem]:
-    """cluster.ray.address as the cluster's reader takes it: cluster=ray the dashboard ([http[s]://]host:port or
-    auto); elsewhere ray.init's address (local, auto or [ray://]host:port). A port Ray uses by default for
-    something else is a warning: the GCS's (6379) or the client's (10001) given as the dashboard, the dashboard's
-    (8265) given to ray.init."""
-    key, a = "cluster.ray.address", c.ray.address
-    if str(c.name) == "ray":
-        parsed, why = (None, "") if a == "auto" else host_port(a, ("", "http", "https"))
-        if a != "auto" and parsed is None:
-            return [Problem(key, _short(a), f"cluster=ray submits to a running cluster's dashboard ('auto': "
-                            f"RAY_ADDRESS): {why}", "cluster.ray.address=http://<head>:8265 (or auto with RAY_ADDRESS "
-                            "set)")]
-        if parsed is not None and parsed[2] in (RAY_GCS_PORT, RAY_CLIENT_PORT):
-            return [Problem(key, _short(a), f"port {parsed[2]} is where a Ray head's "
-                            f"{'GCS' if parsed[2] == RAY_GCS_PORT else 'client server'} listens by default; its Job "
-                            f"Submission API is the dashboard's, {RAY_DASHBOARD_PORT} by default",
-                            f"cluster.ray.address=http://{parsed[1]}:{RAY_DASHBOARD_PORT}", warning=True)]
-        return []
-    if a in ("local", "auto"):
-        if slurm and a == "local" and not sft:  # SFT: warned as unread
-            return [Problem(key, "local", "cluster=slurm brings up one Ray cluster over the job's nodes; 'local' "
-                            "would start a separate one-node instance on the head",
-                            "cluster.ray.address=auto (the default for cluster=slurm)")]
-        return []
-    parsed, why = host_port(a, ("", "ray"))
-    if parsed is None:
-        return [Problem(key, _short(a), f"Ray joins 'local' (a fresh instance), 'auto' (the running one) or "
-                        f"host:port: {why}", "cluster.ray.address=local|auto|<host>:<port>")]
-    if parsed[2] == RAY_DASHBOARD_PORT and parsed[0] != "ray":
-        return [Problem(key, _short(a), f"port {RAY_DASHBOARD_PORT} is a Ray head's dashboard by default; ray.init "
-                        f"joins its GCS ({RAY_GCS_PORT} by default)", f"cluster.ray.address={parsed[1]}:{RAY_GCS_PORT}",
-                        warning=True)]
-    return []
 
 
 def range_problems(verl: dict, entrypoint) -> list[Problem]:
@@ -360,48 +294,6 @@ def watch_problems(run, slurm: bool, cluster: str = "") -> list[Problem]:
         out.append(Problem("run.on_stall", "requeue", f"{why}: a stall cancels it instead",
                            "run.on_stall=cancel, or cluster=slurm" + (" or cluster=ray" if cluster == "kuberay" else ""),
                            warning=True))
-    return out
-
-
-# architecture facts that count something: a positive integer; the others (optional widths, ranks) ≥ 0
-MAX_LAYERS, MAX_COUNT = 4096, 2 ** 40
-ARCH_POSITIVE = ("layers", "routed_experts", "experts_per_token", "heads", "hidden", "gdn_conv_kernel")
-
-
-def arch_problems(arch) -> list[Problem]:
-    """The model group's facts (vrun.config.schema.Arch) as counts: integers, positive where they count layers/heads."""
-    from dataclasses import fields
-
-    out = []
-    for f in fields(arch):
-        if "int" not in str(f.type):
-            continue
-        v = getattr(arch, f.name)
-        low = 1 if f.name in ARCH_POSITIVE else 0
-        high = MAX_LAYERS if "layers" in f.name else MAX_COUNT
-        vals = v if isinstance(v, list) else list(v.values()) if isinstance(v, dict) else [v]
-        if any(x is not None and (isinstance(x, bool) or not isinstance(x, int) or not low <= x <= high)
-               for x in vals):
-            out.append(Problem(f"model.arch.{f.name}", _short(v), f"a count: an integer in [{low}, {high}]",
-                               "fix conf/model/<model>.yaml (the checkpoint's config.json is the truth)"))
-    if isinstance(arch.full_attention_interval, int) and arch.full_attention_interval == 0:
-        out.append(Problem("model.arch.full_attention_interval", 0, "one full-attention layer every 0 layers",
-                           "null (no hybrid layers) or a positive interval"))
-    return out
-
-
-def model_problems(model) -> list[Problem]:
-    """The model group's own facts besides arch (vrun.config.schema.Model)."""
-    out = arch_problems(model.arch)
-    for key in ("tp_allowed", "etp_allowed"):
-        v = getattr(model, key)
-        if not v or any(isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= 1024 for x in v):
-            out.append(Problem(f"model.{key}", _short(v), "the TP sizes Megatron Lite implements for the family: "
-                               "a non-empty list of positive integers", f"model.{key}=[1]"))
-    for key in ("mlite_name", "path_env"):
-        v = getattr(model, key)
-        if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
-            out.append(Problem(f"model.{key}", _short(v), "an identifier", f"fix conf/model/{model.name}.yaml"))
     return out
 
 

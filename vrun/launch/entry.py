@@ -137,18 +137,24 @@ def main(argv: list[str] | None = None) -> int:
         import ray
 
         runner = ray.remote(num_cpus=1)(runner)
-    from vrun.launch import raywatch
+    from vrun.launch import rayjob_own, raywatch
 
+    rayjob_own.begin(args.config)  # cluster=ray: the job's start in the run dir where its nodes share it
     try:  # cluster=ray, kuberay: verl's deadline, and the job watched
         dog = raywatch.start(args.config, config)
     except Exception as e:  # noqa: BLE001 - a watchdog that cannot start never stops the training
         first = (str(e).strip().splitlines() or [""])[0][:300]
         print(f"vrun: watchdog: not started ({type(e).__name__}: {first})", flush=True)
         dog = None
-    run_ppo(config, task_runner_class=runner)
+    try:
+        run_ppo(config, task_runner_class=runner)
+    except Exception as e:
+        rayjob_own.finish("failed", e)  # its end and its log, as the job saw them
+        raise
     if dog is not None:
         dog.stop()
     raywatch.learn(args.config)  # the calibration learns where the run ends
+    rayjob_own.finish("completed")
     return 0
 
 

@@ -16,9 +16,9 @@ POLL_S = 3.0
 
 def first_step_words(run) -> str:
     """`first step 12 s (the plan's band 10–30 s)` once the job's log has a first step time, else ""."""
-    from vrun.rundir import joblog
+    from vrun.planning import measured
 
-    m = joblog.read([Path(run.dir) / joblog.JOB_LOG])
+    m = measured.of(run)  # the log the dashboard gave this time (the entry keeps its own as job.log)
     if not m.steps:
         return ""
     first = m.steps[min(m.steps)]

@@ -1,7 +1,8 @@
 """A Ray job watched from its own entry (cluster=ray, cluster=kuberay): the watchdog SLURM's node 0 runs
 (vrun.launch.watchdog), with the job's own ways to see progress, diagnose a stall and act on it.
 
-Where its records go (`place`): the run dir when plan.json at the path the plan recorded is this run (the same
+Where its records go (`place`, vrun.launch.rayjob_own, with the job's attempt, its submission id and its stdout:
+their names importable from here): the run dir when plan.json at the path the plan recorded is this run (the same
 run_id: the nodes share its storage, as KubeRay's claim or a standing cluster on shared storage do); else the job's
 working dir (Ray's uploaded copy of the run dir), each event then also printed as one `vrun: event {...}` line in
 the job's log, which `python -m vrun logs` shows where the plan was made.
@@ -38,13 +39,13 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from vrun.core import fs, writer
+from vrun.launch.rayjob_own import (  # noqa: F401 - the job seen from its driver; importable from here
+    SUBMISSION_ID, Place, attempt, keep_log, place, stdout_file, submission_id, tee_stdout)
 from vrun.launch.watchdog import Watchdog
 from vrun.rundir import records as rundir
 
@@ -53,96 +54,8 @@ TIME_LIMIT_EXIT = 4
 STATE_TIMEOUT_S = 30        # each request to Ray's state API
 REQUEUE_WAIT_S = 300        # how long the requeue waits for the driver, then for Ray to call the job ended
 NAME = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
-SUBMISSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 NO_EXCLUDE = {"ray": "a standing Ray cluster cannot leave a node out: submitted again to the same nodes",
               "kuberay": "KubeRay schedules its own pods: no node can be left out"}
-
-
-def attempt() -> int:
-    """This job's attempt number as its submission set it (VRUN_ATTEMPT: vrun.launch.rayjobs), 0 where unset: the
-    events it records join that attempt (vrun.rundir.state groups a Ray run's events by attempt)."""
-    a = os.environ.get("VRUN_ATTEMPT", "0")
-    return int(a) if a.isascii() and a.isdigit() and len(a) < 7 else 0
-
-
-@dataclass(frozen=True)
-class Place:
-    """Where the job's records go: `dir`, the run dir itself when `same_run`, else the job's working dir."""
-    dir: str
-    same_run: bool
-    why: str = ""   # why not the run dir
-
-
-def place(here: str, record) -> Place:
-    """The run dir at record.run_dir when its plan.json is this run's (run_id), else `here` (the job's copy)."""
-    from vrun.rundir.files import RunDirError
-    from vrun.rundir.record import PlanRecord
-
-    target = str(record.run_dir)
-    if os.path.realpath(here) == os.path.realpath(target):
-        return Place(target, True)
-    if not fs.is_dir(target):
-        return Place(here, False, f"the run dir {target} is not on this node")
-    try:
-        other = PlanRecord.load(target)
-    except RunDirError as e:
-        return Place(here, False, f"the run dir {target} cannot be read here ({str(e)[:200]})")
-    if other.run_id != record.run_id:
-        return Place(here, False, f"{target} here holds another run ({other.run_id}, not {record.run_id})")
-    return Place(target, True)
-
-
-def submission_id() -> Optional[str]:
-    """This job's submission id, from the job config Ray's supervisor gives its driver; None outside a Ray job."""
-    try:
-        meta = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")).get("metadata") or {}
-    except (ValueError, AttributeError):
-        return None
-    sid = meta.get("job_submission_id") if isinstance(meta, dict) else None
-    return sid if isinstance(sid, str) and SUBMISSION_ID.fullmatch(sid) else None
-
-
-# ---------------------------------------------------------------------------------------------- the driver's log
-def stdout_file() -> Optional[Path]:
-    """/proc/<pid>/fd/1 when this process's stdout is a regular file (Ray's job supervisor writes it there)."""
-    import stat
-
-    path = Path(f"/proc/{os.getpid()}/fd/1")
-    st, _ = fs.stat(path)
-    return path if st is not None and stat.S_ISREG(st.st_mode) else None
-
-
-def tee_stdout() -> Optional[Path]:
-    """This process's stdout copied into a private temp file as it goes (fd 1 becomes a pipe read by a thread
-    that writes on to the old stdout and the file); the file, or None where it cannot."""
-    import tempfile
-
-    try:
-        fd, name = tempfile.mkstemp(prefix="vrun-driver-", suffix=".log")
-        r, w = os.pipe()
-        sys.stdout.flush()
-        old = os.dup(1)
-        os.dup2(w, 1)
-        os.close(w)
-    except OSError:
-        return None
-
-    def pump() -> None:
-        while True:
-            try:
-                data = os.read(r, 1 << 16)
-            except OSError:
-                return
-            if not data:
-                return
-            for out in (old, fd):
-                try:
-                    os.write(out, data)
-                except OSError:
-                    pass
-
-    threading.Thread(target=pump, name="vrun-tee", daemon=True).start()
-    return Path(name)
 
 
 # ---------------------------------------------------------------------------------------------- the diagnosis
@@ -269,6 +182,7 @@ class Job:
     def end(self, code: int, line: str) -> None:
         """This driver ends now, non-zero: Ray stops the job's actors with it."""
         print(line, flush=True)
+        keep_log()  # cluster=ray: its log kept in the run dir (vrun.launch.rayjob_own)
         for s in (sys.stdout, sys.stderr):
             try:
                 s.flush()

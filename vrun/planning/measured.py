@@ -1,7 +1,8 @@
 """A run's measured step times beside its plan's estimate: verl's console lines from the job's output
-(<run dir>/job.log on this machine; on SLURM the first node's submitit stdout, found through slurm_job.json's
-folder and the run's job ids), parsed by vrun/rundir/joblog.py. A run that measured steps teaches the calibration
-record (vrun/planning/calibration.py) for the next plan of its kind. Standard library only."""
+(<run dir>/job.log on this machine; cluster=ray: the log its dashboard gave the verb; on SLURM the first node's
+submitit stdout, found through slurm_job.json's folder and the run's job ids), parsed by vrun/rundir/joblog.py. A
+run that measured steps teaches the calibration record (vrun/planning/calibration.py) for the next plan of its
+kind. Standard library only."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,6 +24,10 @@ def log_paths(run: state.Run) -> list:
 
 
 def of(run: state.Run) -> joblog.Measured:
+    if run.ray_log is not None:  # cluster=ray: the job's log as its dashboard gave it this time (stored nowhere)
+        data = run.ray_log.encode("utf-8", errors="replace")
+        lines = data[-joblog.LOG_TAIL:].decode("utf-8", errors="replace").splitlines()
+        return joblog.parse(lines[1:] if len(data) >= joblog.LOG_TAIL else lines)
     return joblog.read(log_paths(run))
 
 

@@ -3,14 +3,15 @@
 make_plan() is the one place that turns the typed run config into the mesh, the verl config, the command and
 the environment; train mode executes exactly that plan. In order: the mesh (built and validated once), the
 entrypoint's record, verl's tree (composed, overridden and resolved once), the parameter counts, mesh=auto's
-search, the checks, the memory estimate. Reporting it (table, plan.json) is vrun.planning.report. No torch, ray or
-verl imports here.
+search, the checks, the memory estimate. Its parts, each a module of its own (their names importable from here): the
+model path (vrun.planning.model_path), the parameters counted (param_counts), the memory verdict and its fixes
+(memory_verdict), mesh=auto's search (auto_mesh). Reporting it (table, plan.json) is vrun.planning.report. No
+torch, ray or verl imports here.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -21,15 +22,20 @@ from vrun import entrypoints
 from vrun.checks import values as check_values, plan_checks as checks
 from vrun.estimate import memory, rollout
 from vrun.compose import mlite, stack, translate, verl_tree, verl_values
-from vrun.planning import phases
 from vrun.core.dotted import get
 from vrun.entrypoints import Entrypoint
-from vrun.estimate.memory import GIB, Estimate
-from vrun.estimate.mesh import Mesh, Rules
+from vrun.estimate.memory import Estimate
+from vrun.estimate.mesh import Mesh
 from vrun.core.problems import PlanError, Problem
 from vrun.config.schema import RunConfig
 from vrun.core.writer import is_secret_name
 from vrun.core import fs
+from vrun.planning.auto_mesh import auto_mesh, nothing_fits  # noqa: F401 - mesh=auto; importable from here
+from vrun.planning.memory_verdict import (  # noqa: F401 - the memory verdict; importable from here
+    band_problem, inputs_optimizer, memory_cure, memory_estimate, memory_problems, mesh_fix, rules_of, token_fix)
+from vrun.planning.model_path import normalise_path, resolve_model_path  # noqa: F401 - importable from here
+from vrun.planning.param_counts import (  # noqa: F401 - the parameters counted; importable from here
+    model_params, pipeline_stages, rollout_params, with_built_mtp)
 
 if TYPE_CHECKING:
     from vrun.estimate.checkpoint import CheckpointSummary
@@ -90,65 +96,6 @@ class Plan:
         return self.entrypoint.batch_summary(self.verl, self.mesh)
 
 
-def resolve_model_path(model, environ: dict, single_model: bool) -> tuple[Optional[str], str, list[Problem]]:
-    """model: the config's model group (vrun.config.schema.Model). The path as verl can take it (normalise_path)."""
-    path, source, problems = _model_path(model, environ, single_model)
-    if path is None:
-        return path, source, problems
-    key = "model.path" if source == "model.path" else (source if source != "default" else "model.default_path")
-    path, p = normalise_path(path, key, environ)
-    return path, source, problems + p
-
-
-def normalise_path(path: str, key: str, environ: dict) -> tuple[Optional[str], list[Problem]]:
-    """verl asserts on a trailing '/' (copy_to_local), does not expand '~', and the job runs in the run dir (a
-    relative path would point there): normalised, and said so; a path that does not exist is a warning."""
-    out = []
-    given = path
-    if path.startswith("~"):
-        home = environ.get("HOME") or os.path.expanduser("~")
-        path = home + path[1:] if path == "~" or path.startswith("~/") else path
-    hub_id = not path.startswith((".", "/", "~")) and path.count("/") == 1 and not os.path.exists(path)
-    if hub_id:  # org/name: the workers resolve it on the Hugging Face hub (preflight says so)
-        return path, out
-    if not os.path.isabs(path):
-        path = os.path.abspath(path)
-    if len(path) > 1 and path.endswith("/"):
-        path = path.rstrip("/") or "/"
-    if len(path) > 4096 or any(len(part) > 255 for part in path.split("/")):
-        return None, [Problem(key, given[:80] + ("..." if len(given) > 80 else ""), "longer than a path can be",
-                              f"{key}=/path/to/checkpoint")]
-    if path != given:
-        out.append(Problem(key, given, f"taken as {path} (verl needs an absolute path without a trailing '/'; "
-                           "the job runs in the run dir)", f"{key}={path}", warning=True))
-    if not os.path.exists(path):
-        out.append(Problem(key, path, "does not exist on this machine (preflight checks it where the job runs)",
-                           f"{key}=<an existing checkpoint directory>", warning=True))
-    return path, out
-
-
-def _model_path(model, environ: dict, single_model: bool) -> tuple[Optional[str], str, list[Problem]]:
-    if model.path:
-        return model.path, "model.path", []
-    env_name = model.path_env
-    if is_secret_name(str(env_name)):
-        return None, "unset", [Problem("model.path_env", env_name, "names a secret variable: its value would become "
-                                       "the model path, written into the plan and printed",
-                                       "model.path_env=<the variable holding the checkpoint path>")]
-    if environ.get(env_name):
-        return environ[env_name], env_name, []
-    if environ.get("MODEL_PATH"):
-        if single_model:
-            return environ["MODEL_PATH"], "MODEL_PATH", []
-        return None, "MODEL_PATH", [Problem("MODEL_PATH", environ["MODEL_PATH"],
-                                            "this sweep plans several models; MODEL_PATH would put every one on one "
-                                            "checkpoint", f"set {env_name} (and each model's own variable)")]
-    if model.default_path:
-        return model.default_path, "default", []
-    return None, "unset", [Problem(env_name, None, f"no checkpoint path for {model.name}",
-                                   f"export {env_name}=/path/to/checkpoint or model.path=...", warning=True)]
-
-
 def run_env(config: RunConfig, environ: dict) -> tuple[dict, list, list[Problem]]:
     """Variables the run sets (in the environment Ray/torchrun start from, and in Ray's runtime env)."""
     env: dict[str, str] = {}
@@ -166,13 +113,6 @@ def run_env(config: RunConfig, environ: dict) -> tuple[dict, list, list[Problem]
     env["PYTHONPATH"] = ":".join(paths + ([environ["PYTHONPATH"]] if environ.get("PYTHONPATH") else []))
     unset = list(UNSET_WITH_CUDA) if environ.get("CUDA_VISIBLE_DEVICES") else []
     return env, unset, problems
-
-
-def rules_of(config: RunConfig, entrypoint: Entrypoint, verl: dict) -> Rules:
-    """The mesh rules for the model and the engine as verl will run it (use_deepep from the resolved tree)."""
-    m = config.model
-    return Rules(model=m.name, arch=m.arch, tp_allowed=tuple(m.tp_allowed), etp_allowed=tuple(m.etp_allowed),
-                 use_deepep=bool(get(verl, f"{entrypoint.engine}.impl_cfg.use_deepep", False)))
 
 
 def make_plan(config: RunConfig, run_dir: str, *, single_model: bool = True, environ: Optional[dict] = None,
@@ -327,323 +267,3 @@ def price_problems(config: RunConfig) -> list[Problem]:
                     "cluster.gpu_hour_price=2.5, or leave it unset")]
 
 
-def model_params(config: RunConfig, entrypoint: Entrypoint, path: Optional[str], problems: list,
-                 verl: dict) -> tuple:
-    """Parameter counts: the checkpoint's when it is on disk, else the model group's facts (vrun/estimate/params.py).
-    Returns (memory units, why none, checkpoint summary, the counts the plan reports)."""
-    from vrun.estimate import params as counting
-
-    m = config.model
-    arch = m.arch.facts()
-    facts_count, _ = counting.count(arch)
-    if path and fs.is_dir(os.path.expanduser(path)):
-        from vrun.estimate import checkpoint
-
-        try:
-            facts = checkpoint.read_checkpoint(os.path.expanduser(path))
-        except (OSError, ValueError) as e:
-            if getattr(e, "fix", None):  # the checkpoint's facts disagree: refused, never sized from them
-                raise PlanError(problems + [Problem(m.path_env, path, str(e), e.fix)]) from None
-            facts = None
-            problems.append(Problem(m.path_env, path, f"checkpoint headers unreadable ({e})",
-                                    "check the checkpoint files", warning=True))
-        if facts is not None and facts.shards == 0:  # a config.json alone: never a count of 0 parameters
-            problems.append(Problem(m.path_env, path, "no safetensors weights beside config.json; the parameter "
-                                    "counts come from the model group's facts", "point at the checkpoint's "
-                                    "directory with its *.safetensors weights", warning=True))
-            facts = None
-        if facts is not None:
-            for line in checkpoint.cross_check(facts, arch):
-                problems.append(Problem("model.arch", m.name, line, "the checkpoint is the truth: "
-                                        "fix conf/model or point at the right checkpoint", warning=True))
-            p = checkpoint.params_from_checkpoint(facts, arch)
-            summary = checkpoint.checkpoint_summary(facts)
-            if not facts.complete:
-                problems.append(Problem("checkpoint", path, f"unknown tensor layouts: {facts.unknown[:3]}",
-                                        "the counts exclude them", warning=True))
-            t = facts.totals
-            counts = counting.ParamCounts(
-                total=t["total"], active=None, source=p.source,
-                rollout=(int(t["total"] - t.get("mtp", 0) - t["routed_expert"]), int(t["routed_expert"])),
-                facts_total=facts_count.total if facts_count is not None else None)
-            if facts_count is not None:
-                off = facts_count.total / max(t["total"], 1) - 1
-                if abs(off) > 0.05:
-                    problems.append(Problem("model.arch", m.name, f"the facts count "
-                                            f"{facts_count.total / 1e9:.1f}B parameters, the checkpoint "
-                                            f"{t['total'] / 1e9:.1f}B ({off:+.0%})", "the checkpoint is the "
-                                            "truth: fix conf/model", warning=True))
-            return p, "", summary, counts
-    if facts_count is None:
-        _, note = counting.count(arch)
-        return None, note, None, None
-    p = counting.to_memory_params(facts_count, mtp=phases.mtp_enabled(config, entrypoint, verl),
-                                  vision=phases.vision_mounted(entrypoint, verl))
-    return p, "", None, counting.ParamCounts.of_facts(facts_count, mtp_built=p.mtp_layers > 0)
-
-
-def pipeline_stages(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params) -> list[dict]:
-    """Megatron Lite's auto layout of this run: per pipeline stage, its decoder layers and what else it holds."""
-    from vrun.estimate import memory
-
-    m = config.model
-    layers = len(params.dense_per_layer) if params is not None else m.arch.layers
-    mtp = params.mtp_layers if params is not None else mlite.mtp_layers_built(
-        m.mlite_name, phases.impl_cfg(entrypoint, verl), m.arch.mtp_layers or 0)
-    out = []
-    for units in memory.stage_layout(mesh.pp, layers, mtp):
-        idx = [u[1] for u in units if u[0] == "layer"]
-        out.append({"layers": [idx[0], idx[-1]] if idx else [], "embedding": ("emb",) in units,
-                    "mtp": any(u[0] == "mtp" for u in units), "loss": ("loss",) in units})
-    return out
-
-
-def with_built_mtp(params, config: RunConfig, entrypoint: Entrypoint, verl: dict):
-    """The parameter counts with the MTP layers the engine will build (the pipeline layout places those)."""
-    if params is None:
-        return None
-    m = config.model
-    built = mlite.mtp_layers_built(m.mlite_name, phases.impl_cfg(entrypoint, verl),
-                                   params.mtp_layers or m.arch.mtp_layers or 0)
-    return dataclasses.replace(params, mtp_layers=built)
-
-
-def memory_estimate(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
-                    counts: Optional[ParamCounts] = None, model_path: Optional[str] = None) -> Estimate:
-    inputs = phases.memory_inputs(config, entrypoint, verl)
-    est = memory.estimate(params, mesh, **inputs)
-    return phases.attach(est, config, entrypoint, verl, mesh, rollout_params(params, counts), inputs, model_path)
-
-
-def inputs_optimizer(config: RunConfig, entrypoint: Entrypoint, verl: dict):
-    return get(get(verl, entrypoint.engine, {}), "impl_cfg.optimizer")
-
-
-def memory_problems(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
-                    counts: Optional[ParamCounts], model_path: Optional[str], est: Estimate) -> list:
-    """The memory verdicts: the rollout replica's (vrun.planning.phases.rollout_problems) and the training step's. A stage
-    whose parameters, gradients and optimizer states alone exceed the GPU cannot run: an error. A peak estimate
-    over the GPU is refused too unless run.allow_memory_overrun (then a warning)."""
-    allow = bool(config.run.allow_memory_overrun)
-    out = []
-    r = est.rollout_detail
-    if r is not None and not r.holds_share:
-        fix = phases.rollout_fix(config, entrypoint, verl, mesh, rollout_params(params, counts), est.gpu_mem / GIB,
-                                 model_path)
-        out += phases.rollout_problems(r, fix=fix, allow_overrun=allow)
-    states = max(s.params + s.grads + s.optimizer for s in est.stages) if est.stages else 0.0
-    where = f"(cluster.gpu {config.cluster.gpu} / cluster.gpu_mem_gib)"
-    cure = memory_cure(config)
-    # certain only where the real build checks the count (fsdp2: tests/test_memory_oracle.py); dist_opt's is a formula
-    if states > est.gpu_mem and inputs_optimizer(config, entrypoint, verl) == "fsdp2":
-        out.append(Problem("memory", f"{states / GIB:.1f}GiB", f"the parameter shards, gradients and optimizer "
-                           f"states alone exceed the {est.gpu_mem / GIB:g} GiB per GPU {where} on a pipeline "
-                           "stage", memory_cure(config, tokens=False)))
-    elif est.rollout + est.rollout_residents > est.gpu_mem:
-        u = est.rollout / est.gpu_mem
-        room = max(est.gpu_mem - est.rollout_residents, 0) / est.gpu_mem
-        out.append(Problem(f"{rollout.ROLLOUT}.gpu_memory_utilization", round(u, 3), f"vLLM's "
-                           f"{est.rollout / GIB:.1f} GiB and the actor's {est.rollout_residents / GIB:.1f} GiB left on "
-                           f"the GPU (estimate) exceed its {est.gpu_mem / GIB:g} GiB {where} by "
-                           f"{(est.rollout + est.rollout_residents - est.gpu_mem) / GIB:.1f} GiB",
-                           f"gpu_memory_utilization at most {math.floor(room * 100) / 100:g}, or offload the actor "
-                           "(engine.param_offload / engine.optimizer_offload)"
-                           + ("" if allow else "; or run.allow_memory_overrun=true to plan anyway"), warning=allow))
-    elif not est.fits:
-        out.append(band_problem(config, entrypoint, verl, mesh, params, est, where, cure, allow))
-    return out
-
-
-def memory_cure(config: RunConfig, tokens: bool = True) -> str:
-    """What shrinks a stage's memory, in general words (a verdict's fallback fix): a larger PP·EP mesh, more offload,
-    a smaller token budget (not for the states alone, which it does not shrink), mesh=auto only where the mesh was
-    given (under mesh=auto it was searched already)."""
-    base = "a larger PP·EP mesh, more offload, a smaller token budget" if tokens else \
-        "a larger PP·EP mesh or more offload"
-    return base + ("" if config.mesh.search else ", or mesh=auto")
-
-
-def band_problem(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params, est: Estimate, where: str,
-                 cure: str, allow: bool) -> Problem:
-    """The GPU below the estimate's band (refused unless run.allow_memory_overrun), or inside it (a warning): the
-    band, the margin, the terms that decide it, and a change that puts the band's high end under the GPU."""
-    gib, gpu = GIB, est.gpu_mem / GIB
-    decide = ", ".join(f"{t} {v:.1f} GiB ({k.how}, ×{k.factors[0]:g}–{k.factors[1]:g})" for t, v, k in est.deciding())
-    band = f"band {est.low / gib:.1f}–{est.high / gib:.1f} GiB"
-    stage = f"busiest stage {est.stage}: {est.layers_on_stage} layers" if len(est.stages) > 1 else \
-        f"{est.layers_on_stage} layers"
-    inputs = phases.memory_inputs(config, entrypoint, verl) if params is not None else None
-    fixes = [f for f in (token_fix(config, entrypoint, verl, mesh, params, inputs),
-                         mesh_fix(config, entrypoint, verl, mesh, params, inputs)) if f]
-    fix = " or ".join(fixes) if fixes else cure
-    if not est.may_fit:
-        return Problem("memory", f"{est.peak / gib:.1f}GiB", f"the estimate exceeds the {gpu:g} GiB per GPU {where} "
-                       f"even at its band's low end ({band}, {stage}; the terms that decide it: {decide})",
-                       fix + ("" if allow else "; or run.allow_memory_overrun=true to plan anyway"), warning=allow)
-    over = " — the estimate itself is over the GPU" if est.peak > est.gpu_mem else ""
-    return Problem("memory", f"{est.peak / gib:.1f}GiB", f"the {gpu:g} GiB per GPU {where} lies inside the estimate's "
-                   f"{band} (estimate {est.peak / gib:.1f} GiB{over}, {stage}): it may run out of memory by up to "
-                   f"{(est.high - est.gpu_mem) / gib:.1f} GiB; the terms that decide it: {decide}",
-                   f"{fix} to fit the whole band", warning=True)
-
-
-def token_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
-              inputs: Optional[dict]) -> Optional[str]:
-    """The largest per-GPU token budget (a multiple of 1024, at least one whole sequence over the CP group) whose
-    band fits the GPU,
-    as an override; None when the budget is not a token count (no dynamic batch size) or none fits."""
-    key = entrypoint.token_budget_key(verl)
-    if key is None or params is None:
-        return None
-    step = 1024
-    least = -(-max(int(inputs["seq_len"] or 0), 1) // mesh.cp)     # one sequence over the CP group's budget
-    lo, hi = -(-least // step), int(inputs["tokens_per_gpu"]) // step    # in steps; the band grows with tokens
-    best = None
-    while lo <= hi:     # the largest multiple of `step` whose band fits (bisection: budgets may be huge)
-        mid = (lo + hi) // 2
-        e = memory.estimate(params, mesh, **dict(inputs, tokens_per_gpu=mid * step))
-        if e.fits:
-            best, lo = (mid * step, e), mid + 1
-        else:
-            hi = mid - 1
-    if best is None:
-        return None
-    tokens, e = best
-    return f"verl.{key}={tokens} (band {e.low / GIB:.1f}–{e.high / GIB:.1f} GiB)"
-
-
-def mesh_fix(config: RunConfig, entrypoint: Entrypoint, verl: dict, mesh: Mesh, params,
-             inputs: Optional[dict]) -> Optional[str]:
-    """The mesh of the same GPUs, with the configured rollout replica, that mesh=auto's memory ranking puts first,
-    when its band fits the GPU; as overrides with its band. None when none does."""
-    from vrun.estimate import meshes, search
-
-    if params is None:
-        return None
-    tps = [(get(verl, rollout.ROLLOUT_TP) or 1, get(verl, rollout.ROLLOUT_DP) or 1)] \
-        if entrypoint.rollout_inputs(verl) is not None else None
-    valid = meshes.valid_meshes(rules_of(config, entrypoint, verl), mesh.nnodes, mesh.gpus_per_node, verl,
-                                entrypoint, tps)
-    found = search.rank(valid, lambda m: memory.estimate(params, m, **inputs),
-                        cp_matters=memory.cp_matters(inputs["layer_shapes"], inputs["cp_group_tokens"]))
-    if not found or not found[0].fits or found[0].mesh == mesh:
-        return None
-    e = found[0].estimate
-    return f"{found[0].mesh.overrides()} (band {e.low / GIB:.1f}–{e.high / GIB:.1f} GiB)"
-
-
-def rollout_params(params, counts: Optional[ParamCounts]) -> tuple:
-    """(dense, routed experts) that vLLM loads: the counts' when known, else the units' without MTP."""
-    if counts is not None:
-        return counts.rollout
-    routed = sum(params.expert_per_layer)
-    return (params.total - params.mtp_dense - params.mtp_expert - routed, routed)
-
-
-def nothing_fits(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mesh, verl: dict, params,
-                 inputs: dict, best, best_overrides: str, tps) -> Problem:
-    """mesh=auto when no mesh of the GPUs fits by the estimate: the lowest-peak mesh, and the fewest nodes (doubling)
-    on which the search finds a mesh that fits."""
-    from vrun.estimate import meshes, search
-
-    gpn = mesh.gpus_per_node
-    fix = "more GPUs (mesh.nnodes), more offload, or a smaller token budget"
-    n = mesh.nnodes
-    for _ in range(6):
-        n *= 2
-        world = n * gpn
-        tp_opts = rollout.choices(world, gpn, config.model.arch.facts(), phases.rollout_ep(verl) > 1) \
-            if tps is not None else None
-        found = search.rank(meshes.valid_meshes(rules, n, gpn, verl, entrypoint, tp_opts),
-                            lambda m: memory.estimate(params, m, **inputs))
-        if found and found[0].fits:
-            fix = f"mesh.nnodes={n} ({world} GPUs: {found[0].mesh.overrides()} peaks at " \
-                  f"{found[0].estimate.peak / GIB:.1f} GiB)"
-            break
-    return Problem("mesh", "auto", f"no mesh of {mesh.nnodes}×{gpn}={mesh.world} GPUs fits {config.model.name} in "
-                   f"{best.estimate.gpu_mem / GIB:g} GiB per GPU by the estimate; the lowest band is "
-                   f"{best.estimate.low / GIB:.1f}–{best.estimate.high / GIB:.1f} GiB with {best_overrides}", fix)
-
-
-def auto_mesh(config: RunConfig, entrypoint: Entrypoint, rules: Rules, mesh: Mesh, verl: dict, params, note: str,
-              counts: Optional[ParamCounts], problems: list) -> tuple[Mesh, Optional[tuple], MeshSearch]:
-    """mesh=auto: every valid training mesh ranked by the estimate — among those that fit, the lower predicted step
-    time first (vrun.planning.steptime_plan.mesh_timer, with the rollout replica chosen beside the mesh) — and the
-    rollout TP chosen beside it (a second, small choice: within a node, tiling the GPUs, within the model's rules,
-    ranked by KV fit). Returns the mesh, the rollout (TP, DP) to set (None: keep the configured one) and what the
-    plan records about the search (with the ranking entry that chose the mesh)."""
-    import time
-
-    from vrun.estimate import meshes, search
-    from vrun.planning import steptime_plan
-
-    model, arch = config.model, config.model.arch.facts()
-    rollout_on = entrypoint.rollout_inputs(verl) is not None  # a rollout phase: its TP is chosen beside the mesh
-    t = time.perf_counter()
-    world, gpn = mesh.world, mesh.gpus_per_node
-    pinned = get(config.verl, rollout.ROLLOUT_TP)
-    tps = None
-    ep_on = phases.rollout_ep(verl) > 1
-    if rollout_on:
-        tps = rollout.choices(world, gpn, arch, ep_on)
-        if pinned is not None:
-            tps = [x for x in tps if x[0] == pinned]
-    valid = meshes.valid_meshes(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
-    inputs = phases.memory_inputs(config, entrypoint, verl) if params is not None else None
-    ropts = []
-    # the rollout replica depends on the GPUs, not on the training mesh: chosen first, the step times use it
-    if rollout_on and valid and params is not None and not rollout.kv_missing(arch):
-        rin = phases.rollout_inputs(entrypoint, verl, inputs["gpu_mem_gib"])
-        configured = (get(verl, rollout.ROLLOUT_TP), get(verl, rollout.ROLLOUT_DP))
-        ropts = rollout.choose(arch, rollout_params(params, counts), world=world, gpus_per_node=gpn,
-                               configured=configured, allowed=tps, formats=phases.weight_formats(config),
-                               rollout_ep=2 if ep_on else 1, **rin)
-    rtp, rdp = (ropts[0].tp, ropts[0].dp) if ropts else (tps[0] if tps else (None, None))
-    timer, time_note = (None, note) if params is None else steptime_plan.mesh_timer(
-        config, entrypoint, verl, mesh, counts, ropts[0] if ropts else None, (rtp, rdp) if rollout_on else None)
-    if params is not None:
-        ranked = search.rank(valid, lambda m: memory.estimate(params, m, **inputs), timer,
-                             cp_matters=memory.cp_matters(inputs["layer_shapes"], inputs["cp_group_tokens"]))
-    else:
-        ranked = search.rank(valid)
-    seconds = time.perf_counter() - t
-    if not ranked:
-        why = search.binding_constraint(rules, mesh.nnodes, gpn, verl, entrypoint, tps)
-        raise PlanError(problems + [Problem("mesh", "auto", f"no mesh of {mesh.nnodes}×{gpn} GPUs "
-                                            f"passes the plan's checks for {model.name}"
-                                            + (f"; binding: {why.key}={why.value}: {why.why}" if why else ""),
-                                            why.fix if why else "change mesh.nnodes / mesh.gpus_per_node or the "
-                                            "batch sizes")])
-    moved = False
-    if ranked and ranked[0].estimate is not None and not ranked[0].fits and not ranked[0].estimate.may_fit:
-        # ranked by the band's high end: a mesh with a wider band may still hold the GPU at its low end
-        within = next((c for c in ranked if c.estimate is not None and c.estimate.may_fit), None)
-        if within is not None and within is not ranked[0]:
-            ranked = [within] + [c for c in ranked if c is not within]
-            moved = True
-    choice = (rtp, rdp, (rtp * rdp if rtp * rdp > 1 else 1) if ep_on else None) \
-        if rollout_on and pinned is None and rtp is not None else None
-    rsuffix = (rollout.overrides(ropts[0]) if ropts else f"verl.{rollout.ROLLOUT_TP}={rtp} "
-               f"verl.{rollout.ROLLOUT_DP}={rdp}") if rollout_on and rtp is not None else ""
-    top = [{"overrides": " ".join(x for x in (c.mesh.overrides(), rsuffix) if x), "dp": c.mesh.dp,
-            "edp": c.mesh.edp, "rollout_tp": rtp,
-            "peak_gib": round(c.estimate.peak / GIB, 1) if c.estimate is not None else None, "fits": c.fits,
-            "band_gib": [round(c.estimate.low / GIB, 1), round(c.estimate.high / GIB, 1)]
-            if c.estimate is not None else None,
-            **search.candidate_row(c)}
-           for c in ranked[:6]]
-    # the best mesh's band above the GPU even at its low end: no mesh of these GPUs can be planned (within the band:
-    # it plans, and the memory verdict warns)
-    if ranked[0].estimate is not None and not ranked[0].estimate.may_fit and not config.run.allow_memory_overrun:
-        raise PlanError(problems + [nothing_fits(config, entrypoint, rules, mesh, verl, params, inputs, ranked[0],
-                                                 top[0]["overrides"], tps)])
-    rollout_rank = [{"tp": r.tp, "dp": r.dp, "replicas": r.replicas, "sequences_fit": r.fits,
-                     "step_sequences_per_replica": r.step_share, "overrides": rollout.overrides(r)}
-                    for r in ropts[:4]]
-    entry, why = search.decision(ranked, time_note)
-    if moved:
-        entry, why = None, "no mesh's band fits below the GPU: the first by the band's high end whose low end it holds"
-    return ranked[0].mesh, choice, search.MeshSearch(
-        valid_meshes=len(valid), search_ms=round(seconds * 1000, 1), chosen=top[0], alternatives=tuple(top[1:]),
-        rollout_tp_choices=tuple(rollout_rank), memory="estimated" if params is not None else note,
-        chosen_by=why, time="estimated" if timer is not None else time_note, decided_by=entry)

@@ -7,16 +7,16 @@ The job to run is always rebuilt from plan.json, never read from the record.
 
 What the runs verbs read of a job (`follow`): its state in the run's own words, `lost` when the cluster no longer
 knows it (a head restarted: the job history lives in the head), a run cancelled with `vrun cancel` kept cancelled
-whatever the dashboard says, its elapsed time, and the first decisive line of a failed job's log. Standard library
-and vrun.core only."""
+whatever the dashboard says, its elapsed time, and the first decisive line of a failed job's log. What the verbs
+learn from the dashboard is shown, never stored: the run dir holds only what the job's entry wrote of its own run
+(vrun.launch.rayjob_own: its start, its end, its log). Standard library and vrun.core only."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Optional
 from urllib.parse import quote
 
-from vrun.core import fs, remote
+from vrun.core import remote
 from vrun.rundir.rayrecord import quoted
 
 # Ray's job states → the runs' own words
@@ -24,7 +24,7 @@ STATES = {"PENDING": "pending", "RUNNING": "running", "SUCCEEDED": "completed", 
           "STOPPED": "cancelled"}
 ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 DEFAULT_TIMEOUT_S = 15.0
-# the most of a job's log kept in the run dir (job.log: what its steps and cause are read from)
+# the most of a job's log its entry keeps in the run dir (job.log: what a lost job's log is read from)
 LOG_KEEP = 8 << 20
 
 
@@ -131,9 +131,9 @@ LIST_TIMEOUT_S = 5.0
 
 def refresh(runs: list, with_logs: str = "active", budget_s: float = 30.0) -> None:
     """Every cluster=ray run's job from its dashboard: one list request per address (GET /api/jobs/), then, for
-    the runs `with_logs` selects ("all", "active": running or failed, "none"), the job's log, kept as job.log (its
-    steps, its cause). All within budget_s; a dashboard that gives no word leaves the run's state as last recorded
-    and says why (run.ray_error, run.reason)."""
+    the runs `with_logs` selects ("all", "active": running or failed, "none"), the job's log (run.ray_log: its
+    steps, its cause; held in memory, never stored). All within budget_s; a dashboard that gives no word leaves the
+    run's state as last recorded and says why (run.ray_error, run.reason)."""
     import time
 
     from vrun.rundir import state
@@ -163,7 +163,7 @@ def refresh(runs: list, with_logs: str = "active", budget_s: float = 30.0) -> No
             if job is not None and want and time.monotonic() < deadline:
                 try:
                     text = logs(address, job_id, min(timeout_of(r.plan), max(deadline - time.monotonic(), 0.5)))
-                    keep_log(r, text)
+                    r.ray_log = text
                 except remote.RemoteError:
                     text = None
             follow(r, job, address, text)
@@ -204,11 +204,7 @@ def follow(run, job: Optional[dict], address: str, log_text: Optional[str] = Non
     if word == "pending":
         cur.phase = "pending" + (f" ({message})" if message else "")
     elif word == "running":
-        from vrun.rundir import joblog, records
-
-        if not cur.last("ray_running"):  # the run's last known state, for when the dashboard stops answering
-            records.record(str(run.dir), "ray_running", attempt=_attempt_no(cur, run), ray_job=run.ray["job_id"],
-                           **({"started": cur.started} if cur.started else {}))
+        from vrun.rundir import joblog
 
         steps = joblog.parse((log_text or "").splitlines()[-20000:]).steps
         cur.phase = f"running: step {max(steps)}" if steps else "running (ray job RUNNING)"
@@ -226,23 +222,3 @@ def follow(run, job: Optional[dict], address: str, log_text: Optional[str] = Non
         cur.end = cur.phase
     state.settle(run)
 
-
-def _attempt_no(cur, run) -> int:
-    n = next((e.get("attempt") for e in cur.events if e["event"] == "submitted"), None)
-    return n if isinstance(n, int) and not isinstance(n, bool) else run.attempt
-
-
-def keep_log(run, text: str) -> None:
-    """The job's log as last read, kept in the run dir as job.log (its last LOG_KEEP bytes): the measured steps
-    and a failure's cause stay readable after the cluster forgets the job."""
-    from vrun.core import writer
-
-    data = text.encode("utf-8", errors="replace")[-LOG_KEEP:]
-    path = Path(run.dir) / "job.log"
-    old, _ = fs.read_checked(path, LOG_KEEP + 1, own=True, binary=True)
-    if old == data:
-        return
-    try:
-        writer.write_text(path, data.decode("utf-8", errors="replace"), root=str(run.dir))
-    except (OSError, ValueError):
-        pass

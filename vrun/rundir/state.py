@@ -3,141 +3,26 @@
 The state comes from the run's own progress lines (vrun/rundir/records.py); `squeue` adds why a job is pending and
 notices a job that left the queue without a word; `sacct` adds what it knows where accounting works. Standard
 library only, and one `squeue` call for any number of runs: `python -m vrun runs` stays fast on a large sweep.
+The typed run is vrun.rundir.run_types (`Run`, `Attempt`, the state words), an attempt seen through SLURM's record
+and its log vrun.rundir.slurm_attempt; their names are importable from here.
 """
 from __future__ import annotations
 
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from vrun.rundir import records as rundir, slowness
 from vrun.rundir.files import RunDirError
 from vrun.rundir.record import PlanRecord
+from vrun.rundir.run_types import (  # noqa: F401 - the typed run; importable from here
+    ACTIVE, RANK, SLURM_ENDS, STATES, Attempt, Run, time_limit_words)
+from vrun.rundir.slurm_attempt import (  # noqa: F401 - an attempt seen through SLURM; importable from here
+    from_job as _from_job, from_log as _from_log, log_paths, lost_pending, requeue_cause)
 from vrun.core import fs
 from vrun.core.text import summarised
-
-# the order of the phases within one attempt (a submitter and a node may write in either order)
-RANK = {"submitted": 0, "requeued": 0, "started": 1, "ray_running": 1, "resumed": 1, "nodes_joined": 2, "ray_up": 3,
-        "entrypoint_started": 4, "stalled": 5, "unstalled": 5, "stall_action": 5, "signalled": 6, "time_limit": 6,
-        "slow": 5, "slow_over": 5, "exited": 7, "failed": 7, "ray_ended": 7, "cancelled": 8}
-# a run's states; the first three are still holding or waiting for an allocation
-ACTIVE = ("pending", "running", "requeued")
-STATES = ("planned", "pending", "running", "requeued", "completed", "failed", "cancelled", "timeout", "node_fail",
-          "preempted", "lost")
-# SLURM's end states → this project's (a job may end COMPLETED after its task failed: the run's own lines decide)
-SLURM_ENDS = {"COMPLETED": "completed", "CANCELLED": "cancelled", "TIMEOUT": "timeout", "NODE_FAIL": "node_fail",
-              "PREEMPTED": "preempted", "FAILED": "failed", "OUT_OF_MEMORY": "failed", "BOOT_FAIL": "failed",
-              "DEADLINE": "timeout", "SPECIAL_EXIT": "failed", "REVOKED": "cancelled"}
-
-
-@dataclass
-class Attempt:
-    """One start of the run: a SLURM job id and its restart count (SLURM requeues keep the id), or one local
-    launch. Its state comes from its own progress lines, then SLURM's record of its job."""
-    n: int
-    job_id: Optional[str]
-    restart: int
-    events: list
-    state: str = "pending"
-    phase: str = "submitted"
-    end: str = ""                      # how it ended, in words ("" while it runs)
-    hosts: list = field(default_factory=list)
-    failure: Optional[dict] = None
-    started: Optional[float] = None
-    ended: Optional[float] = None
-    pid: Optional[int] = None
-    host: Optional[str] = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.job_id}.{self.restart}"
-
-    def last(self, event: str) -> Optional[dict]:
-        return next((e for e in reversed(self.events) if e["event"] == event), None)
-
-
-@dataclass
-class Run:
-    dir: Path
-    plan: PlanRecord
-    slurm: Optional[dict]
-    events: list
-    attempts: list = field(default_factory=list)
-    state: str = "planned"
-    phase: str = ""
-    attempt: int = 0
-    job_id: Optional[str] = None
-    job_ids: list = field(default_factory=list)
-    hosts: list = field(default_factory=list)
-    failure: Optional[dict] = None
-    reason: str = ""
-    elapsed_s: float = 0.0
-    when: float = 0.0
-    pid: Optional[int] = None
-    host: Optional[str] = None
-    stall: Optional[dict] = None       # the last `stalled` event of the current attempt, unless progress resumed
-    slow: list = field(default_factory=list)  # the current attempt's phases slow now (vrun.rundir.slowness)
-    resumed: Optional[dict] = None     # the current attempt's `resumed` event (the checkpoint it started from)
-    ray: Optional[dict] = None         # cluster=ray: the job's address and id (vrun.rundir.rayrecord.load)
-    ray_problem: str = ""              # cluster=ray: why ray_job.json was refused (one line), "" when it was not
-    ray_error: str = ""                # cluster=ray: why its dashboard gave no word on the job this time
-    ray_error_kind: str = ""           # and what came back (vrun.core.remote.KINDS)
-
-    @property
-    def gpus(self) -> int:
-        return self.plan.mesh.world
-
-    @property
-    def gpu_hours(self) -> float:
-        return self.gpus * self.elapsed_s / 3600.0
-
-    @property
-    def on_slurm(self) -> bool:
-        return self.slurm is not None
-
-    @property
-    def on_ray(self) -> bool:
-        """Submitted to a standing Ray cluster (its ray_job.json read, or refused: ray_problem says why)."""
-        return self.ray is not None or bool(self.ray_problem)
-
-    @property
-    def active(self) -> bool:
-        return self.state in ACTIVE
-
-    @property
-    def restarts(self) -> int:
-        """Starts after the first: SLURM's requeues, the job's own requeues and resubmissions alike."""
-        return max(len([a for a in self.attempts if a.started is not None or a.n > 0]) - 1, 0)
-
-    def checkpoint_step(self) -> Optional[int]:
-        """The last checkpoint step verl left under <run dir>/checkpoints (trainer.default_local_dir)."""
-        d = self.dir / "checkpoints"
-        text = fs.read_small(d / "latest_checkpointed_iteration.txt", 64)
-        if text is not None and text.strip().isdigit():
-            return int(text.strip())
-        try:
-            steps = [int(p.name.rpartition("_")[2]) for p in d.iterdir() if p.name.startswith("global_step_")
-                     and p.name.rpartition("_")[2].isdigit()]
-        except OSError:
-            return None
-        return max(steps) if steps else None
-
-    def summary(self) -> dict:
-        p = self.plan
-        return {"run_dir": str(self.dir), "model": p.model.name, "algo": p.algo,
-                "gpus": self.gpus, "mode": p.mode, "cluster": p.cluster, "state": self.state,
-                "phase": self.phase, "reason": self.reason, "job_id": self.job_id, "job_ids": self.job_ids,
-                "attempt": self.attempt, "restarts": self.restarts, "elapsed_s": round(self.elapsed_s, 1),
-                "gpu_hours": round(self.gpu_hours, 3), "checkpoint_step": self.checkpoint_step(),
-                "failure": self.failure, "hosts": self.hosts, "when": self.when, "stall": self.stall,
-                "slow": self.slow,
-                "resumed": self.resumed, **({"ray": self.ray} if self.ray else {}),
-                "attempts": [{"n": a.n, "job_id": a.job_id, "restart": a.restart, "state": a.state, "end": a.end,
-                              "hosts": a.hosts} for a in self.attempts]}
-
 
 def points(path: str) -> list[Path]:
     """A run dir, or the run dirs of a sweep dir (its points, in order). Bad input raises RunDirError."""
@@ -287,14 +172,6 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
         a.end = phase
 
 
-def time_limit_words(e: dict) -> str:
-    step = e.get("step")
-    saved = f"step {step} saved" if isinstance(step, int) else "no checkpoint saved"
-    if e.get("requeued"):
-        return f"time limit: {saved}, requeued"
-    return f"time limit: {saved}" + (f"; {e['why']}" if isinstance(e.get("why"), str) else "")
-
-
 def derive(run: Run) -> None:
     """State, phase, attempts, failure and elapsed time from the progress lines alone (refresh adds SLURM's)."""
     evs = run.events
@@ -420,122 +297,6 @@ def follow(run: Run, known: dict) -> None:
     if run.state in ("pending", "requeued"):
         job = known.get(cur.job_id or "")
         run.reason = job.reason if job else ""
-
-
-def _from_job(a: Attempt, job, run: Run, after: Optional[Attempt] = None) -> None:
-    """One attempt against its job's record."""
-    if job.active:
-        if job.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"):
-            if after is not None:
-                a.state, a.phase = "requeued", f"{after.end}; pending"
-            elif a.started is None:
-                a.state, a.phase = "pending", f"pending ({job.reason})" if job.reason else "pending"
-        elif a.state == "pending":
-            a.state, a.phase = "running", f"starting on {job.nodes}"
-        return
-    word = SLURM_ENDS.get(job.state)
-    a.ended = a.ended or job.end
-    if a.state not in ACTIVE and not (a.state == "failed" and word in ("timeout", "cancelled", "node_fail",
-                                                                         "preempted")):
-        return  # the run's own lines said how it ended (SLURM may say COMPLETED for a task that failed)
-    if word == "completed":
-        a.state, a.phase = "completed", "exited 0 (SLURM: COMPLETED)"
-    elif word == "cancelled":
-        a.state = "cancelled"
-        if a.last("stall_action") is not None:
-            a.phase = a.phase if a.phase.startswith("stalled") else "stalled, cancelled by the watchdog"
-        elif _cancelled_by_vrun(run, a):
-            a.phase = "cancelled with python -m vrun cancel"
-        else:
-            a.phase = ("cancelled outside vrun while pending (never started)" if a.started is None and not job.nodes
-                       else "cancelled outside vrun (scancel) while running")
-    elif word == "timeout":
-        tl = a.last("time_limit")
-        a.state, a.phase = "timeout", time_limit_words(tl if tl else {"step": run.checkpoint_step()})
-    elif word == "node_fail":
-        a.state, a.phase = "node_fail", f"node failure on {job.nodes or '?'}; SLURM did not requeue it"
-    elif word == "preempted":
-        a.state, a.phase = "preempted", "preempted; not requeued"
-    else:
-        _from_log(run, a)
-        if a.state in ACTIVE or a.state == "lost":
-            a.state, a.phase = "failed", f"SLURM: {job.state}" + (f" ({job.reason})" if job.reason else "")
-            out = Path(str((run.slurm or {}).get("stdout") or ""))
-            if a.started is None and run.slurm and run.slurm.get("stdout") and not fs.exists(out):
-                a.phase += (f": it never started, without writing its log {out}: the nodes likely cannot see {out.parent} "
-                            "(node-local storage such as /tmp?); put the run dir on storage every node shares")
-    a.end = a.phase
-
-
-def _cancelled_by_vrun(run: Run, a: Attempt) -> bool:
-    """A `cancelled` line written for this attempt's job (cancel names the job ids it scancelled)."""
-    return any(e["event"] == "cancelled" and a.job_id in [str(j) for j in (e.get("job_ids") or [])]
-               and (a.started is None or e["t"] >= a.started) for e in run.events)
-
-
-def requeue_cause(run: Run, a: Attempt) -> str:
-    """Why an attempt that SLURM started again ended: the job's own requeue signal (the time limit, a preemption),
-    else SLURM's word in its log (a node failure), else what its nodes saw."""
-    sig = next((e for e in reversed(a.events) if e["event"] == "signalled" and "node" not in e), None)
-    if sig and isinstance(sig.get("why"), str):
-        return sig["why"]
-    from vrun.rundir.cause import ending, tail_lines
-
-    lines = tail_lines(log_paths(run, a.job_id), a.key)
-    end = ending(lines)
-    if end and end[0] == "node_fail":
-        import re
-
-        m = re.search(r"Node failure on (\S+)", "\n".join(lines))
-        return "node failure" + (f" on {m.group(1)}" if m else "")
-    if end:
-        return {"timeout": "the time limit", "preempted": "preemption", "cancelled": "a cancellation"}[end[0]]
-    stop = a.last("signalled")
-    if stop and isinstance(stop.get("why"), str):
-        return stop["why"]
-    if a.failure:
-        return f"a failure on {a.failure['node']}: {a.failure['error']}"
-    return ""
-
-
-def _from_log(run: Run, a: Attempt) -> None:
-    """An attempt whose job SLURM no longer knows and whose lines say no end: what its log says."""
-    from vrun.rundir.cause import decisive_line, ending, tail_lines
-
-    lines = tail_lines(log_paths(run, a.job_id), a.key)
-    end = ending(lines)
-    if end:
-        kind, line = end
-        a.state = kind
-        a.phase = {"timeout": lambda: time_limit_words({"step": run.checkpoint_step()}),
-                   "preempted": lambda: "preempted; not requeued",
-                   "node_fail": lambda: f"node failure ({line}); not requeued",
-                   "cancelled": lambda: ("cancelled" if _cancelled_by_vrun(run, a) else
-                                         "cancelled outside vrun (scancel) while running")}[kind]()
-    else:
-        cause = decisive_line(lines)
-        head = f"job {a.job_id} left the queue without recording an exit"
-        a.state = "lost"
-        a.phase = f"{head}: {cause}" if cause else f"{head} (killed, node lost, or cancelled outside vrun)"
-    a.end = a.phase
-
-
-def lost_pending(run: Run) -> str:
-    """A job gone from SLURM's record before it started, with no accounting to say why."""
-    out = Path(str((run.slurm or {}).get("stdout") or ""))
-    head = f"job {run.job_id} left the queue before it started"
-    if run.slurm and run.slurm.get("stdout") and not fs.exists(out):
-        return (f"{head}, without writing its log {out}: cancelled outside vrun, or the nodes could not open "
-                f"{out.parent}")
-    return f"{head} (cancelled outside vrun?)"
-
-
-def log_paths(run: Run, job_id: Optional[str], node: int = 0) -> list:
-    """submitit's stderr and stdout files of one node (task) of one job."""
-    if not run.slurm or not job_id:
-        return []
-    folder = Path(str(run.slurm.get("folder") or "").replace("%j", str(job_id)))
-    return [folder / f"{job_id}_{node}_log.err", folder / f"{job_id}_{node}_log.out"]
 
 
 def describe(run: Run) -> str:

@@ -207,7 +207,8 @@ FOLLOW_POLL_S = 2.0
 
 def logs(r: state.Run, follow: bool) -> int:
     """The job's log from the dashboard (each read bounded); -f reads it again every FOLLOW_POLL_S and prints what
-    is new until the job ends (Ctrl-C: stops following). A lost job's last kept log (job.log) is printed, said so."""
+    is new until the job ends (Ctrl-C: stops following). A lost job's log as its entry kept it (job.log) is printed,
+    said so. Nothing is written."""
     from vrun.core import fs
     from vrun.core.text import visible
 
@@ -228,7 +229,6 @@ def logs(r: state.Run, follow: bool) -> int:
                         print(visible(line, colours=tty))
                     return 0
                 raise failed(r, e, "no log read") from None
-            rayjob.keep_log(r, text)
             new = text[printed:] if len(text) >= printed else text
             lines = new.split("\n")
             rest = lines.pop()  # a line not ended yet (-f: printed once it is); the end of the log otherwise

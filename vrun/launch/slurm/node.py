@@ -16,6 +16,8 @@ each node:
 A node that fails writes `failed-<rank>` with its error line (node 0 also releases the others): the job fails at once
 naming that node instead of at the join timeout or the time limit. A node stopped by SLURM (scancel, the time limit,
 a requeue) records what SLURM says it is, not a failure of its own. Children are stopped on every exit path.
+A stall's dump and action are NodeStall's (vrun.launch.slurm.node_stall), the checks before anything starts
+vrun.launch.slurm.node_checks'; their names are importable from here.
 """
 from __future__ import annotations
 
@@ -25,16 +27,16 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from vrun.compose import stack
 from vrun.config.schema import Cluster
 from vrun.core import fs, writer
 from vrun.launch.environment import child_environ
+from vrun.launch.slurm.node_checks import check_node, check_stack, cluster_of  # noqa: F401 - importable from here
+from vrun.launch.slurm.node_stall import NodeStall
 from vrun.launch.slurm.procs import exited, kill, ports
 from vrun.rundir import records as rundir
 from vrun.rundir.record import PlanRecord
@@ -66,7 +68,7 @@ def checkpoint_step_of(run_dir: str) -> Optional[int]:
 
 # ==================================================================== this node in this attempt
 @dataclass
-class Node:
+class Node(NodeStall):
     """One node of one attempt: who it is (submitit's JobEnvironment), the control dir it shares with the other
     nodes, its ports, how it starts children, and whether the job has been released."""
     job: Any           # vrun.launch.slurm.job.RunJob
@@ -296,86 +298,6 @@ class Node:
         except Exception:  # noqa: BLE001 - no cause is no worse than before
             return None
 
-    # ---------------------------------------------------------------- a stall's diagnosis
-    def serve(self) -> None:
-        """Answer a stall's dump request (`dump-<n>` in the control dir, naming the folder): this node's stacks,
-        GPUs and NCCL flight recorder, in a thread so the node's own wait goes on."""
-        try:
-            requests = [p for p in self.ctl.iterdir() if p.name.startswith("dump-") and p.name not in self.served]
-        except OSError:
-            return
-        for req in requests:
-            self.served.add(req.name)
-            out = Path(fs.read_small(req, 4096) or "")
-            if not out.is_absolute():
-                continue
-            threading.Thread(target=self.dump, args=(out,), daemon=True).start()
-
-    def dump(self, out: Path) -> None:
-        from vrun.launch import stacks, watchdog
-
-        try:
-            watchdog.poke_nccl(self.job.run_dir)
-            stacks.dump_node(out, os.getpid())
-        except Exception as e:  # noqa: BLE001 - a dump that fails says so in its place
-            writer.write_text(out / f"{socket.gethostname()}.failed", f"{type(e).__name__}: {e}\n",
-                              root=self.job.run_dir)
-
-    def collect(self, n: int, out: Path, ray_address: Optional[str] = None) -> None:
-        """Node 0: every node's dump into `out` (the request published, this node's own taken), Ray's view beside
-        them; returns when every node's `<host>.done` is there or DUMP_WAIT_S passed."""
-        from vrun.launch import watchdog
-
-        self.publish(f"dump-{n}", str(out))
-        self.serve()
-        if ray_address:
-            watchdog.ray_view(out, ray_address, self.environ({}))
-        deadline = time.monotonic() + watchdog.DUMP_WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                done = [p for p in out.iterdir() if p.name.endswith((".done", ".failed"))]
-            except OSError:
-                done = []
-            if len(done) >= self.env.num_nodes:
-                break
-            time.sleep(0.5)
-        watchdog.collect_nccl(self.job.run_dir, out)
-
-    def act(self, action: str, summary: str, hosts: list) -> None:
-        """Node 0, a stall past its grace: cancel this job, or first submit the run again without the odd nodes —
-        unless the run has already been submitted again cluster.max_requeues times in a row after stalls without
-        getting past the step it stalled at (a hang that follows the run to new nodes is not the nodes')."""
-        from vrun.launch import watchdog
-
-        job_id = str(self.env.job_id)
-        why = ""
-        if action == "requeue":
-            again = watchdog.stalls_in_a_row(rundir.events(self.job.run_dir))
-            if again >= self.cluster.max_requeues:
-                action = "cancel"
-                why = (f"stalled {again + 1} times in a row without getting past its step, {again} submitted again "
-                       f"(cluster.max_requeues={self.cluster.max_requeues}): not submitted again")
-        if action == "requeue":
-            # a job submitted from inside a job must not inherit this one's allocation (SLURM_JOB_*, SLURM_NNODES, ...)
-            env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or
-                   not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
-            argv = [sys.executable, "-m", "vrun.launch.slurm.submit", "resubmit", self.job.run_dir, "--detach",
-                    "--replacing", job_id] + (["--exclude", ",".join(hosts)] if hosts else [])
-            p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-            print(p.stdout + p.stderr, flush=True)
-            if p.returncode:
-                self.record("stall_action", action="requeue_failed", summary=summary,
-                            error=(p.stderr.strip().splitlines() or ["?"])[-1][:300])
-                action = "cancel"
-            else:
-                self.record("stall_action", action="requeued", summary=summary, exclude=hosts)
-        if action == "cancel":
-            self.record("stall_action", action="cancelled", summary=summary, **({"why": why} if why else {}))
-            if why:
-                print(f"vrun: watchdog: {why}", flush=True)
-        self.release()
-        subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
-
 
 def start_watchdog(node: Node, ray_address: Optional[str] = None):
     """Node 0: watch the training as its step lines reach this node's log (mode=train only)."""
@@ -394,38 +316,3 @@ def start_watchdog(node: Node, ray_address: Optional[str] = None):
     return dog
 
 
-# ==================================================================== on the node, before anything starts
-def cluster_of(values: dict) -> Cluster:
-    """The cluster group as the schema's object from the plain values plan.json records (asdict of it)."""
-    from dataclasses import MISSING, is_dataclass
-
-    given = {}
-    for f in fields(Cluster):
-        if f.name not in values:
-            continue
-        inner = f.default_factory() if f.default_factory is not MISSING else None
-        if is_dataclass(inner):  # a nested group (ray, kuberay): its known fields, the rest at their defaults
-            v = values[f.name] or {}
-            given[f.name] = type(inner)(**{k: x for k, x in v.items() if k in {g.name for g in fields(inner)}})
-        else:
-            given[f.name] = values[f.name]
-    return Cluster(**given)
-
-
-def check_stack(recorded: dict, where: str) -> None:
-    """Before Ray or torchrun start on a node: its verl and verl_mlite must be those the plan was composed against
-    (a login node's venv and the cluster image differing is the ordinary case)."""
-    wrong = stack.mismatch(recorded)
-    if wrong:
-        raise RuntimeError(f"{where}: " + " | ".join(p.line() for p in wrong))
-
-
-def check_node(checks: Optional[dict], where: str) -> None:
-    """cluster.login_preflight=false: the checks the submitting machine skipped, first thing on every node."""
-    if not checks:
-        return
-    from vrun.launch.slurm.checks import node_problems
-
-    found = node_problems(checks)
-    if found:
-        raise RuntimeError(f"{where}: preflight found {len(found)} problem(s): " + " | ".join(found))
