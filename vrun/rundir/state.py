@@ -21,7 +21,8 @@ from vrun.core.text import summarised
 
 # the order of the phases within one attempt (a submitter and a node may write in either order)
 RANK = {"submitted": 0, "requeued": 0, "started": 1, "ray_running": 1, "resumed": 1, "nodes_joined": 2, "ray_up": 3,
-        "entrypoint_started": 4, "stalled": 5, "unstalled": 5, "stall_action": 5, "signalled": 6, "time_limit": 6,
+        "entrypoint_started": 4, "stalled": 5, "unstalled": 5, "stall_action": 5, "node_check": 5, "signalled": 6,
+        "time_limit": 6,
         "exited": 7, "failed": 7, "ray_ended": 7, "cancelled": 8}
 # a run's states; the first three are still holding or waiting for an allocation
 ACTIVE = ("pending", "running", "requeued")
@@ -280,6 +281,13 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
             f" ({act.get('summary')})"
         a.failure = None
         a.ended = a.ended or act["t"]
+    chk = a.last("node_check")  # vrun.launch.slurm.nodegate: nodes failed their check before Ray started
+    if chk is not None and chk.get("action") == "requeued" and state in ("running", "failed", "cancelled"):
+        gone = [h for h in chk["exclude"] if isinstance(h, str)] if isinstance(chk.get("exclude"), list) else []
+        first = chk["lines"][0] if isinstance(chk.get("lines"), list) and chk["lines"] else "?"
+        state, phase, a.failure = "cancelled", f"node check failed, submitted again without " \
+            f"{summarised(gone, sep=',')} ({str(first)[:300]})", None
+        a.ended = a.ended or chk["t"]
     a.state, a.phase = state, phase
     if state not in ACTIVE:
         a.end = phase
