@@ -218,3 +218,12 @@ def test_here_cleans_its_tokens(tmp_path, monkeypatch):
     need = need_of(0, "H100", str(tmp_path), str(tmp_path / "checkpoints"))
     assert nodecheck.here(need) == [] or nodecheck.smi() is not None
     assert os.listdir(tmp_path) == []
+
+
+def test_probe_a_dir_that_is_a_link_to_its_storage(tmp_path):
+    """A checkpoint dir linked to the storage that holds it (a mount elsewhere) is written through its link."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "ckpt").symlink_to(tmp_path / "store")
+    error, _ = nodecheck.probe_dir(str(tmp_path / "ckpt"), "t", "n0", "{}")
+    assert error is None and (tmp_path / "store" / nodecheck.TOKENS / "t" / "n0").is_file()
+    assert nodecheck.tokens_seen(str(tmp_path / "ckpt"), "t", ["n0"], 0) == {"n0"}

@@ -287,7 +287,9 @@ def probe_dir(path: str, tag: str, host: str, body: str) -> tuple:
         return f"a link to {os.readlink(path)}, which is missing on this node", None
     try:
         d.mkdir(parents=True, exist_ok=True)
-        writer.write_text(token, body, root=str(d.parent.parent.resolve()))
+        real = d.parent.parent.resolve()  # a checkpoint dir may be a link to the storage that holds it
+        token = real / TOKENS / tag / host
+        writer.write_text(token, body, root=str(real))
         now = time.time()
         back, why = fs.read_checked(token, 1 << 12, own=True)
         if back != body:

@@ -49,8 +49,8 @@ def gate(node) -> bool:
     """Run this node's check; True: go on to Ray; False: the job was released (a node failed its check, or the
     head gave up). Node 0 raises with the verdict's line where the job cannot go on."""
     want = need(node)
-    host = socket.gethostname()
-    hosts = list(node.env.hostnames)
+    hosts = list(node.env.hostnames)  # SLURM's names: the tokens', the verdict's and --exclude's
+    host = hosts[node.rank] if node.rank < len(hosts) else socket.gethostname()
     mine = nodecheck.report(host, want, node.environ({}), node.ctl.name, hosts, pause=node.pause)
     node.publish(REPORT.format(rank=node.rank), json.dumps(mine))
     if node.rank != 0:
