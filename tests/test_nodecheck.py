@@ -73,8 +73,11 @@ def test_leftover_process_holding_a_gpu():
     listed = [h100(0), h100(1, [(777, 30000)]), h100(2), h100(3)]
     [f] = nodecheck.gpu_failures("n0", NEED, None, listed)
     assert f.check == "gpu busy" and "1 GPU(s) (GPU 1: pid 777 30000 MiB)" in f.numbers
+    listed[2] = Gpu("2", "u2", "NVIDIA H100 80GB HBM3", 60000)  # held from a container nvidia-smi cannot see into
+    [f] = nodecheck.gpu_failures("n0", NEED, None, listed)
+    assert "another process holds 2 GPU(s) (GPU 1: pid 777 30000 MiB; GPU 2: 60000 MiB in use)" in f.numbers
     # a process on a GPU this job does not see is not this job's problem
-    assert nodecheck.gpu_failures("n0", Need(2, "H100"), ["0", "2"], listed) == []
+    assert nodecheck.gpu_failures("n0", Need(2, "H100"), ["0", "3"], listed) == []
 
 
 def test_dir_failure_line():
@@ -195,6 +198,10 @@ def test_tokens_seen_waits_for_the_others_within_its_bound(tmp_path):
     t0 = time.monotonic()
     assert nodecheck.tokens_seen(str(tmp_path), "t", ["n0", "n1", "n2"], 1.0) == {"n0", "n1"}
     assert time.monotonic() - t0 < 30
+    # n2 is done (its report published) without a token: not waited for
+    t0 = time.monotonic()
+    assert nodecheck.tokens_seen(str(tmp_path), "t", ["n0", "n1", "n2"], 600, settled=lambda: {"n2"}) == {"n0", "n1"}
+    assert time.monotonic() - t0 < 300
 
 
 def test_report_of_this_machine(tmp_path):

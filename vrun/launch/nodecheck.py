@@ -30,6 +30,8 @@ MAX_SKEW_S = 5.0       # clock skew against node 0 beyond which a node is refuse
 TOKEN_WAIT_S = 30.0    # how long a node waits to see every other node's token in a shared dir
 TOKENS = ".vrun-nodecheck"  # the folder under each checked dir that holds the nodes' tokens, per attempt
 SMI_TIMEOUT_S = 20
+BUSY_MIB = 1024        # memory in use on a GPU no process of this job has touched yet: another's (its process may be
+                       # in a container nvidia-smi cannot see into)
 
 
 # ==================================================================== what the plan needs of a node
@@ -160,10 +162,11 @@ def gpu_failures(host: str, need: Need, vis: Optional[list], listed: Optional[li
                            f"{len(wrong)} GPU(s), the plan is for {need.part} (cluster.gpu)",
                            f"cluster.gpu=<this part> and plan again, or cluster.constraint=<the {need.part} nodes' "
                            "feature>"))
-    busy = [g for g in gpus if g.procs]
+    busy = [g for g in gpus if g.procs or g.used_mib > BUSY_MIB]
     if busy:
-        held = summarised((f"GPU {g.index}: pid {p} {mib} MiB" for g in busy for p, mib in g.procs), sep="; ")
-        out.append(Failure(host, "gpu busy", f"leftover compute process(es) hold {len(busy)} GPU(s) ({held})",
+        held = summarised([f"GPU {g.index}: pid {p} {mib} MiB" for g in busy for p, mib in g.procs] +
+                          [f"GPU {g.index}: {g.used_mib} MiB in use" for g in busy if not g.procs], sep="; ")
+        out.append(Failure(host, "gpu busy", f"another process holds {len(busy)} GPU(s) ({held})",
                            f"a process of an earlier job: end it, or {DRAIN.format(h=host)}"))
     return out
 
@@ -300,18 +303,20 @@ def probe_dir(path: str, tag: str, host: str, body: str) -> tuple:
         return f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}", None
 
 
-def tokens_seen(path: str, tag: str, hosts: list, wait_s: float, pause=time.sleep) -> frozenset:
-    """The hosts whose tokens this node sees under the dir, waiting up to wait_s for all of them."""
+def tokens_seen(path: str, tag: str, hosts: list, wait_s: float, pause=time.sleep, settled=frozenset) -> frozenset:
+    """The hosts whose tokens this node sees under the dir, waiting up to wait_s for all of them. settled(): the
+    hosts done writing (their reports published): a token of theirs not seen by now never will be."""
     d = token_dir(path, tag)
     end = time.monotonic() + wait_s
     while True:
         seen = frozenset(h for h in hosts if fs.is_file(d / h))
-        if len(seen) == len(hosts) or time.monotonic() >= end:
+        if seen | settled() >= set(hosts) or time.monotonic() >= end:
             return seen
         pause(0.5)
 
 
-def report(host: str, need: Need, environ: Mapping[str, str], tag: str, hosts: list, pause=time.sleep) -> dict:
+def report(host: str, need: Need, environ: Mapping[str, str], tag: str, hosts: list, pause=time.sleep,
+           settled=frozenset) -> dict:
     """This node's checks: its own failures, the tokens it sees per dir, its clock offset (plain values)."""
     failures = gpu_failures(host, need, visible(environ), smi())
     seen, offset = {}, None
@@ -324,7 +329,7 @@ def report(host: str, need: Need, environ: Mapping[str, str], tag: str, hosts: l
         offset = off if offset is None else offset
     for what, path in need.dirs:
         if not any(f.check == what for f in failures):
-            seen[what] = sorted(tokens_seen(path, tag, hosts, need.wait_s, pause))
+            seen[what] = sorted(tokens_seen(path, tag, hosts, need.wait_s, pause, settled))
     return {"host": host, "failures": [vars(f) for f in failures], "seen": seen, "offset": offset}
 
 

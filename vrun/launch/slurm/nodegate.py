@@ -51,7 +51,8 @@ def gate(node) -> bool:
     want = need(node)
     hosts = list(node.env.hostnames)  # SLURM's names: the tokens', the verdict's and --exclude's
     host = hosts[node.rank] if node.rank < len(hosts) else socket.gethostname()
-    mine = nodecheck.report(host, want, node.environ({}), node.ctl.name, hosts, pause=node.pause)
+    settled = lambda: frozenset(h for r, h in enumerate(hosts) if fs.exists(node.ctl / REPORT.format(rank=r)))  # noqa: E731
+    mine = nodecheck.report(host, want, node.environ({}), node.ctl.name, hosts, pause=node.pause, settled=settled)
     node.publish(REPORT.format(rank=node.rank), json.dumps(mine))
     if node.rank != 0:
         while not fs.exists(node.ctl / OK):
