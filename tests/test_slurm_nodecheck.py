@@ -35,21 +35,27 @@ def events(d) -> list:
     return [json.loads(x) for x in (d / "progress.jsonl").read_text().splitlines() if x.startswith("{")]
 
 
-def test_a_node_without_the_checkpoint_storage_is_excluded_before_ray(shared):
-    name = "m"
-    d = shared / f"sweep_{name}" / name
-    mnt = f"/tmp/vrun-nodecheck-{uuid.uuid4().hex[:8]}"   # private to each node
+def mount_rig(shared, d) -> tuple:
+    """The site's mount, per node (cluster.node_setup): the run's checkpoint dir is a link to <mnt>/ckpt, and
+    <mnt> (private to each node) links to the shared store on every node but the first to claim the fault (its mount
+    is missing: the link dangles there). Returns (the node_setup override, the file naming the bad node, <mnt>)."""
+    mnt = f"/tmp/vrun-nodecheck-{uuid.uuid4().hex[:8]}"
     store, claim, bad_file = shared / "store", shared / "claim", shared / "bad_host"
     rig = shared / "mount.sh"
-    # the site's mount, per node: the run's checkpoint dir is a link to <mnt>/ckpt, and <mnt>/ckpt is the shared
-    # store on every node but the first to claim the fault (its mount is missing: the link dangles there)
     rig.write_text(f"""set -e
 ln -sn {mnt}/ckpt {d}/checkpoints 2>/dev/null || true
 if mkdir {claim} 2>/dev/null; then hostname > {bad_file}; fi
 if [ "$(hostname)" != "$(cat {bad_file} 2>/dev/null)" ]; then mkdir -p {store} {mnt}; ln -sfn {store} {mnt}/ckpt; fi
 """)
-    submit(shared, name, *TWO_NODES, "cluster.time_min=15", "cluster.max_requeues=1",
-           f'cluster.node_setup=["bash {rig}"]', cues={"steps": 1000, "step_s": 1.0})
+    return f'cluster.node_setup=["bash {rig}"]', bad_file, mnt
+
+
+def test_a_node_without_the_checkpoint_storage_is_excluded_before_ray(shared):
+    name = "m"
+    d = shared / f"sweep_{name}" / name
+    setup, bad_file, mnt = mount_rig(shared, d)
+    submit(shared, name, *TWO_NODES, "cluster.time_min=15", "cluster.max_requeues=1", setup,
+           cues={"steps": 1000, "step_s": 1.0})
     def again():
         s = status(d)
         assert s["state"] != "failed", s.get("failure")
@@ -95,3 +101,18 @@ def test_gpus_hidden_on_every_node_fail_the_job_without_a_requeue(shared):
     assert not [e for e in evs if e["event"] in ("ray_up", "entrypoint_started")]
     rows = json.loads(vrun("runs", "--json").stdout)
     assert [r["state"] for r in rows if r["run_dir"] == str(d)] == ["failed"]
+
+
+def test_a_bad_node_with_no_requeue_left_fails_the_job_with_its_line(shared):
+    name = "z"
+    d = shared / f"sweep_{name}" / name
+    setup, bad_file, mnt = mount_rig(shared, d)
+    submit(shared, name, *TWO_NODES, "cluster.time_min=15", "cluster.max_requeues=0", setup, cues={"steps": 1000})
+    s = state_is(d, "failed", timeout=180)
+    bad = bad_file.read_text().strip()
+    assert len(s["job_ids"]) == 1, s
+    err = s["attempts"][0]["end"]
+    assert f"node check: node {bad}: checkpoint dir: {d}/checkpoints: a link to {mnt}/ckpt, which is missing on " \
+        "this node" in err and "not submitted again: no requeue left (0 in a row after node checks, " \
+        "cluster.max_requeues=0)" in err, err
+    assert not [e for e in events(d) if e["event"] in ("ray_up", "entrypoint_started")]

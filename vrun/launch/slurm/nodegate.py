@@ -99,7 +99,7 @@ def act(node, verdict: Verdict) -> None:
     limit = node.cluster.max_requeues
     again = requeues_in_a_row(node_events(node))
     why = ("every node failed: the plan or the storage, not a node" if verdict.everyone else
-           f"submitted again {again} time(s) in a row after node checks (cluster.max_requeues={limit})"
+           f"no requeue left ({again} in a row after node checks, cluster.max_requeues={limit})"
            if again >= limit else "")
     if not why:
         p = node.submit_again(verdict.bad)
