@@ -341,17 +341,6 @@ class Node:
             time.sleep(0.5)
         watchdog.collect_nccl(self.job.run_dir, out)
 
-    def submit_again(self, hosts: list) -> subprocess.CompletedProcess:
-        """Submit the run again without `hosts` (sbatch --exclude), replacing this job (which the caller cancels)."""
-        # a job submitted from inside a job must not inherit this one's allocation (SLURM_JOB_*, SLURM_NNODES, ...)
-        env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or
-               not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
-        argv = [sys.executable, "-m", "vrun.launch.slurm.submit", "resubmit", self.job.run_dir, "--detach",
-                "--replacing", str(self.env.job_id)] + (["--exclude", ",".join(hosts)] if hosts else [])
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-        print(p.stdout + p.stderr, flush=True)
-        return p
-
     def act(self, action: str, summary: str, hosts: list) -> None:
         """Node 0, a stall past its grace: cancel this job, or first submit the run again without the odd nodes —
         unless the run has already been submitted again cluster.max_requeues times in a row after stalls without
@@ -367,7 +356,13 @@ class Node:
                 why = (f"stalled {again + 1} times in a row without getting past its step, {again} submitted again "
                        f"(cluster.max_requeues={self.cluster.max_requeues}): not submitted again")
         if action == "requeue":
-            p = self.submit_again(hosts)
+            # a job submitted from inside a job must not inherit this one's allocation (SLURM_JOB_*, SLURM_NNODES, ...)
+            env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or
+                   not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
+            argv = [sys.executable, "-m", "vrun.launch.slurm.submit", "resubmit", self.job.run_dir, "--detach",
+                    "--replacing", job_id] + (["--exclude", ",".join(hosts)] if hosts else [])
+            p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+            print(p.stdout + p.stderr, flush=True)
             if p.returncode:
                 self.record("stall_action", action="requeue_failed", summary=summary,
                             error=(p.stderr.strip().splitlines() or ["?"])[-1][:300])

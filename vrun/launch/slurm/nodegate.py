@@ -13,8 +13,10 @@ No Ray is started on an attempt that fails its check: no training time is spent 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -99,10 +101,11 @@ def act(node, verdict: Verdict) -> None:
     limit = node.cluster.max_requeues
     again = requeues_in_a_row(node_events(node))
     why = ("every node failed: the plan or the storage, not a node" if verdict.everyone else
+           f"mode={node.plan.mode} reports the nodes, it does not submit again" if node.plan.mode != "train" else
            f"no requeue left ({again} in a row after node checks, cluster.max_requeues={limit})"
            if again >= limit else "")
     if not why:
-        p = node.submit_again(verdict.bad)
+        p = submit_again(node, verdict.bad)
         if p.returncode == 0:
             node.record("node_check", action="requeued", exclude=verdict.bad, **fields)
             node.release()
@@ -111,6 +114,18 @@ def act(node, verdict: Verdict) -> None:
         why = "submitting again failed: " + ((p.stderr or "").strip().splitlines() or ["?"])[-1][:300]
     node.record("node_check", action="failed", why=why, **fields)
     raise RuntimeError(f"{line}; not submitted again: {why}")
+
+
+def submit_again(node, hosts: list) -> subprocess.CompletedProcess:
+    """The run submitted again without `hosts` (sbatch --exclude), replacing this job, as a stall's requeue does
+    (vrun.launch.slurm.node.Node.act): from inside a job, without this allocation's SLURM_* variables."""
+    env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or
+           not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
+    argv = [sys.executable, "-m", "vrun.launch.slurm.submit", "resubmit", node.job.run_dir, "--detach",
+            "--replacing", str(node.env.job_id), "--exclude", ",".join(hosts)]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    print(p.stdout + p.stderr, flush=True)
+    return p
 
 
 def node_events(node) -> list:
