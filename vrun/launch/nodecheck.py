@@ -45,10 +45,10 @@ class Need:
 
     def describe(self) -> str:
         """The plan's clause: what each node checks before Ray starts."""
-        return (f"each node checks before Ray starts: {self.gpus} {self.part} GPU(s) visible and free, "
-                f"{' and '.join(w for w, _ in self.dirs)} writable with the same files on every node "
-                f"(tokens seen within {self.wait_s:g} s), clock within {self.skew_s:g} s of node 0; a node that fails "
-                "is excluded and the job submitted again (cluster.max_requeues)")
+        return (f"each node checks before Ray/torchrun start: {self.gpus} {self.part} GPU(s) visible and free, "
+                f"{' and '.join(w for w, _ in self.dirs)} writable with the same files on every node (each node's "
+                f"file seen by the others within {self.wait_s:g} s), clock within {self.skew_s:g} s of node 0; a node "
+                "that fails is excluded and the job submitted again (cluster.max_requeues)")
 
 
 def need_of(gpus: int, part: str, run_dir: str, checkpoint_dir: Optional[str]) -> Need:
