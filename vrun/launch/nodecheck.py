@@ -79,7 +79,7 @@ class Gpu:
 @dataclass(frozen=True)
 class Failure:
     host: str
-    check: str      # gpus | gpu model | gpu busy | run dir | checkpoint dir | clock | no report
+    check: str      # gpus | gpu model | gpu busy | run dir | checkpoint dir | clock
     numbers: str
     fix: str
 
@@ -240,21 +240,16 @@ class Verdict:
             (f" (+{more} more, in the run dir's events)" if more else "")
 
 
-def judge(hosts: list, reports: Mapping[str, dict], need: Need, wait_s: float) -> Verdict:
-    """Node 0's verdict from every node's report (vrun.launch.nodecheck.report): the failures each node found on
-    itself, the nodes that never reported within wait_s, the dirs whose files differ, the clocks."""
+def judge(hosts: list, reports: Mapping[str, dict], need: Need) -> Verdict:
+    """Node 0's verdict from the reports (`report`) of `hosts` (node 0 first): the failures each node found on
+    itself, the dirs whose files differ, the clocks."""
     out: list = []
     for h in hosts:
-        r = reports.get(h)
-        if r is None:
-            out.append(Failure(h, "no report", f"no node check within {wait_s:g} s",
-                               f"read its log; {DRAIN.format(h=h)}"))
-            continue
-        out += [Failure(h, f["check"], f["numbers"], f["fix"]) for f in r.get("failures", [])]
+        out += [Failure(h, f["check"], f["numbers"], f["fix"]) for f in reports[h].get("failures", [])]
     for what, path in need.dirs:
-        seen = {h: frozenset(r["seen"][what]) for h, r in reports.items() if what in r.get("seen", {})}
+        seen = {h: frozenset(reports[h]["seen"][what]) for h in hosts if what in reports[h].get("seen", {})}
         out += shared_failures(what, path, seen, need.wait_s)
-    offsets = {h: float(r["offset"]) for h, r in reports.items() if isinstance(r.get("offset"), (int, float))}
+    offsets = {h: float(reports[h]["offset"]) for h in hosts if isinstance(reports[h].get("offset"), (int, float))}
     out += clock_failures(offsets, hosts[0], need.skew_s) if hosts else []
     bad = sorted({f.host for f in out})
     return Verdict(out, bad, bool(hosts) and set(bad) >= set(hosts))

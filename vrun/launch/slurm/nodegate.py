@@ -8,7 +8,9 @@ and either publishes `nodecheck-ok` (the nodes go on) or, where some nodes faile
 - submits the run again without those nodes (sbatch --exclude, as a stall's requeue does) and cancels this job,
   unless the run has been submitted again after a node check cluster.max_requeues times in a row without an attempt
   getting past it, or every node failed (the plan or the storage, not a node): then the job fails with that line.
-No Ray is started on an attempt that fails its check: no training time is spent on it.
+No Ray is started on an attempt that fails its check: no training time is spent on it. A node that has not reported
+within the bound is not judged (Ray's join timeout names it); reaching its check later, it fails the job with its own
+failures, if any.
 """
 from __future__ import annotations
 
@@ -61,12 +63,18 @@ def gate(node) -> bool:
             if node.released():
                 return False
             node.pause()
+        judged = json.loads(fs.read_checked(node.ctl / OK, 1 << 16, own=True)[0] or "[]")
+        if host not in judged:  # too late for node 0's verdict (Ray's join timeout names it): its own checks decide
+            nodecheck.clean(want.dirs, node.ctl.name)
+            if mine["failures"]:
+                raise RuntimeError(nodecheck.Verdict([nodecheck.Failure(**f) for f in mine["failures"]]).line())
         return True
     reports = collect(node, hosts)
-    verdict = nodecheck.judge(hosts, reports, want, float(node.cluster.ray.join_timeout_s))
+    # a node that did not reach its check within the bound is not judged here: Ray's join timeout names it
+    verdict = nodecheck.judge([h for h in hosts if h in reports], reports, want)
     nodecheck.clean(want.dirs, node.ctl.name)
     if verdict.ok:
-        node.publish(OK, "1")
+        node.publish(OK, json.dumps(sorted(reports)))
         return True
     act(node, verdict)
     return False
