@@ -14,6 +14,7 @@ failures, if any.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -52,7 +53,9 @@ def requeues_in_a_row(events: list) -> int:
 def gate(node) -> bool:
     """Run this node's check; True: go on to Ray; False: the job was released (a node failed its check, or the
     head gave up). Node 0 raises with the verdict's line where the job cannot go on."""
-    want = need(node)
+    bound = float(node.cluster.ray.join_timeout_s)  # the whole check's, as for nodes joining Ray
+    end = time.monotonic() + bound
+    want = dataclasses.replace(need(node), wait_s=min(nodecheck.TOKEN_WAIT_S, bound))
     hosts = list(node.env.hostnames)  # SLURM's names: the tokens', the verdict's and --exclude's
     host = hosts[node.rank] if node.rank < len(hosts) else socket.gethostname()
     settled = lambda: frozenset(h for r, h in enumerate(hosts) if fs.exists(node.ctl / REPORT.format(rank=r)))  # noqa: E731
@@ -69,7 +72,7 @@ def gate(node) -> bool:
             if mine["failures"]:
                 raise RuntimeError(nodecheck.Verdict([nodecheck.Failure(**f) for f in mine["failures"]]).line())
         return True
-    reports = collect(node, hosts)
+    reports = collect(node, hosts, end)
     # a node that did not reach its check within the bound is not judged here: Ray's join timeout names it
     verdict = nodecheck.judge([h for h in hosts if h in reports], reports, want)
     nodecheck.clean(want.dirs, node.ctl.name)
@@ -80,9 +83,8 @@ def gate(node) -> bool:
     return False
 
 
-def collect(node, hosts: list) -> dict:
-    """Node 0: every node's report, by host, waiting up to cluster.ray.join_timeout_s for them."""
-    end = time.monotonic() + float(node.cluster.ray.join_timeout_s)
+def collect(node, hosts: list, end: float) -> dict:
+    """Node 0: every node's report, by host, waiting until `end` (time.monotonic()) for them."""
     out: dict = {}
     while True:
         for rank in range(len(hosts)):
