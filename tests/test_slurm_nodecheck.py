@@ -56,12 +56,14 @@ def test_a_node_without_the_checkpoint_storage_is_excluded_before_ray(shared):
     setup, bad_file, mnt = mount_rig(shared, d)
     submit(shared, name, *TWO_NODES, "cluster.time_min=15", "cluster.max_requeues=1", setup,
            cues={"steps": 1000, "step_s": 1.0})
-    def again():
+    def again(state):
         s = status(d)
         assert s["state"] != "failed", s.get("failure")
-        return s if len(s["job_ids"]) == 2 and s["state"] == "running" else None
+        return s if len(s["job_ids"]) == 2 and s["state"] in state else None
 
-    s = wait_for("the job submitted again to train", again, timeout=240)
+    # the queue is shared: other jobs may hold the nodes a while, before either job starts
+    wait_for("the job submitted again", lambda: again(("pending", "running")), timeout=300)
+    s = wait_for("the job submitted again to start", lambda: again(("running",)), timeout=600)
     bad = bad_file.read_text().strip()
     first, second = s["attempts"][0], s["attempts"][1]
     assert bad in first["hosts"] and bad not in s["hosts"], s
