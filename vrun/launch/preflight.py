@@ -43,6 +43,7 @@ def collect(plan: Plan, gpus: int | None = None) -> list[Problem]:
     out += runtime if own_runtime else [Problem(p.key, p.value, p.why + " (a custom task runner is configured: "
                                                 "it must not need this)", p.fix, warning=True) for p in runtime]
     out += gpu_problems(plan, gpus)
+    out += node_check_problems(plan, counted=any(p.key in ("mesh.gpus_per_node", "cluster.ray.num_gpus") for p in out))
     out += memory_problems(plan)
     out += stack.mismatch(plan.stack)
     if own_runtime and not [p for p in runtime if not p.warning]:
@@ -190,6 +191,18 @@ def gpu_problems(plan: Plan, gpus: int | None = None) -> list[Problem]:
         out.append(Problem("cluster.ray.num_gpus", declared, "GPUs declared to Ray, not detected", "leave it unset on "
                            "GPU machines", warning=True))
     return out
+
+
+def node_check_problems(plan: Plan, counted: bool = False) -> list[Problem]:
+    """cluster=local (this machine is the target): what a SLURM job's nodes check before Ray starts
+    (vrun.launch.nodecheck) — the GPUs' count, model and leftover processes, the run dir and checkpoint dir
+    writable. counted: gpu_problems already refused the count (said once)."""
+    if plan.config.cluster.name != ClusterName.local:
+        return []
+    from vrun.launch import nodecheck
+
+    return [Problem("node check", f"{f.check} on {f.host}", f.numbers, f.fix)
+            for f in nodecheck.here(nodecheck.need_for(plan)) if not (counted and f.check == "gpus")]
 
 
 def visible_gpus() -> int:

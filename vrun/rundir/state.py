@@ -167,6 +167,13 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
             f" ({act.get('summary')})"
         a.failure = None
         a.ended = a.ended or act["t"]
+    chk = a.last("node_check")  # vrun.launch.slurm.nodegate: nodes failed their check before Ray started
+    if chk is not None and chk.get("action") == "requeued" and state in ("running", "failed", "cancelled"):
+        gone = [h for h in chk["exclude"] if isinstance(h, str)] if isinstance(chk.get("exclude"), list) else []
+        first = chk["lines"][0] if isinstance(chk.get("lines"), list) and chk["lines"] else "?"
+        state, phase, a.failure = "cancelled", f"node check failed, submitted again without " \
+            f"{summarised(gone, sep=',')} ({str(first)[:300]})", None
+        a.ended = a.ended or chk["t"]
     a.state, a.phase = state, phase
     if state not in ACTIVE:
         a.end = phase

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from vrun.core.text import summarised
+from vrun.launch.slurm import nodegate
 from vrun.launch.slurm.node import Node, start_watchdog
 from vrun.launch.slurm.procs import exited, kill, node_ip, stop
 from vrun.rundir import records as rundir
@@ -58,6 +59,8 @@ def ray_head(node: Node) -> Any:
     proc = None
     try:
         node.wait_setup(setup)
+        if not nodegate.gate(node):  # what the plan needs of every node, before Ray starts
+            return {"released": True}
         pt = node.ports
         address = f"{ray.ip}:{pt['gcs']}"
         proc = ray.start(node, "--head", "--port", str(pt["gcs"]), "--ray-client-server-port", str(pt["client"]),
@@ -143,7 +146,7 @@ def ray_worker(node: Node) -> Any:
     setup = node.start_setup(ray.extra)
     proc = None
     try:
-        if not node.wait_setup(setup):
+        if not node.wait_setup(setup) or not nodegate.gate(node):
             return {"released": True}
         address = node.wait_for("head")
         if address is None:

@@ -22,6 +22,7 @@ from typing import Any
 from vrun.rundir import records as rundir
 from vrun.core import writer
 from vrun.core.problems import PlanError, Problem
+from vrun.launch import nodecheck
 from vrun.launch.slurm.job import RunJob
 from vrun.rundir.record import SlurmRecord
 from vrun.launch.slurm.launcher_knobs import (  # noqa: F401 - hydra.launcher.* onto the knobs; importable from here
@@ -171,6 +172,7 @@ def launch(sweep) -> list:
             for w in warnings:
                 print(w.line(), flush=True)
             print(f"slurm   {sub.describe()}", flush=True)
+            print(f"nodes   {nodecheck.need_for(point.plan).describe()}", flush=True)
         else:
             print(point_line(point.idx, point.overrides, point.plan, sub, warnings), flush=True)
             for w in list(point.plan.warnings) + warnings:

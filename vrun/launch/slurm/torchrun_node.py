@@ -7,13 +7,14 @@ import subprocess
 from typing import Any, Optional
 
 from vrun import entrypoints
+from vrun.launch.slurm import nodegate
 from vrun.launch.slurm.node import Node, start_watchdog
 from vrun.launch.slurm.procs import exited, kill, node_ip
 
 
 def torchrun_node(node: Node) -> Any:
     """Every node: agree on the master address, run torchrun with this node's rank; node 0 releases when done."""
-    if not node.wait_setup(node.start_setup({})):
+    if not node.wait_setup(node.start_setup({})) or not nodegate.gate(node):
         return {"released": True}
     master = master_address(node)
     if master is None:
