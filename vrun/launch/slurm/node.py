@@ -156,6 +156,16 @@ class Node:
                                      lambda line: print(line, flush=True))
         if decision.refused is not None:
             raise RuntimeError(decision.refused.line())
+        from vrun.rundir import no_progress  # restarts that make no progress stop here, before anything starts
+
+        stop = no_progress.judge(rundir.events(self.job.run_dir), decision.step, self.cluster.no_progress_attempts,
+                                 no_progress.save_freq_of(self.plan))
+        if stop is not None:
+            self.record("stopped", **stop.fields())
+            print(f"vrun: {stop.line()}", flush=True)
+            self.fail(stop.line())
+            self.failed = True
+            raise RuntimeError(stop.line())
         self.record("resumed", **checkpoints.resumed_fields(decision))
 
     # ---------------------------------------------------------------- children
@@ -355,6 +365,13 @@ class Node:
                 action = "cancel"
                 why = (f"stalled {again + 1} times in a row without getting past its step, {again} submitted again "
                        f"(cluster.max_requeues={self.cluster.max_requeues}): not submitted again")
+        if action == "requeue":
+            from vrun.rundir import no_progress
+
+            stop = no_progress.before_restart(self.job.run_dir, self.plan, self.cluster.no_progress_attempts)
+            if stop is not None:
+                action, why = "cancel", stop.line()
+                self.record("stopped", **stop.fields())
         if action == "requeue":
             # a job submitted from inside a job must not inherit this one's allocation (SLURM_JOB_*, SLURM_NNODES, ...)
             env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or
