@@ -68,3 +68,72 @@ def test_a_resume_that_trains_nothing_is_a_failure():
     assert rule.zero_steps(100, [], True, 100) is None                 # already at the last step: nothing to do
     assert rule.zero_steps(4, [], False, 100) is None                  # no console logger: no step line to see
     assert rule.zero_steps(None, [], True, None).startswith("exited 0 after 0 steps (started from step 0")
+
+
+# ------------------------------------------------------------------------------------------ read back by the verbs
+@pytest.fixture
+def run_dir(tmp_path):
+    import json
+
+    from conftest import record_json
+
+    d = tmp_path / "run"
+    d.mkdir()
+    data = record_json(d, mode="train", cluster="slurm")
+    data["verl_overrides"] = [*data.get("verl_overrides", []), "trainer.save_freq=4", "trainer.logger=[console]"]
+    data["cost"] = {**(data.get("cost") or {}), "steps": 20, "steps_from": "trainer.total_training_steps"}
+    (d / "plan.json").write_text(json.dumps(data))
+    (d / "slurm_job.json").write_text(json.dumps({"job_id": "7", "folder": str(tmp_path / "sub" / "%j"),
+                                                  "stdout": "x", "stderr": "y"}))
+    return d
+
+
+def _attempt(d, job, step, end="exited", **fields):
+    from vrun.rundir import records
+
+    records.record(str(d), "started", job_id=job, restart=0, attempt=0, hosts=["n0", "n1"])
+    records.record(str(d), "resumed", job_id=job, restart=0, attempt=0, step=step)
+    if end:
+        records.record(str(d), end, job_id=job, restart=0, attempt=0, node=0, **fields)
+
+
+def _log(d, job, text):
+    from vrun.rundir.cause import marker
+
+    folder = d.parent / "sub" / job
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{job}_0_log.out").write_text(marker(job, 0, "n0") + "\n" + text)
+
+
+def test_a_stopped_run_is_failed_with_its_line_in_status_and_runs(run_dir, capsys):
+    from vrun.rundir import records, state
+    from vrun.runs import cli
+
+    for job in ("7", "8", "9"):
+        _attempt(run_dir, job, None, end="failed", error="boom")
+    stop = rule.judge(records.events(str(run_dir)), None, 3, 4)
+    records.record(str(run_dir), "stopped", job_id="9", restart=0, attempt=0, node=0, **stop.fields())
+    r = state.load(run_dir)
+    assert r.state == "failed" and r.phase.startswith("3 attempts in a row ended before step 4's checkpoint; stopped")
+    assert state.describe(r).startswith("failed: 3 attempts in a row"), state.describe(r)
+    assert cli.main(["status", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "state    failed: 3 attempts in a row ended before step 4's checkpoint; stopped" in out, out
+    assert cli.main(["runs", str(run_dir)]) == 0
+    assert "↳ failed: 3 attempts in a row ended before step 4's checkpoint; stopped" in capsys.readouterr().out
+
+
+def test_a_resume_that_exits_0_after_0_steps_is_failed(run_dir):
+    from vrun.rundir import state
+
+    _log(run_dir, "7", "".join(f"(TaskRunner pid=1) step:{s} - timing_s/step:1.0\n" for s in range(1, 5)))
+    _attempt(run_dir, "7", None, rc=0)
+    assert state.load(run_dir).state == "completed"            # trained steps 1-4, then exited 0
+    _log(run_dir, "8", "Resuming from global_step_4\n")
+    _attempt(run_dir, "8", 4, rc=0)
+    r = state.load(run_dir)
+    assert r.state == "failed" and r.phase.startswith("exited 0 after 0 steps (resumed from global_step_4 of 20"), r.phase
+    assert r.failure["error"] == r.phase and r.attempts[0].state == "completed"
+    _log(run_dir, "9", "Resuming from global_step_4\n(TaskRunner pid=1) step:5 - timing_s/step:1.0\n")
+    _attempt(run_dir, "9", 4, rc=0)
+    assert state.load(run_dir).state == "completed"            # a resume that trained step 5
