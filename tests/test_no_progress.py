@@ -137,3 +137,21 @@ def test_a_resume_that_exits_0_after_0_steps_is_failed(run_dir):
     _log(run_dir, "9", "Resuming from global_step_4\n(TaskRunner pid=1) step:5 - timing_s/step:1.0\n")
     _attempt(run_dir, "9", 4, rc=0)
     assert state.load(run_dir).state == "completed"            # a resume that trained step 5
+
+
+def test_status_and_runs_write_nothing_into_the_run_dir(run_dir, capsys):
+    """The verbs only read: the outlook, the rule's verdict and a zero-step resume are derived, never recorded."""
+    from vrun.runs import cli
+
+    _log(run_dir, "7", "".join(f"step:{s} - timing_s/step:2.0 - timing_s/gen:1.0\n" for s in range(1, 5)))
+    _attempt(run_dir, "7", 4, rc=0)
+
+    def snapshot():
+        return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.parent.rglob("*")}
+
+    before = snapshot()
+    for argv in (["status", str(run_dir)], ["status", "--json", str(run_dir)], ["runs", str(run_dir)],
+                 ["runs", "--json", str(run_dir)]):
+        assert cli.main(argv) == 0
+    capsys.readouterr()
+    assert snapshot() == before

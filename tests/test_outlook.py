@@ -82,3 +82,20 @@ def test_a_sweep_sums_spent_and_projected():
     line = outlook.sweep_line([a, b])
     assert line == (f"total    2 runs: {8 + 8:.2f} GPU-hours spent, {8 + 8 * 600 / 3600 + 8:.2f} projected to their "
                     "last steps (1 without a total: their spent only)"), line
+
+
+def test_figures_read_back_that_are_no_figures_are_left_out():
+    """plan.json's open maps and a log's values as a hostile or older file may hold them: never a crash."""
+    o = outlook.project(step=5, total=10, step_times=[True, "3", None, float("inf"), 2.0], plan_middle_s="x", gpus=8,
+                        spent_s=60.0, running=True, now=NOW, attempt_started=NOW - 60, time_limit_s=float("inf"),
+                        save_freq=2, phases_measured={"rollout": 1.0, "sync": float("nan"), "train": 3.0},
+                        phases_plan={"rollout": "y", "train": {"low_s": 5, "high_s": 1}})
+    assert o.pace_s == 2.0 and o.limit_step is None and o.eta == NOW + 10.0
+    assert [p.words() for p in o.phases] == ["rollout 1.0 s (no band)", "train 3.0 s (no band)"]
+    zero = outlook.project(step=5, total=10, step_times=[0.0, 0.0], plan_middle_s=None, gpus=8, spent_s=60.0,
+                           running=True, now=NOW, attempt_started=NOW - 60, time_limit_s=600.0, save_freq=2)
+    assert zero.limit_step is None and zero.remaining_s is None and zero.progress_line(NOW).startswith("step 5 of 10")
+    huge = outlook.project(step=10 ** 30, total=10 ** 31, step_times=[1e6], plan_middle_s=None, gpus=2 ** 31 - 1,
+                           spent_s=1e12, running=True, now=NOW)
+    assert huge.eta is None and "step 1,000,000,000,000,000,000,000,000,000,000 of" in huge.progress_line(NOW)
+    assert huge.progress_line(NOW).endswith("of training left")

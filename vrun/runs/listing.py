@@ -249,6 +249,8 @@ def _event(r: state.Run, e: dict) -> str:
         return f"stalled: {e.get('summary')}"
     if ev == "resumed":
         return f"resumed {e.get('line') or _resumed(e)}"
+    if ev == "stopped":
+        return f"stopped ({e.get('host')}): {e.get('why')}"
     if ev in ("signalled", "time_limit", "stall_action"):
         return f"{ev} ({e.get('host')}): " + " ".join(f"{k}={v}" for k, v in rest.items()
                                                       if k in ("why", "step", "requeued", "action", "exclude", "error"))

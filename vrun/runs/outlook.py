@@ -18,6 +18,8 @@ from vrun.rundir import joblog
 
 # clusters whose attempts end at a time limit (cluster.time_min): a SLURM job, a Ray job's entry, a RayJob's deadline
 LIMITED = ("slurm", "ray", "kuberay")
+# an ETA further out than this is no time of day (and past what the platform's clock can print): the time left is said
+ETA_MAX_S = 10 * 365 * 86400
 
 
 @dataclass(frozen=True)
@@ -102,13 +104,20 @@ class Outlook:
         return f"on this pace the limit ends at step {self.limit_step:,}{of}{save}"
 
 
+def _num(v) -> Optional[float]:
+    """A figure read back (plan.json's open maps): a finite non-negative number, else None."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    return float(v) if ok else None
+
+
 def pace(step_times: list) -> Optional[float]:
     """Seconds per step: the mean of verl's step times (saves included), the first left out when there are three
     or more (the warm-up: compilation, the first rollout's start)."""
-    xs = [x for x in step_times if isinstance(x, (int, float)) and math.isfinite(x) and x >= 0]
+    xs = [x for x in (_num(v) for v in step_times) if x is not None]
     if len(xs) >= 3:
         xs = xs[1:]
-    return sum(xs) / len(xs) if xs else None
+    mean = sum(xs) / len(xs) if xs else 0.0
+    return mean if mean > 0 else None  # steps of no time are no pace (nothing can be projected from them)
 
 
 def project(*, step: Optional[int], total: Optional[int], step_times: list, plan_middle_s: Optional[float],
@@ -118,14 +127,15 @@ def project(*, step: Optional[int], total: Optional[int], step_times: list, plan
     """The arithmetic. step_times: verl's timing_s/step per step; spent_s: the attempts' seconds together;
     attempt_started / time_limit_s: the running attempt's start and its limit (None: no limit)."""
     measured = pace(step_times)
-    n = len([x for x in step_times if x is not None])
+    n = len([x for x in step_times if _num(x) is not None])
+    plan_middle_s, time_limit_s = _num(plan_middle_s), _num(time_limit_s)
     p, src = (measured, f"measured over {n} step{'s' if n != 1 else ''}") if measured is not None else \
         (plan_middle_s, "the plan's middle") if plan_middle_s else (None, "")
     left = max(total - (step or 0), 0) if total else None
     remaining = left * p if left is not None and p is not None else None
     spent_h = gpus * max(spent_s, 0.0) / 3600.0
     projected = spent_h + gpus * remaining / 3600.0 if remaining is not None else None
-    eta = now + remaining if running and remaining is not None else None
+    eta = now + remaining if running and remaining is not None and remaining <= ETA_MAX_S else None
     limit_step = limit_save = limit_left = None
     if running and time_limit_s and attempt_started is not None and p:
         end = attempt_started + time_limit_s
@@ -137,8 +147,12 @@ def project(*, step: Optional[int], total: Optional[int], step_times: list, plan
             limit_save = (reach // save_freq) * save_freq if save_freq and save_freq > 0 else None
     rows = []
     for name, m in (phases_measured or {}).items():
-        band = (phases_plan or {}).get(name) or {}
-        rows.append(Phase(name, m, band.get("low_s"), band.get("high_s")))
+        band = (phases_plan if isinstance(phases_plan, dict) else {}).get(name)
+        band = band if isinstance(band, dict) else {}
+        low, high = _num(band.get("low_s")), _num(band.get("high_s"))
+        if _num(m) is not None:
+            rows.append(Phase(name, float(m), low, high) if low is not None and high is not None and low <= high
+                        else Phase(name, float(m), None, None))
     return Outlook(step, total, p, src, remaining, eta, spent_h, projected, limit_step, limit_save, limit_left,
                    tuple(rows))
 
@@ -153,7 +167,7 @@ def of(run, m: Optional[joblog.Measured] = None, now: Optional[float] = None) ->
 
         m = measured.of(run)
     plan = run.plan
-    t = plan.time or {}
+    t = plan.time if isinstance(plan.time, dict) else {}
     times = m.series("timing_s/step") or m.series("perf/time_per_step")
     phases = {}
     for name, keys in joblog.PHASES.items():
@@ -163,8 +177,8 @@ def of(run, m: Optional[joblog.Measured] = None, now: Optional[float] = None) ->
     cur = run.attempts[-1] if run.attempts else None
     limit = None
     if str(plan.cluster) in LIMITED:
-        tm = (plan.cluster_group or {}).get("time_min")
-        limit = float(tm) * 60 if isinstance(tm, (int, float)) and not isinstance(tm, bool) and tm > 0 else None
+        tm = _num((plan.cluster_group or {}).get("time_min"))
+        limit = tm * 60 if tm else None
     return project(step=max(m.steps) if m.steps else None, total=no_progress.total_steps(plan), step_times=times,
                    plan_middle_s=t.get("step_middle_s"), gpus=run.gpus, spent_s=run.elapsed_s,
                    running=run.state == "running", now=now, attempt_started=cur.started if cur else None,
