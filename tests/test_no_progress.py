@@ -33,6 +33,7 @@ def test_judge_stops_at_the_knob_and_says_so_in_one_line():
     assert rule.judge(events + [resumed(312)], 312, True, 12) is None   # not a count
     none_yet = rule.judge([resumed(None)] * 3, None, 3, None)
     assert none_yet.line().startswith("3 attempts in a row ended before the first checkpoint; stopped"), none_yet
+    assert rule.judge([resumed(None)], None, 1, 2).line().startswith("1 attempt ended before step 2's checkpoint")
     no_period = rule.judge([resumed(40)] * 3, 40, 3, -1)
     assert "without a checkpoint newer than step 40's" in no_period.line()
 

@@ -42,7 +42,8 @@ class Stop:
         else:
             where = "before the first checkpoint"
         last = f"the last whole one: step {self.step:,}" if self.step is not None else "no whole checkpoint yet"
-        return (f"{self.attempts} attempts in a row ended {where}; stopped ({last}; {KNOB}={self.limit}; fix: see why "
+        n = f"{self.attempts} attempts in a row" if self.attempts != 1 else "1 attempt"
+        return (f"{n} ended {where}; stopped ({last}; {KNOB}={self.limit}; fix: see why "
                 "in python -m vrun status, then python -m vrun resubmit)")
 
     def fields(self) -> dict:
