@@ -133,7 +133,8 @@ def test_a_resume_that_exits_0_after_0_steps_is_failed(run_dir):
     _log(run_dir, "8", "Resuming from global_step_4\n")
     _attempt(run_dir, "8", 4, rc=0)
     r = state.load(run_dir)
-    assert r.state == "failed" and r.phase.startswith("exited 0 after 0 steps (resumed from global_step_4 of 20"), r.phase
+    assert r.state == "failed", r.phase
+    assert r.phase.startswith("exited 0 after 0 steps (resumed from global_step_4 of 20"), r.phase
     assert r.failure["error"] == r.phase and r.attempts[0].state == "completed"
     _log(run_dir, "9", "Resuming from global_step_4\n(TaskRunner pid=1) step:5 - timing_s/step:1.0\n")
     _attempt(run_dir, "9", 4, rc=0)

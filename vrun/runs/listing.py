@@ -95,19 +95,20 @@ def cmd_runs(a) -> int:
     from vrun.runs import outlook
 
     now = time.time()
-    looks = [outlook.of(r, measured.of(r), now) for r in runs]  # read only: nothing is written
+    seen = [measured.of(r) for r in runs]  # each run's log read once, for the outlook and the step-time column
+    looks = [outlook.of(r, m, now) for r, m in zip(runs, seen)]  # read only: nothing is written
     if a.json:
         print(json.dumps([{**r.summary(), "outlook": o.summary()} for r, o in zip(runs, looks)], indent=1))
         return 0
     head = ("WHEN", "MODEL", "ALGO", "GPUS", "MODE", "STATE", "JOB", "ATT", "ELAPSED", "STEP", "ETA",
             "GPU-H (SPENT/PROJ)", "STEP S (MEAS/EST)", "CKPT", "RUN DIR")
     rows = []
-    for r, o in zip(runs, looks):
+    for r, o, m in zip(runs, looks, seen):
         s = r.summary()
         rows.append((time.strftime("%m-%d %H:%M", time.localtime(r.when)) if r.when else "-", s["model"] or "?",
                      s["algo"] or "?", str(s["gpus"]), s["mode"] or "?", _short(state.describe(r)),
                      r.job_id or "-", str(r.attempt) if r.on_slurm or r.on_ray else "-", _dur(r.elapsed_s) if r.elapsed_s else "-",
-                     _step(o), _eta(o, now), _gpu_h(r, o), measured.column(r),
+                     _step(o), _eta(o, now), _gpu_h(r, o), _step_s(r, m),
                      str(s["checkpoint_step"]) if s["checkpoint_step"] is not None else "-", str(r.dir)))
     if not rows:
         print("no runs" + (" match" if a.state or a.model else ""))
@@ -124,6 +125,15 @@ def cmd_runs(a) -> int:
     if total:
         print(total)
     return 0
+
+
+def _step_s(r, m) -> str:
+    """`runs`'s STEP S column: measured / predicted low–high (vrun.planning.measured.column, its log read once)."""
+    from vrun.planning import measured
+
+    p = measured.predicted(r)
+    pred = f"{p['low_s']:.0f}–{p['high_s']:.0f}" if p else "?"
+    return f"{m.step_s:.0f}/{pred}" if m.step_s is not None else f"-/{pred}"
 
 
 def _step(o) -> str:
