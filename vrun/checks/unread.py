@@ -26,6 +26,9 @@ READERS = {
     **{k: (SLURM, KUBERAY) for k in ("cpus_per_task", "mem_gb")},
     # the SLURM submitter's own behaviour: the confirmation, waiting, the login preflight, node-local storage
     **{k: (SLURM,) for k in ("confirm_gpu_hours", "yes", "login_preflight", "node_local_paths")},
+    # restarts that make no progress stop where the next attempt starts: a SLURM job's node 0, a Ray job's requeue
+    # (KubeRay's entry runs the same watchdog, whose requeue acts as cancel there, as max_requeues's does)
+    "no_progress_attempts": (SLURM, RAY, KUBERAY),
     "detach": (SLURM, RAY),                 # the submitter returns at once instead of following the job
     "node_setup": (SLURM,),                 # each node's lines (vrun.launch.slurm.node)
     "time_min": (SLURM, RAY, KUBERAY),      # sbatch --time; a Ray job's end; the RayJob's activeDeadlineSeconds

@@ -143,6 +143,7 @@ def INT_KNOBS(c) -> tuple:
     return (("cluster.time_min", c.time_min, 1, MAX_TIME_MIN),
             ("cluster.ray.join_timeout_s", c.ray.join_timeout_s, 1, MAX_INT),
             ("cluster.max_requeues", c.max_requeues, 0, MAX_INT),
+            ("cluster.no_progress_attempts", c.no_progress_attempts, 0, MAX_INT),
             ("cluster.cpus_per_task", c.cpus_per_task, 1, MAX_INT), ("cluster.mem_gb", c.mem_gb, 1, MAX_INT),
             ("cluster.ray.num_cpus", c.ray.num_cpus, 0, MAX_INT), ("cluster.ray.num_gpus", c.ray.num_gpus, 1, MAX_INT),
             ("cluster.signal_delay_s", c.signal_delay_s, 1, MAX_INT))

@@ -254,6 +254,9 @@ class Cluster:
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
     # requeues on time limit; preemptions always requeue (submitit's checkpoint())
     max_requeues: int = 3
+    # attempts in a row that end without a newer whole checkpoint (whatever ended each: a requeue, a stall's requeue,
+    # a node failure, a Ray job submitted again) before the run is stopped instead of started again; 0: never
+    no_progress_attempts: int = 3
     # seconds before the time limit SLURM signals the job (USR2) so it can requeue itself
     signal_delay_s: int = 120
     # submissions above this many GPU-hours need a confirmation (or cluster.yes=true when not interactive)

@@ -166,6 +166,13 @@ class Job:
                 why = (f"stalled {again + 1} times in a row without getting past its step, {again} submitted again "
                        f"(cluster.max_requeues={self.cluster.max_requeues}): not submitted again")
             if not why:
+                from vrun.rundir import no_progress
+
+                stop = no_progress.before_restart(self.where.dir, self.plan, self.cluster.no_progress_attempts)
+                if stop is not None:
+                    why = stop.line()
+                    self.record("stopped", **stop.fields())
+            if not why:
                 self.record("stall_action", action="requeued", summary=summary, exclude=[],
                             note=NO_EXCLUDE.get(self.kind, ""))
                 try:

@@ -16,7 +16,7 @@ from vrun.rundir.record import PlanRecord
 RANK = {"submitted": 0, "requeued": 0, "started": 1, "ray_running": 1, "resumed": 1, "nodes_joined": 2, "ray_up": 3,
         "entrypoint_started": 4, "stalled": 5, "unstalled": 5, "stall_action": 5, "node_check": 5, "signalled": 6,
         "time_limit": 6,
-        "slow": 5, "slow_over": 5, "exited": 7, "failed": 7, "ray_ended": 7, "cancelled": 8}
+        "slow": 5, "slow_over": 5, "exited": 7, "failed": 7, "ray_ended": 7, "cancelled": 8, "stopped": 8}
 
 
 # a run's states; the first three are still holding or waiting for an allocation

@@ -144,7 +144,10 @@ def _phases(a: Attempt, mode: str, hosts_of) -> None:
                 state, phase = e["state"], str(e.get("phase") or e["state"])[:300]
         elif ev == "cancelled":
             state, phase = "cancelled", "cancelled with python -m vrun cancel"
-        if ev in ("exited", "failed", "cancelled", "time_limit", "ray_ended"):
+        elif ev == "stopped":  # restarts without progress (vrun.rundir.no_progress): the run is stopped
+            state, phase = "failed", str(e.get("why") or "stopped")[:500]
+            a.failure = {"node": hosts_of(a, e), "error": phase, "t": e["t"]}
+        if ev in ("exited", "failed", "cancelled", "time_limit", "ray_ended", "stopped"):
             a.ended = max(a.ended or 0.0, e["t"]) if ev != "ray_ended" or a.ended is None else a.ended
     stop = next((e for e in reversed(a.events) if e["event"] == "signalled" and "node" in e), None)
     if stop is not None and state in ("running", "failed"):  # a node SLURM stopped said why, not a failure
@@ -195,6 +198,9 @@ def derive(run: Run) -> None:
     run.when = max(starts) if starts else 0.0
     for a in run.attempts:
         _phases(a, run.plan.mode, lambda a, e: node_name(a.hosts, e))
+    from vrun.rundir import no_progress  # an attempt that exited 0 after resuming and training nothing failed
+
+    no_progress.settle_zero_steps(run, lambda a: log_paths(run, a.job_id) if run.on_slurm else [run.dir / "job.log"])
     for a, b in zip(run.attempts, run.attempts[1:]):
         if a.job_id and b.job_id == a.job_id and b.restart > a.restart:  # SLURM started the same job again
             _requeued(run, a)

@@ -91,20 +91,24 @@ def cmd_runs(a) -> int:
     runs.sort(key=lambda r: r.when, reverse=True)
     for n in notes:
         print(n, file=sys.stderr)
-    if a.json:
-        print(json.dumps([r.summary() for r in runs], indent=1))
-        return 0
     from vrun.planning import measured
+    from vrun.runs import outlook
 
-    head = ("WHEN", "MODEL", "ALGO", "GPUS", "MODE", "STATE", "JOB", "ATT", "ELAPSED", "GPU-H", "STEP S (MEAS/EST)",
-            "CKPT", "RUN DIR")
+    now = time.time()
+    seen = [measured.of(r) for r in runs]  # each run's log read once, for the outlook and the step-time column
+    looks = [outlook.of(r, m, now) for r, m in zip(runs, seen)]  # read only: nothing is written
+    if a.json:
+        print(json.dumps([{**r.summary(), "outlook": o.summary()} for r, o in zip(runs, looks)], indent=1))
+        return 0
+    head = ("WHEN", "MODEL", "ALGO", "GPUS", "MODE", "STATE", "JOB", "ATT", "ELAPSED", "STEP", "ETA",
+            "GPU-H (SPENT/PROJ)", "STEP S (MEAS/EST)", "CKPT", "RUN DIR")
     rows = []
-    for r in runs:
+    for r, o, m in zip(runs, looks, seen):
         s = r.summary()
         rows.append((time.strftime("%m-%d %H:%M", time.localtime(r.when)) if r.when else "-", s["model"] or "?",
                      s["algo"] or "?", str(s["gpus"]), s["mode"] or "?", _short(state.describe(r)),
                      r.job_id or "-", str(r.attempt) if r.on_slurm or r.on_ray else "-", _dur(r.elapsed_s) if r.elapsed_s else "-",
-                     f"{r.gpu_hours:.2f}" if r.elapsed_s else "-", measured.column(r),
+                     _step(o), _eta(o, now), _gpu_h(r, o), _step_s(r, m),
                      str(s["checkpoint_step"]) if s["checkpoint_step"] is not None else "-", str(r.dir)))
     if not rows:
         print("no runs" + (" match" if a.state or a.model else ""))
@@ -118,7 +122,39 @@ def cmd_runs(a) -> int:
             print(f"    ↳ {full}" + (f"; {r.restarts} restart(s)" if r.restarts else "")
                   + (f" (last known: {r.ray_error})" if r.ray_error else "")
                   + "".join(f"; slow: {slowness.line(e)}" for e in r.slow))
+    total = outlook.sweep_line(looks)
+    if total:
+        print(total)
     return 0
+
+
+def _step_s(r, m) -> str:
+    """`runs`'s STEP S column: measured / predicted low–high (vrun.planning.measured.column, its log read once)."""
+    from vrun.planning import measured
+
+    p = measured.predicted(r)
+    pred = f"{p['low_s']:.0f}–{p['high_s']:.0f}" if p else "?"
+    return f"{m.step_s:.0f}/{pred}" if m.step_s is not None else f"-/{pred}"
+
+
+def _step(o) -> str:
+    """`runs`'s STEP column: the last step printed, of the total where the plan knows it."""
+    if o.step is None:
+        return "-"
+    return f"{o.step}/{o.total}" if o.total else str(o.step)
+
+
+def _eta(o, now: float) -> str:
+    """`runs`'s ETA column: when the last step comes, on the pace measured (running runs)."""
+    if o.eta is None:
+        return "-"
+    return time.strftime("%H:%M" if o.eta - now < 86400 else "%m-%d %H:%M", time.localtime(o.eta))
+
+
+def _gpu_h(r, o) -> str:
+    if not r.elapsed_s:
+        return "-"
+    return f"{o.spent_gpu_h:.2f}/" + (f"{o.projected_gpu_h:.2f}" if o.projected_gpu_h is not None else "?")
 
 
 STATE_WIDTH = 40
@@ -148,9 +184,12 @@ def cmd_status(a) -> int:
 
     rayjob = kuberay.refresh([r]).get(str(r.dir))  # a cluster=kuberay run: its RayJob's status from kubectl
     m = measured.of(r)  # read only: the calibration learns when the run ends, in the job's own process
+    from vrun.runs import outlook
+
+    look = outlook.of(r, m)
     if a.json:
         print(json.dumps({**r.summary(), "events": r.events, "predicted": measured.predicted(r),
-                          "measured": m.summary()}, indent=1))
+                          "measured": m.summary(), "outlook": look.summary()}, indent=1))
         return 0
     p, m = r.plan, r.plan.mesh
     print(f"run      {r.dir}")
@@ -181,7 +220,7 @@ def cmd_status(a) -> int:
         print(f"resumed  {r.resumed.get('line') or _resumed(r.resumed)}")
     if r.elapsed_s:
         print(f"elapsed  {_dur(r.elapsed_s)}, {r.gpu_hours:.2f} GPU-hours")
-    for line in [*measured.lines(r), *_preflight_lines(r)]:
+    for line in [*measured.lines(r), *(outlook.lines(look) if r.plan.mode == "train" else []), *_preflight_lines(r)]:
         print(line)
     step = r.checkpoint_step()
     print(f"ckpt     {'step ' + str(step) if step is not None else 'none yet'} ({r.dir / 'checkpoints'})")
@@ -225,6 +264,8 @@ def _event(r: state.Run, e: dict) -> str:
         return f"slow: {slowness.line(e)}"
     if ev == "resumed":
         return f"resumed {e.get('line') or _resumed(e)}"
+    if ev == "stopped":
+        return f"stopped ({e.get('host')}): {e.get('why')}"
     if ev in ("signalled", "time_limit", "stall_action"):
         return f"{ev} ({e.get('host')}): " + " ".join(f"{k}={v}" for k, v in rest.items()
                                                       if k in ("why", "step", "requeued", "action", "exclude", "error"))

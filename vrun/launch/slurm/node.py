@@ -158,6 +158,16 @@ class Node(NodeStall):
                                      lambda line: print(line, flush=True))
         if decision.refused is not None:
             raise RuntimeError(decision.refused.line())
+        from vrun.rundir import no_progress  # restarts that make no progress stop here, before anything starts
+
+        stop = no_progress.judge(rundir.events(self.job.run_dir), decision.step, self.cluster.no_progress_attempts,
+                                 no_progress.save_freq_of(self.plan))
+        if stop is not None:
+            self.record("stopped", **stop.fields())
+            print(f"vrun: {stop.line()}", flush=True)
+            self.fail(stop.line())
+            self.failed = True
+            raise RuntimeError(stop.line())
         self.record("resumed", **checkpoints.resumed_fields(decision))
 
     # ---------------------------------------------------------------- children

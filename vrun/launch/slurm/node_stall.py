@@ -82,6 +82,13 @@ class NodeStall:
                 why = (f"stalled {again + 1} times in a row without getting past its step, {again} submitted again "
                        f"(cluster.max_requeues={self.cluster.max_requeues}): not submitted again")
         if action == "requeue":
+            from vrun.rundir import no_progress
+
+            stop = no_progress.before_restart(self.job.run_dir, self.plan, self.cluster.no_progress_attempts)
+            if stop is not None:
+                action, why = "cancel", stop.line()
+                self.record("stopped", **stop.fields())
+        if action == "requeue":
             # a job submitted from inside a job must not inherit this one's allocation (SLURM_JOB_*, SLURM_NNODES, ...)
             env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or
                    not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
