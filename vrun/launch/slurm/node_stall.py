@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -89,13 +88,9 @@ class NodeStall:
                 action, why = "cancel", stop.line()
                 self.record("stopped", **stop.fields())
         if action == "requeue":
-            # a job submitted from inside a job must not inherit this one's allocation (SLURM_JOB_*, SLURM_NNODES, ...)
-            env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or
-                   not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
-            argv = [sys.executable, "-m", "vrun.launch.slurm.submit", "resubmit", self.job.run_dir, "--detach",
-                    "--replacing", job_id] + (["--exclude", ",".join(hosts)] if hosts else [])
-            p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-            print(p.stdout + p.stderr, flush=True)
+            from vrun.launch.slurm.nodegate import submit_again
+
+            p = submit_again(self, hosts)
             if p.returncode:
                 self.record("stall_action", action="requeue_failed", summary=summary,
                             error=(p.stderr.strip().splitlines() or ["?"])[-1][:300])

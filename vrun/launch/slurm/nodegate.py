@@ -127,12 +127,13 @@ def act(node, verdict: Verdict) -> None:
 
 
 def submit_again(node, hosts: list) -> subprocess.CompletedProcess:
-    """The run submitted again without `hosts` (sbatch --exclude), replacing this job, as a stall's requeue does
-    (vrun.launch.slurm.node.Node.act): from inside a job, without this allocation's SLURM_* variables."""
+    """The run submitted again without `hosts` (sbatch --exclude; none: the same nodes may be taken), replacing this
+    job: a node check's or a stall's requeue (vrun.launch.slurm.node_stall.NodeStall.act). A job submitted from inside
+    a job must not inherit this one's allocation (SLURM_JOB_*, SLURM_NNODES, ...)."""
     env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or
            not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
     argv = [sys.executable, "-m", "vrun.launch.slurm.submit", "resubmit", node.job.run_dir, "--detach",
-            "--replacing", str(node.env.job_id), "--exclude", ",".join(hosts)]
+            "--replacing", str(node.env.job_id)] + (["--exclude", ",".join(hosts)] if hosts else [])
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     print(p.stdout + p.stderr, flush=True)
     return p
