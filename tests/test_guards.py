@@ -685,7 +685,8 @@ def test_the_watchdogs_requeue_becomes_a_cancel_once_max_requeues_stalls_in_a_ro
     """Node 0's action on a stall past its grace (vrun.launch.slurm.node.Node.act, run as it is on a stand-in node:
     its run dir, job id, cluster and record): after cluster.max_requeues stalls in a row at the same step it cancels
     the job, saying why, and submits nothing; below the cap it tries the resubmission (here without sbatch: it fails,
-    records requeue_failed, and cancels)."""
+    records requeue_failed, and cancels). The rule on restarts without progress is off here
+    (cluster.no_progress_attempts=0: tests/test_no_progress.py has it)."""
     import types
 
     from vrun.config.schema import Cluster
@@ -704,7 +705,8 @@ def test_the_watchdogs_requeue_becomes_a_cancel_once_max_requeues_stalls_in_a_ro
     def stand_in(max_requeues):
         node = types.SimpleNamespace(env=types.SimpleNamespace(job_id=77),
                                      job=types.SimpleNamespace(run_dir=str(run_dir)),
-                                     cluster=Cluster(max_requeues=max_requeues), release=lambda: None)
+                                     cluster=Cluster(max_requeues=max_requeues, no_progress_attempts=0),
+                                     plan=None, release=lambda: None)
         node.record = lambda event, **f: records.record(str(run_dir), event, job_id=77, **f)
         return node
 

@@ -97,6 +97,8 @@ def before_restart(run_dir, plan, limit: int) -> Optional[Stop]:
     checkpoint there now (read only: vrun.rundir.checkpoints.decide)."""
     from vrun.rundir import checkpoints, records
 
+    if limit <= 0:  # the rule turned off (cluster.no_progress_attempts=0)
+        return None
     now = checkpoints.decide(Path(run_dir) / "checkpoints", plan, bool(getattr(plan, "resume_mesh_change", False))).step
     return judge(records.events(str(run_dir)), now, limit, save_freq_of(plan))
 
