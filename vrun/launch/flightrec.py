@@ -1,0 +1,300 @@
+"""A stall's stuck collective, named from torch's flight recorder (the environment that turns it on, what the
+installed torch can, and the plan's row: vrun.planning.recorder).
+
+On a stall the watchdog's collect (node 0 of a SLURM job, the local launch, a Ray job's entry) first `ask`s every
+rank for its dump — a token in <run dir>/stalls/fr/request, which each rank's listener (the stack hook's
+vrun_frdump: gloo and the other CPU backends) answers with stalls/fr/rank_<r>, and a byte into each NCCL debug-info
+pipe a process on this node holds open (stalls/nccl/rank_<r>.pipe), which NCCL's own watchdog answers with
+stalls/nccl/rank_<r> — then, after the stacks, `gather`s them into the stall's dir (stalls/<n>/fr/, stalls/<n>/nccl/).
+
+`analyse` reads each dir's dumps (regular files of this user, bounded in size, unpickled with only plain
+containers, numbers and strings allowed) and hands them to torch's own analyser
+(torch.distributed.flight_recorder.components.builder.build_db, partial ranks allowed), in a child process: a
+hung or failing analyser never holds up the watchdog. The verdict — the first collective the ranks do not agree on
+(its kind, process group, sequence number and size; the ranks in it and the ranks that never entered it), else the
+last one recorded — is written to stalls/<n>/collective.json and told in one clause (`clause`):
+`all_reduce #412 on pg 0 (8 MiB): ranks 0–6 in it, rank 7 never entered`. Where there is none, the reason is
+told instead (no dump came, the torch cannot, the analyser failed).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import stat as st_mod
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from vrun.core import fs, writer
+from vrun.planning import recorder
+from vrun.planning.recorder import FR, NCCL, PREFIX, STALLS
+
+ANALYSE_TIMEOUT_S = 120.0
+DUMP_LIMIT = 256 << 20      # one rank's dump at most (2,000 entries are a few MB)
+VERDICT = "collective.json"
+DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Short": 2, "Char": 1,
+               "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "ComplexFloat": 8}
+
+
+def nccl_env(run_dir: str) -> dict:
+    """The recorder's environment (vrun.planning.recorder.env); the name the launchers have always used."""
+    return recorder.env(run_dir)
+
+
+def ask(run_dir: str) -> int:
+    """Ask every rank for its dump: a new token in stalls/fr/request (one the ranks have not seen in the last
+    30 s: node 0 and each node's own dump ask once for one stall), then NCCL's pipes on this node. Returns how many
+    NCCL pipes were poked."""
+    from vrun.launch.watchdog import own_dir
+
+    try:
+        d = own_dir(own_dir(Path(run_dir) / STALLS, run_dir) / FR, run_dir)
+        req = d / "request"
+        t = fs.mtime(req)
+        if t is None or time.time() - t > 30:
+            writer.write_text(req, f"{time.time_ns()}\n", root=run_dir)
+    except OSError:
+        pass
+    return _poke_pipes(Path(run_dir) / STALLS / NCCL)
+
+
+def _poke_pipes(base: Path) -> int:
+    n = 0
+    try:
+        pipes = [p for p in base.iterdir() if p.name.endswith(".pipe")]
+    except OSError:
+        return 0
+    for p in pipes:
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # no reader on this node (ENXIO), or gone
+            continue
+        try:
+            if st_mod.S_ISFIFO(os.fstat(fd).st_mode):
+                os.write(fd, b"1")
+                n += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return n
+
+
+def gather(run_dir: str, out: Path, wait_s: float = 5.0) -> int:
+    """The dumps the ranks wrote (stalls/nccl/rank_<r>, stalls/fr/rank_<r>[.none]) moved into out/nccl/, out/fr/
+    (the ranks answer within a second or two of the request; wait_s more are given). Returns how many."""
+    bases = [b for b in (Path(run_dir) / STALLS / NCCL, Path(run_dir) / STALLS / FR) if fs.is_dir(b)]
+    if not bases:
+        return 0
+    time.sleep(wait_s)
+    moved = 0
+    for base in bases:
+        try:
+            dumps = [p for p in base.iterdir() if p.name.startswith(PREFIX) and not p.name.endswith(".pipe")
+                     and fs.is_file(p) and not fs.is_link(p)]
+        except OSError:
+            continue
+        if not dumps:
+            continue
+        dest = out / base.name
+        try:
+            dest.mkdir(exist_ok=True)
+        except OSError:
+            continue
+        for p in dumps:
+            try:
+                os.replace(p, dest / p.name)
+                moved += 1
+            except OSError:
+                pass
+    return moved
+
+
+# ------------------------------------------------------------------------------------------------ the analysis
+class _Plain(pickle.Unpickler):
+    """A dump holds dicts, lists, tuples, strings and numbers: nothing else is built from it."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a flight-recorder dump")
+
+
+def load(d: Path) -> tuple[dict, list]:
+    """({file: the analyser's detail of one rank}, [why a file was left out]) for the rank_<r> files in d."""
+    details, skipped = {}, []
+    try:
+        files = sorted(p for p in Path(d).iterdir() if p.name.startswith(PREFIX))
+    except OSError:
+        return {}, []
+    for p in files:
+        if p.name.endswith(".none"):
+            skipped.append(f"{p.name[:-5]}: {(fs.read_small(p, 400) or '').strip()}")
+            continue
+        rank = p.name[len(PREFIX):]
+        if not rank.isdigit():
+            continue
+        data, why = fs.read_checked(p, DUMP_LIMIT, own=True, binary=True)
+        try:
+            dump = _Plain(io.BytesIO(data)).load() if data is not None else None
+        except Exception as e:  # noqa: BLE001 - a dump that cannot be read is said, not analysed
+            why, dump = f"{type(e).__name__}: {e}"[:200], None
+        if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
+            skipped.append(f"{p.name}: {why or 'not a flight-recorder dump'}")
+            continue
+        details[p.name] = {"host_name": f"rank{rank}", "rank": int(rank), "entries": dump["entries"],
+                           "version": str(dump.get("version", "")), "pg_config": dump.get("pg_config") or {}}
+    return details, skipped
+
+
+def verdict_of(details: dict) -> dict:
+    """torch's analyser on the ranks' dumps: the collective it could not match across its group, else the last
+    one recorded; {"why": ...} where there is none."""
+    import contextlib
+    import copy
+
+    from torch.distributed.flight_recorder.components.builder import build_db
+    from torch.distributed.flight_recorder.components.config_manager import JobConfig
+
+    raw = copy.deepcopy(details)
+    version = next(iter(details.values()))["version"]
+    args = JobConfig().parse_args(["--allow-incomplete-ranks", "."])
+    with contextlib.redirect_stdout(io.StringIO()):
+        db = build_db(details, args, version)
+    if not db.collectives:
+        return {"why": "the dumps hold no collective"}
+    odd = [c for c in db.collectives if c.missing_ranks or not c.pass_check]
+    c = odd[0] if odd else max(db.collectives, key=lambda c: c.collective_seq_id)
+    expected = sorted(int(r) for r in c.expected_ranks)
+    missing = sorted(int(r) for r in (c.missing_ranks or ()))
+    dumped = sorted(d["rank"] for d in raw.values())
+    kind = str(c.collective_name).split(":")[-1]
+    pg, desc = str(c.pg_desc).split(":", 1) if ":" in str(c.pg_desc) else (str(c.pg_desc), "")
+    return {"collective": kind, "backend": str(c.collective_name).split(":")[0], "pg": pg, "pg_desc": desc,
+            "seq": int(c.collective_seq_id), "input_sizes": c.input_sizes, "bytes": _bytes(raw, c),
+            "expected_ranks": expected, "missing_ranks": missing,
+            "in_it": [r for r in expected if r not in missing and r in dumped],
+            "no_dump": [r for r in expected if r not in dumped], "matched": not odd,
+            "state": str(c.collective_state), "analyser": "torch.distributed.flight_recorder build_db"}
+
+
+def _bytes(raw: dict, c) -> Optional[int]:
+    for d in raw.values():
+        for e in d["entries"]:
+            if e.get("collective_seq_id") == c.collective_seq_id and e.get("profiling_name") == c.collective_name:
+                total = 0
+                for shape, dtype in zip(e.get("input_sizes") or [], e.get("input_dtypes") or []):
+                    n = 1
+                    for x in shape:
+                        n *= int(x)
+                    total += n * DTYPE_BYTES.get(str(dtype), 0)
+                return total or None
+    return None
+
+
+def analyse(out: Path, python: str = sys.executable, timeout_s: float = ANALYSE_TIMEOUT_S) -> dict:
+    """The verdict for a stall's dir (its fr/ and nccl/ dumps), by `python -m vrun.launch.flightrec` in a child;
+    written to out/collective.json. {"why": ...} where there is none."""
+    dirs = [d for d in (out / FR, out / NCCL) if fs.is_dir(d)]
+    if not dirs:
+        v = {"why": "no rank's flight-recorder dump came"}
+    else:
+        v = {}
+        for d in dirs:
+            try:
+                p = subprocess.run([python, "-m", "vrun.launch.flightrec", str(d)], capture_output=True, text=True,
+                                   timeout=timeout_s, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                lines = p.stdout.strip().splitlines()
+                got = json.loads(lines[-1]) if p.returncode == 0 and lines else \
+                    {"why": "torch's analyser failed: " + ((p.stderr.strip().splitlines() or
+                                                           [f"exit {p.returncode}"])[-1][:200])}
+            except (OSError, subprocess.SubprocessError, ValueError) as e:
+                got = {"why": f"torch's analyser did not answer: {type(e).__name__}"}
+            if "collective" in got and (not v.get("collective") or got.get("missing_ranks")):
+                v = got
+            elif not v:
+                v = got
+    try:
+        writer.write_text(out / VERDICT, json.dumps(v, indent=1) + "\n", root=str(out.parent.parent))
+    except OSError:
+        pass
+    return v
+
+
+def clause(v: dict) -> str:
+    """`all_reduce #412 on pg 0 (8 MiB): ranks 0–6 in it, rank 7 never entered`, or why there is no verdict."""
+    if "collective" not in v:
+        return f"no collective named: {v.get('why', 'no verdict')}"
+    size = f" ({_size(v['bytes'])})" if v.get("bytes") else ""
+    head = f"{v['collective']} #{v['seq']} on pg {v['pg']}{size}"
+    parts = [f"{_ranks(v['in_it'])} in it"] if v.get("in_it") else []
+    if v.get("missing_ranks"):
+        parts.append(f"{_ranks(v['missing_ranks'])} never entered")
+    elif v.get("matched"):
+        parts = [f"all {len(v['expected_ranks'])} ranks in it (the last collective recorded)"]
+    if v.get("no_dump"):
+        parts.append(f"no dump from {_ranks(v['no_dump'])}")
+    return f"{head}: {', '.join(parts)}"
+
+
+def _ranks(rs: list) -> str:
+    rs = sorted(rs)
+    runs, start = [], 0
+    for i in range(1, len(rs) + 1):
+        if i == len(rs) or rs[i] != rs[i - 1] + 1:
+            a, b = rs[start], rs[i - 1]
+            runs.append(str(a) if a == b else f"{a}–{b}" if b > a + 1 else f"{a},{b}")
+            start = i
+    return ("rank " if len(rs) == 1 else "ranks ") + ",".join(runs[:8]) + ("…" if len(runs) > 8 else "")
+
+
+def _size(n: int) -> str:
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:.3g} {unit}"
+    return f"{n} B"
+
+
+def named(out: Path) -> dict:
+    """The `stalled` event's field: {"collective": the clause} or {"no_collective": why there is none}."""
+    v = analyse(out)
+    if "collective" in v:
+        return {"collective": clause(v)}
+    why = v.get("why", "no verdict")
+    if why.startswith("no rank's"):
+        s = recorder.support()
+        cannot = s.why_not("gloo") and s.why_not("nccl")
+        why = cannot or (why + " (no rank of a torch.distributed group answered within the dump's wait)")
+    return {"no_collective": why}
+
+
+def with_clause(summary: str, found: dict) -> str:
+    """The stall's summary line with the clause before its `→ stalls/<n>/`."""
+    if "collective" not in found:
+        return summary
+    head, arrow, tail = summary.rpartition(" → ")
+    return f"{head}; {found['collective']}{arrow}{tail}" if arrow else f"{summary}; {found['collective']}"
+
+
+# the names the launchers call (node 0's and each node's collect, the local launch)
+poke_nccl, collect_nccl = ask, gather
+
+
+def main(argv: list) -> int:
+    """`python -m vrun.launch.flightrec <dir>`: the verdict on the dumps in <dir>, as one JSON line."""
+    import logging
+
+    logging.disable(logging.CRITICAL)  # the analyser logs its tables
+    details, skipped = load(Path(argv[0]))
+    v = verdict_of(details) if details else {"why": "no readable dump" + (f" ({'; '.join(skipped)})" if skipped
+                                                                         else "")}
+    if skipped and "collective" in v:
+        v["skipped"] = skipped
+    print(json.dumps(v, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
