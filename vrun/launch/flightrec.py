@@ -36,6 +36,7 @@ from vrun.planning.recorder import FR, NCCL, PREFIX, STALLS
 ANALYSE_TIMEOUT_S = 120.0
 DUMP_LIMIT = 256 << 20      # one rank's dump at most (2,000 entries are a few MB)
 VERDICT = "collective.json"
+SETUP_HOOK = "vrun.launch.stackhook.vrun_frdump.start"
 DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Short": 2, "Char": 1,
                "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "ComplexFloat": 8}
 
@@ -276,6 +277,16 @@ def with_clause(summary: str, found: dict) -> str:
         return summary
     head, arrow, tail = summary.rpartition(" → ")
     return f"{head}; {found['collective']}{arrow}{tail}" if arrow else f"{summary}; {found['collective']}"
+
+
+def ray_runtime_env(run_dir: str, environ) -> dict:
+    """What a Ray job's entry adds to the runtime env verl's driver starts Ray with (dotted keys under it): the
+    recorder's variables the job does not set already (Ray refuses a variable set twice), and the listener started
+    in every worker by Ray's worker_process_setup_hook (the stack hook's PYTHONPATH does not reach a Ray worker;
+    vrun travels in the job's py_modules)."""
+    out = {f"env_vars.{k}": v for k, v in recorder.env(run_dir).items() if k not in environ}
+    out["worker_process_setup_hook"] = SETUP_HOOK
+    return out
 
 
 # the names the launchers call (node 0's and each node's collect, the local launch)
