@@ -229,14 +229,13 @@ def test_a_ray_job_names_the_collective_a_rank_never_entered(tmp_path, ray4):
 
     env = dict(grpo_env(tmp_path), RAY_ADDRESS=ray4, VRUN_STATE_DIR=str(tmp_path / "state"))
     run = tmp_path / "run"
-    run.mkdir()
-    (run / "standin.json").write_text(json.dumps({"steps": 1000, "step_s": 1.0, "save_freq": 0,
-                                                  "hang": {"rank": 5, "step": 3, "where": "collective"}}))
     proc = runner("model=qwen3_5_35b", "algo=grpo", "cluster=ray", "mesh=8gpu", "mesh.nnodes=2",
                   "mesh.gpus_per_node=4", "run.task_runner=vrun_standin.StandinTaskRunner", "run.stall_after_s=15",
                   "run.stall_grace_s=2", "run.on_stall=cancel", "cluster.detach=true", f"hydra.run.dir={run}",
                   env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run / "standin.json").write_text(json.dumps({"steps": 1000, "step_s": 1.0, "save_freq": 0,
+                                                  "hang": {"rank": 5, "step": 3, "where": "collective"}}))
     assert re.search(r"^recorder torch \S+'s flight recorder on .*worker_process_setup_hook", proc.stdout, re.M)
 
     def acted():

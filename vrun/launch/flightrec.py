@@ -9,8 +9,8 @@ stalls/nccl/rank_<r> — then, after the stacks, `gather`s them into the stall's
 
 `analyse` reads each dir's dumps (regular files of this user, bounded in size, unpickled with only plain
 containers, numbers and strings allowed) and hands them to torch's own analyser
-(torch.distributed.flight_recorder.components.builder.build_db, partial ranks allowed), in a child process: a
-hung or failing analyser never holds up the watchdog. The verdict — the first collective the ranks do not agree on
+(torch.distributed.flight_recorder.components.builder.build_db, partial ranks allowed), in a thread given
+ANALYSE_TIMEOUT_S: a hung or failing analyser never holds up the watchdog. The verdict — the first collective the ranks do not agree on
 (its kind, process group, sequence number and size; the ranks in it and the ranks that never entered it), else the
 last one recorded — is written to stalls/<n>/collective.json and told in one clause (`clause`):
 `all_reduce #412 on pg 0 (8 MiB): ranks 0–6 in it, rank 7 never entered`. Where there is none, the reason is
@@ -23,8 +23,6 @@ import json
 import os
 import pickle
 import stat as st_mod
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -153,8 +151,8 @@ def load(d: Path) -> tuple[dict, list]:
 def verdict_of(details: dict) -> dict:
     """torch's analyser on the ranks' dumps: the collective it could not match across its group, else the last
     one recorded; {"why": ...} where there is none."""
-    import contextlib
     import copy
+    import logging
 
     from torch.distributed.flight_recorder.components.builder import build_db
     from torch.distributed.flight_recorder.components.config_manager import JobConfig
@@ -162,8 +160,8 @@ def verdict_of(details: dict) -> dict:
     raw = copy.deepcopy(details)
     version = next(iter(details.values()))["version"]
     args = JobConfig().parse_args(["--allow-incomplete-ranks", "."])
-    with contextlib.redirect_stdout(io.StringIO()):
-        db = build_db(details, args, version)
+    logging.getLogger("Flight Recorder").setLevel(logging.CRITICAL)
+    db = build_db(details, args, version)
     if not db.collectives:
         return {"why": "the dumps hold no collective"}
     odd = [c for c in db.collectives if c.missing_ranks or not c.pass_check]
@@ -195,33 +193,53 @@ def _bytes(raw: dict, c) -> Optional[int]:
     return None
 
 
-def analyse(out: Path, python: str = sys.executable, timeout_s: float = ANALYSE_TIMEOUT_S) -> dict:
-    """The verdict for a stall's dir (its fr/ and nccl/ dumps), by `python -m vrun.launch.flightrec` in a child;
-    written to out/collective.json. {"why": ...} where there is none."""
+def analyse(out: Path, timeout_s: float = ANALYSE_TIMEOUT_S) -> dict:
+    """The verdict for a stall's dir (its fr/ and nccl/ dumps; the one naming missing ranks first), written to
+    out/collective.json; {"why": ...} where there is none. Each dir is analysed in a daemon thread given timeout_s:
+    an analyser that does not return never holds up the stall's report. (In this process, not a child: a Ray job's
+    driver is where a child of it failed to load torch's libraries.)"""
     dirs = [d for d in (out / FR, out / NCCL) if fs.is_dir(d)]
-    if not dirs:
-        v = {"why": "no rank's flight-recorder dump came"}
-    else:
-        v = {}
-        for d in dirs:
-            try:
-                p = subprocess.run([python, "-m", "vrun.launch.flightrec", str(d)], capture_output=True, text=True,
-                                   timeout=timeout_s, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-                lines = p.stdout.strip().splitlines()
-                got = json.loads(lines[-1]) if p.returncode == 0 and lines else \
-                    {"why": "torch's analyser failed: " + ((p.stderr.strip().splitlines() or
-                                                           [f"exit {p.returncode}"])[-1][:200])}
-            except (OSError, subprocess.SubprocessError, ValueError) as e:
-                got = {"why": f"torch's analyser did not answer: {type(e).__name__}"}
-            if "collective" in got and (not v.get("collective") or got.get("missing_ranks")):
-                v = got
-            elif not v:
-                v = got
+    v: dict = {} if dirs else {"why": "no rank's flight-recorder dump came"}
+    for d in dirs:
+        got = _bounded(d, timeout_s)
+        if "collective" in got and (not v.get("collective") or got.get("missing_ranks")):
+            v = got
+        elif not v:
+            v = got
     try:
         writer.write_text(out / VERDICT, json.dumps(v, indent=1) + "\n", root=str(out.parent.parent))
     except OSError:
         pass
     return v
+
+
+def _bounded(d: Path, timeout_s: float) -> dict:
+    import threading
+
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["v"] = verdict_dir(d)
+        except Exception as e:  # noqa: BLE001 - the analyser's failure is the verdict's reason
+            box["v"] = {"why": f"torch's analyser failed: {type(e).__name__}: {str(e).strip()[:200]}"}
+
+    t = threading.Thread(target=run, name="vrun-fr-analyse", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return box.get("v") or {"why": f"torch's analyser did not return within {timeout_s:g} s"}
+
+
+def verdict_dir(d: Path) -> dict:
+    """The verdict on the rank_<r> dumps in one dir (skipped files said beside it)."""
+    import logging
+
+    logging.getLogger("Flight Recorder").setLevel(logging.CRITICAL)  # the analyser logs its tables
+    details, skipped = load(d)
+    if not details:
+        return {"why": "no readable dump" + (f" ({'; '.join(skipped)})" if skipped else "")}
+    v = verdict_of(details)
+    return {**v, "skipped": skipped} if skipped and "collective" in v else v
 
 
 def clause(v: dict) -> str:
@@ -291,21 +309,3 @@ def ray_runtime_env(run_dir: str, environ) -> dict:
 
 # the names the launchers call (node 0's and each node's collect, the local launch)
 poke_nccl, collect_nccl = ask, gather
-
-
-def main(argv: list) -> int:
-    """`python -m vrun.launch.flightrec <dir>`: the verdict on the dumps in <dir>, as one JSON line."""
-    import logging
-
-    logging.disable(logging.CRITICAL)  # the analyser logs its tables
-    details, skipped = load(Path(argv[0]))
-    v = verdict_of(details) if details else {"why": "no readable dump" + (f" ({'; '.join(skipped)})" if skipped
-                                                                         else "")}
-    if skipped and "collective" in v:
-        v["skipped"] = skipped
-    print(json.dumps(v, default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
