@@ -10,11 +10,11 @@ stalls/nccl/rank_<r> — then, after the stacks, `gather`s them into the stall's
 `analyse` reads each dir's dumps (regular files of this user, bounded in size, unpickled with only plain
 containers, numbers and strings allowed) and hands them to torch's own analyser
 (torch.distributed.flight_recorder.components.builder.build_db, partial ranks allowed), in a thread given
-ANALYSE_TIMEOUT_S: a hung or failing analyser never holds up the watchdog. The verdict — the first collective the ranks do not agree on
-(its kind, process group, sequence number and size; the ranks in it and the ranks that never entered it), else the
-last one recorded — is written to stalls/<n>/collective.json and told in one clause (`clause`):
-`all_reduce #412 on pg 0 (8 MiB): ranks 0–6 in it, rank 7 never entered`. Where there is none, the reason is
-told instead (no dump came, the torch cannot, the analyser failed).
+ANALYSE_TIMEOUT_S: a hung or failing analyser never holds up the watchdog. The verdict — the first collective the
+ranks do not agree on (its kind, process group, sequence number and size; the ranks in it and the ranks that never
+entered it), else the last one recorded — is written to stalls/<n>/collective.json and told in one clause
+(`clause`): `all_reduce #412 on pg 0 (8 MiB): ranks 0–6 in it, rank 7 never entered`. Where there is none, the reason
+is told instead (no dump came, the torch cannot, the analyser failed).
 """
 from __future__ import annotations
 
@@ -85,16 +85,21 @@ def _poke_pipes(base: Path) -> int:
 
 def gather(run_dir: str, out: Path, wait_s: float = 5.0) -> int:
     """The dumps the ranks wrote (stalls/nccl/rank_<r>, stalls/fr/rank_<r>[.none]) moved into out/nccl/, out/fr/
-    (the ranks answer within a second or two of the request; wait_s more are given). Returns how many."""
-    bases = [b for b in (Path(run_dir) / STALLS / NCCL, Path(run_dir) / STALLS / FR) if fs.is_dir(b)]
+    (the ranks answer within a second or two of the request; wait_s more are given); the run dir's own dirs only,
+    never through a link, and no dump older than a minute before the request. Returns how many."""
+    bases = [b for b in (Path(run_dir) / STALLS / NCCL, Path(run_dir) / STALLS / FR)
+             if fs.is_dir(b) and not fs.is_link(b)]
     if not bases:
         return 0
     time.sleep(wait_s)
+    asked = fs.mtime(Path(run_dir) / STALLS / FR / "request")
+    # a dump older than that (a late answer to an earlier stall) is not this one's
+    since = asked - 60 if asked is not None else 0.0
     moved = 0
     for base in bases:
         try:
             dumps = [p for p in base.iterdir() if p.name.startswith(PREFIX) and not p.name.endswith(".pipe")
-                     and fs.is_file(p) and not fs.is_link(p)]
+                     and fs.is_file(p) and not fs.is_link(p) and (fs.mtime(p) or 0) >= since]
         except OSError:
             continue
         if not dumps:

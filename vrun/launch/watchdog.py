@@ -8,8 +8,8 @@ on top) is a stall. A stall is diagnosed at once — every node dumps the Python
 collective named with the ranks that never entered it, or why not) and Ray's view of its nodes and actors — under
 <run dir>/stalls/<n>/, then summed up in one line (`stalled at step 312 for 41 min: 255 ranks in all_reduce, rank
 133 on n17 in data loading; all_reduce #412 on pg 0 (8 MiB): ranks 0–132,134–255 in it, rank 133 never entered →
-stalls/1/`) recorded as a `stalled` event, which `status`, `runs` and the submitter show. stalls/ and each stall's dir are
-made only as the run dir's own plain dirs (never through a link, never outside it): where they cannot be, or a
+stalls/1/`) recorded as a `stalled` event, which `status`, `runs` and the submitter show. stalls/ and each stall's
+dir are made only as the run dir's own plain dirs (never through a link, never outside it): where they cannot be, or a
 dump fails, the stall is still recorded and acted on, the failure one line in the event (`dump_error`). Then
 run.on_stall: report only; or, once run.stall_grace_s more pass without a step, cancel (or submit again without the
 odd rank's node where the cluster can leave it out, then cancel). A step after the report records `unstalled` and
