@@ -147,7 +147,7 @@ def test_the_plan_sets_the_recorder_under_the_run_dir():
     assert callable(getattr(importlib.import_module(mod), fn))
 
 
-def _torch_dir(tmp_path, version="2.13.0", analyser=True, lib=b"_dump_fr_trace\x00"):
+def _torch_dir(tmp_path, version="2.13.0", analyser=True, lib=b"_dump_fr_trace_json\x00"):
     d = tmp_path / "torch"
     (d / "lib").mkdir(parents=True)
     (d / "version.py").write_text(f"__version__ = '{version}'\n")
@@ -167,22 +167,22 @@ def test_the_plan_says_what_this_torch_can(tmp_path):
     assert "no NCCL: a build without CUDA, gloo through the stack hook's listener" in line
     assert "names the stuck collective and the ranks missing from it" in line and "Ray" not in line
     assert "worker_process_setup_hook" in recorder.line(s, "ray")
-    cuda = recorder.support(_torch_dir(tmp_path / "b", lib=b"_dump_fr_trace\x00.._dump_nccl_trace\x00"))
-    assert "(NCCL through its debug-info pipe, gloo through" in recorder.line(cuda)
-    old = recorder.support(_torch_dir(tmp_path / "c", "2.4.1", analyser=False, lib=b"_dump_nccl_trace\x00"))
+    cuda = recorder.support(_torch_dir(tmp_path / "b", lib=b"_dump_fr_trace_json\x00.._dump_nccl_trace_json\x00"))
+    assert "(NCCL through the stack hook's listener and NCCL's debug-info pipe, gloo through" in recorder.line(cuda)
+    old = recorder.support(_torch_dir(tmp_path / "c", "2.4.1", analyser=False, lib=b"_dump_nccl_trace_json\x00"))
     assert recorder.line(old) == ("recorder a stall names no collective: torch 2.4.1 has no flight-recorder "
                                   "analyser (torch.distributed.flight_recorder)")
     nogloo = recorder.support(_torch_dir(tmp_path / "d", lib=b""))
     assert "no gloo: this torch records none" in recorder.line(nogloo)
-    assert nogloo.why_not("gloo") == "torch 2.13.0 records no gloo collectives (no _dump_fr_trace)"
+    assert nogloo.why_not("gloo") == "torch 2.13.0 records no gloo collectives (no _dump_fr_trace_json)"
     assert recorder.line(recorder.support(tmp_path / "nothing")) == \
         "recorder a stall names no collective: no torch is installed where the plan was made"
 
 
 @pytest.mark.stack_free
 def test_a_stall_without_an_analysis_says_why(tmp_path):
-    """No dump came; a torch without the recorder said so; a dump that is no plain data (a pickle that would build
-    an object) or a link is refused and nothing of it is run."""
+    """No dump came; a torch without the recorder said so; a dump that is not JSON (a pickle that would run a
+    command) or a link is refused and nothing of it is run."""
     from vrun.launch import flightrec
 
     out = tmp_path / "run" / "stalls" / "1"
@@ -205,7 +205,7 @@ def test_a_stall_without_an_analysis_says_why(tmp_path):
     details, skipped = flightrec.load(fr)
     assert details == {} and not (tmp_path / "ran").exists()
     assert skipped[0] == "rank_0: torch 2.4.1 has no flight recorder for its CPU backends (no _dump_fr_trace)"
-    assert "posix.system is not part of a flight-recorder dump" in skipped[1]
+    assert skipped[1].startswith("rank_1: not JSON")  # torch's pickled format is never unpickled here
     assert skipped[2].startswith("rank_2: a symbolic link")
     assert flightrec.clause({"why": "x"}) == "no collective named: x"
     assert flightrec.clause({"collective": "all_reduce", "seq": 412, "pg": "0", "bytes": 8 << 20,
@@ -251,3 +251,22 @@ def test_a_ray_job_names_the_collective_a_rank_never_entered(tmp_path, ray4):
     v = json.loads((run / "stalls" / "1" / "collective.json").read_text())
     assert v["missing_ranks"] == [5] and v["expected_ranks"] == list(range(8))
 
+
+
+@pytest.mark.stack_free
+def test_a_link_in_the_run_dir_is_never_written_or_read_through(tmp_path):
+    """stalls/ as a link elsewhere: no request is written there and no dump is taken from it."""
+    from vrun.launch import flightrec
+
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    (elsewhere / "fr").mkdir(parents=True)
+    (elsewhere / "fr" / "rank_0").write_bytes(b"x")
+    run.mkdir()
+    os.symlink(elsewhere, run / "stalls")
+    assert flightrec.ask(str(run)) == 0 and not (elsewhere / "fr" / "request").exists()
+    out = tmp_path / "out"
+    out.mkdir()
+    assert flightrec.gather(str(run), out, wait_s=0) == 0 and (elsewhere / "fr" / "rank_0").exists()
+    os.unlink(run / "stalls")
+    flightrec.ask(str(run))
+    assert (run / "stalls" / "fr" / "request").read_text().strip().isdigit()

@@ -3,12 +3,13 @@ installed torch can, and the plan's row: vrun.planning.recorder).
 
 On a stall the watchdog's collect (node 0 of a SLURM job, the local launch, a Ray job's entry) first `ask`s every
 rank for its dump — a token in <run dir>/stalls/fr/request, which each rank's listener (the stack hook's
-vrun_frdump: gloo and the other CPU backends) answers with stalls/fr/rank_<r>, and a byte into each NCCL debug-info
-pipe a process on this node holds open (stalls/nccl/rank_<r>.pipe), which NCCL's own watchdog answers with
-stalls/nccl/rank_<r> — then, after the stacks, `gather`s them into the stall's dir (stalls/<n>/fr/, stalls/<n>/nccl/).
+vrun_frdump) answers with its recorder's JSON dumps, stalls/fr/rank_<r> (gloo and the other CPU backends) and
+stalls/fr/nccl_rank_<r> (a CUDA build's NCCL), and a byte into each NCCL debug-info pipe a process on this node holds
+open, which NCCL's own watchdog answers with its pickled dump stalls/nccl/rank_<r> — then, after the stacks,
+`gather`s them into the stall's dir (stalls/<n>/fr/, stalls/<n>/nccl/). The pickled ones are kept for torch's own
+command line (python -m torch.distributed.flight_recorder.fr_trace); nothing here unpickles.
 
-`analyse` reads each dir's dumps (regular files of this user, bounded in size, unpickled with only plain
-containers, numbers and strings allowed) and hands them to torch's own analyser
+`analyse` reads the JSON dumps (regular files of this user, bounded in size) and hands them to torch's own analyser
 (torch.distributed.flight_recorder.components.builder.build_db, partial ranks allowed), in a thread given
 ANALYSE_TIMEOUT_S: a hung or failing analyser never holds up the watchdog. The verdict — the first collective the
 ranks do not agree on (its kind, process group, sequence number and size; the ranks in it and the ranks that never
@@ -18,10 +19,8 @@ is told instead (no dump came, the torch cannot, the analyser failed).
 """
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import stat as st_mod
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from vrun.planning.recorder import FR, NCCL, PREFIX, STALLS
 
 ANALYSE_TIMEOUT_S = 120.0
 DUMP_LIMIT = 256 << 20      # one rank's dump at most (2,000 entries are a few MB)
+NCCL_PREFIX = "nccl_rank_"  # a CUDA build's NCCL recorder, dumped by the listener beside the CPU one
 VERDICT = "collective.json"
 SETUP_HOOK = "vrun.launch.stackhook.vrun_frdump.start"
 DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Short": 2, "Char": 1,
@@ -48,10 +48,14 @@ def ask(run_dir: str) -> int:
     """Ask every rank for its dump: a new token in stalls/fr/request (one the ranks have not seen in the last
     30 s: node 0 and each node's own dump ask once for one stall), then NCCL's pipes on this node. Returns how many
     NCCL pipes were poked."""
-    from vrun.launch.watchdog import own_dir
-
     try:
-        d = own_dir(own_dir(Path(run_dir) / STALLS, run_dir) / FR, run_dir)
+        for d in (Path(run_dir) / STALLS, Path(run_dir) / STALLS / FR):
+            if not writer.contained(str(d / "x"), run_dir):  # never made or written through a link
+                raise writer.UnsafePath(f"{d} is not the run dir's own")
+            try:
+                os.mkdir(d, 0o755)
+            except FileExistsError:
+                pass
         req = d / "request"
         t = fs.mtime(req)
         if t is None or time.time() - t > 30:
@@ -84,11 +88,11 @@ def _poke_pipes(base: Path) -> int:
 
 
 def gather(run_dir: str, out: Path, wait_s: float = 5.0) -> int:
-    """The dumps the ranks wrote (stalls/nccl/rank_<r>, stalls/fr/rank_<r>[.none]) moved into out/nccl/, out/fr/
+    """The dumps the ranks wrote (stalls/nccl/rank_<r>, stalls/fr/[nccl_]rank_<r>[.none]) moved into out/nccl/, out/fr/
     (the ranks answer within a second or two of the request; wait_s more are given); the run dir's own dirs only,
     never through a link, and no dump older than a minute before the request. Returns how many."""
     bases = [b for b in (Path(run_dir) / STALLS / NCCL, Path(run_dir) / STALLS / FR)
-             if fs.is_dir(b) and not fs.is_link(b)]
+             if fs.is_dir(b) and not fs.is_link(b) and writer.contained(str(b / "x"), run_dir)]
     if not bases:
         return 0
     time.sleep(wait_s)
@@ -98,7 +102,8 @@ def gather(run_dir: str, out: Path, wait_s: float = 5.0) -> int:
     moved = 0
     for base in bases:
         try:
-            dumps = [p for p in base.iterdir() if p.name.startswith(PREFIX) and not p.name.endswith(".pipe")
+            dumps = [p for p in base.iterdir() if p.name.startswith((PREFIX, NCCL_PREFIX))
+                     and not p.name.endswith(".pipe")
                      and fs.is_file(p) and not fs.is_link(p) and (fs.mtime(p) or 0) >= since]
         except OSError:
             continue
@@ -119,35 +124,33 @@ def gather(run_dir: str, out: Path, wait_s: float = 5.0) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ the analysis
-class _Plain(pickle.Unpickler):
-    """A dump holds dicts, lists, tuples, strings and numbers: nothing else is built from it."""
-
-    def find_class(self, module, name):
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of a flight-recorder dump")
-
-
-def load(d: Path) -> tuple[dict, list]:
-    """({file: the analyser's detail of one rank}, [why a file was left out]) for the rank_<r> files in d."""
+def load(d: Path, prefix: str = PREFIX) -> tuple[dict, list]:
+    """({file: the analyser's detail of one rank}, [why a file was left out]) for the <prefix><rank> JSON dumps in
+    d (torch's JSON dump format; the analyser's own loader unpickles, which nothing here does)."""
     details, skipped = {}, []
     try:
-        files = sorted(p for p in Path(d).iterdir() if p.name.startswith(PREFIX))
+        files = sorted(p for p in Path(d).iterdir() if p.name.startswith(prefix))
     except OSError:
         return {}, []
     for p in files:
         if p.name.endswith(".none"):
             skipped.append(f"{p.name[:-5]}: {(fs.read_small(p, 400) or '').strip()}")
             continue
-        rank = p.name[len(PREFIX):]
+        rank = p.name[len(prefix):]
         if not rank.isdigit():
             continue
-        data, why = fs.read_checked(p, DUMP_LIMIT, own=True, binary=True)
+        data, why = fs.read_checked(p, DUMP_LIMIT, own=True)
         try:
-            dump = _Plain(io.BytesIO(data)).load() if data is not None else None
-        except Exception as e:  # noqa: BLE001 - a dump that cannot be read is said, not analysed
-            why, dump = f"{type(e).__name__}: {e}"[:200], None
-        if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
+            dump = json.loads(data) if data is not None else None
+        except ValueError as e:
+            why, dump = f"not JSON: {str(e)[:100]}", None
+        if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list) or \
+                not all(isinstance(e, dict) for e in dump["entries"]):
             skipped.append(f"{p.name}: {why or 'not a flight-recorder dump'}")
             continue
+        for e in dump["entries"]:  # the pickled format's tuple, which the analyser was written against
+            if isinstance(e.get("process_group"), list):
+                e["process_group"] = tuple(e["process_group"])
         details[p.name] = {"host_name": f"rank{rank}", "rank": int(rank), "entries": dump["entries"],
                            "version": str(dump.get("version", "")), "pg_config": dump.get("pg_config") or {}}
     return details, skipped
@@ -203,10 +206,11 @@ def analyse(out: Path, timeout_s: float = ANALYSE_TIMEOUT_S) -> dict:
     out/collective.json; {"why": ...} where there is none. Each dir is analysed in a daemon thread given timeout_s:
     an analyser that does not return never holds up the stall's report. (In this process, not a child: a Ray job's
     driver is where a child of it failed to load torch's libraries.)"""
-    dirs = [d for d in (out / FR, out / NCCL) if fs.is_dir(d)]
-    v: dict = {} if dirs else {"why": "no rank's flight-recorder dump came"}
-    for d in dirs:
-        got = _bounded(d, timeout_s)
+    sets = [(out / FR, p) for p in (PREFIX, NCCL_PREFIX) if fs.is_dir(out / FR) and
+            any(f.name.startswith(p) for f in (out / FR).iterdir())]
+    v: dict = {} if sets else {"why": "no rank's flight-recorder dump came"}
+    for d, prefix in sets:
+        got = _bounded(d, prefix, timeout_s)
         if "collective" in got and (not v.get("collective") or got.get("missing_ranks")):
             v = got
         elif not v:
@@ -218,14 +222,14 @@ def analyse(out: Path, timeout_s: float = ANALYSE_TIMEOUT_S) -> dict:
     return v
 
 
-def _bounded(d: Path, timeout_s: float) -> dict:
+def _bounded(d: Path, prefix: str, timeout_s: float) -> dict:
     import threading
 
     box: dict = {}
 
     def run() -> None:
         try:
-            box["v"] = verdict_dir(d)
+            box["v"] = verdict_dir(d, prefix)
         except Exception as e:  # noqa: BLE001 - the analyser's failure is the verdict's reason
             box["v"] = {"why": f"torch's analyser failed: {type(e).__name__}: {str(e).strip()[:200]}"}
 
@@ -235,12 +239,12 @@ def _bounded(d: Path, timeout_s: float) -> dict:
     return box.get("v") or {"why": f"torch's analyser did not return within {timeout_s:g} s"}
 
 
-def verdict_dir(d: Path) -> dict:
-    """The verdict on the rank_<r> dumps in one dir (skipped files said beside it)."""
+def verdict_dir(d: Path, prefix: str = PREFIX) -> dict:
+    """The verdict on the <prefix><rank> dumps in one dir (skipped files said beside it)."""
     import logging
 
     logging.getLogger("Flight Recorder").setLevel(logging.CRITICAL)  # the analyser logs its tables
-    details, skipped = load(d)
+    details, skipped = load(d, prefix)
     if not details:
         return {"why": "no readable dump" + (f" ({'; '.join(skipped)})" if skipped else "")}
     v = verdict_of(details)

@@ -10,7 +10,8 @@ the stack hook's listener (vrun/launch/stackhook/vrun_frdump.py) takes a stall's
 
 What torch can (`support`) is read from its files, never by importing it: its version (torch/version.py), its
 analyser (torch/distributed/flight_recorder/components/builder.py), and the bindings libtorch_python.so carries:
-`_dump_fr_trace` (the process-wide recorder gloo writes to) and `_dump_nccl_trace` (a CUDA build's NCCL recorder).
+`_dump_fr_trace_json` (the process-wide recorder gloo writes to) and `_dump_nccl_trace_json` (a CUDA build's NCCL
+recorder), the JSON dumps the listener asks for.
 """
 from __future__ import annotations
 
@@ -21,13 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from vrun.core import fs
+
 TRACE_ENTRIES = 2000        # collectives kept per rank (torch's own default is 0: off)
 REQUEST_ENV = "VRUN_FR_DIR"
 STALLS = "stalls"
 FR, NCCL = "fr", "nccl"     # the dirs under stalls/ the ranks dump into
 PREFIX = "rank_"            # torch's analyser reads the rank from the file name after it
-CPU_DUMP = b"_dump_fr_trace\x00"
-NCCL_DUMP = b"_dump_nccl_trace\x00"
+CPU_DUMP = b"_dump_fr_trace_json\x00"
+NCCL_DUMP = b"_dump_nccl_trace_json\x00"
 
 
 def env(run_dir: str) -> dict:
@@ -57,7 +60,7 @@ class Support:
         if backend == "nccl" and not self.nccl:
             return f"torch {self.torch} records no NCCL collectives (a build without CUDA)"
         if backend != "nccl" and not self.cpu:
-            return f"torch {self.torch} records no gloo collectives (no _dump_fr_trace)"
+            return f"torch {self.torch} records no gloo collectives (no _dump_fr_trace_json)"
         return ""
 
 
@@ -72,15 +75,12 @@ def support(torch_dir: Optional[Path] = None) -> Support:
             return Support(None, False, False, False)
         torch_dir = Path(spec.origin).parent
     torch_dir = Path(torch_dir)
-    try:
-        m = re.search(r"__version__\s*=\s*['\"]([^'\"]{1,40})['\"]", (torch_dir / "version.py").read_text())
-    except OSError:
-        m = None
+    m = re.search(r"__version__\s*=\s*['\"]([^'\"]{1,40})['\"]", fs.read_small(torch_dir / "version.py") or "")
     if m is None:
         return Support(None, False, False, False)
     builder = torch_dir / "distributed" / "flight_recorder" / "components" / "builder.py"
     cpu, nccl = _bindings(torch_dir / "lib" / "libtorch_python.so")
-    return Support(m.group(1), builder.is_file(), cpu, nccl)
+    return Support(m.group(1), fs.is_file(builder), cpu, nccl)
 
 
 def _bindings(lib: Path) -> tuple[bool, bool]:
@@ -96,7 +96,8 @@ def line(s: Support, cluster: str = "") -> str:
     head = "recorder"
     if s.torch is None or not s.analyser:
         return f"{head} a stall names no collective: {s.why_not('gloo')}"
-    ways = ["NCCL through its debug-info pipe" if s.nccl else "no NCCL: a build without CUDA",
+    ways = ["NCCL through the stack hook's listener and NCCL's debug-info pipe" if s.nccl else
+            "no NCCL: a build without CUDA",
             "gloo through the stack hook's listener" if s.cpu else "no gloo: this torch records none"]
     ray = cluster in ("ray", "kuberay")
     reach = ("; on a Ray job the listener starts with each worker (Ray's worker_process_setup_hook) and the dumps "
