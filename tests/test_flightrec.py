@@ -15,9 +15,7 @@ import pickle
 import re
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 

@@ -5,8 +5,8 @@
 worker_process_setup_hook) starts one daemon thread when $VRUN_FR_DIR names a directory. Every POLL_S it reads
 `<dir>/request` (a token the watchdog writes on a stall, vrun.launch.flightrec.ask); when the token is new and the
 process is a rank (torch.distributed already imported by the process and initialized: nothing is imported here that
-the process did not import itself), it writes the recorder's dump to `<dir>/rank_<global rank>` (NCCL's to `<dir>/nccl_rank_<global rank>`;
-a temp file beside it, then a rename; never through a link). A rank blocked in a gloo collective answers: gloo's
+the process did not import itself), it writes the recorder's dump to `<dir>/rank_<global rank>` (NCCL's to
+`<dir>/nccl_rank_<global rank>`; a temp file beside it, then a rename; never through a link). A rank blocked in a gloo collective answers: gloo's
 wait releases the GIL. The JSON dump holds no stack traces (the pickled one's wait for the thread the rank is
 blocked in), and is read back without unpickling anything.
 
