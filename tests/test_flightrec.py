@@ -89,7 +89,7 @@ def gloo3(tmp_path):
 def test_a_rank_that_skips_a_collective_is_named_from_the_ranks_own_dumps(gloo3, tmp_path):
     """A stall's diagnosis through the watchdog: every rank asked (the request token), each answers from its
     listener thread while blocked in gloo, the dumps gathered under stalls/1/fr/, torch's analyser's verdict in
-    stalls/1/collective.json, the clause in the summary line and the `stalled` event."""
+    stalls/1/fr/collective.json, the clause in the summary line and the `stalled` event."""
     from vrun.launch import flightrec
     from vrun.launch.watchdog import Watchdog
     from vrun.rundir.record import WatchRecord
@@ -113,10 +113,12 @@ def test_a_rank_that_skips_a_collective_is_named_from_the_ranks_own_dumps(gloo3,
     assert event == "stalled" and "no_collective" not in fields, fields
     assert fields["collective"] == "all_reduce #4 on pg 0 (4 MiB): ranks 0,1 in it, rank 2 never entered"
     assert "; all_reduce #4 on pg 0 (4 MiB): ranks 0,1 in it, rank 2 never entered → stalls/1/" in got["summary"]
-    v = json.loads((run / "stalls" / "1" / "collective.json").read_text())
+    v = json.loads((run / "stalls" / "1" / "fr" / "collective.json").read_text())
     assert v["missing_ranks"] == [2] and v["in_it"] == [0, 1] and v["backend"] == "gloo" and v["seq"] == 4
     assert v["bytes"] == 4 << 20 and v["pg_desc"] == "default_pg"
-    assert sorted(p.name for p in (run / "stalls" / "1" / "fr").iterdir()) == ["rank_0", "rank_1", "rank_2"]
+    assert sorted(p.name for p in (run / "stalls" / "1" / "fr").iterdir()) == ["collective.json", "rank_0", "rank_1",
+                                                                               "rank_2"]
+    assert not list((run / "stalls" / "1").glob("*.json"))  # the stall's own .json files are the nodes' dumps
     assert not list((run / "stalls" / "fr").glob("rank_*"))  # moved, none left for the next stall
 
 
@@ -187,11 +189,10 @@ def test_a_stall_without_an_analysis_says_why(tmp_path):
     out.mkdir(parents=True)
     got = flightrec.named(out)
     assert "collective" not in got and got["no_collective"], got
-    assert json.loads((out / "collective.json").read_text()) == {"why": "no rank's flight-recorder dump came"}
+    assert json.loads((out / "fr" / "collective.json").read_text()) == {"why": "no rank's flight-recorder dump came"}
     assert flightrec.with_clause("stalled at step 3 for 41 s: x → stalls/1/", got) == \
         "stalled at step 3 for 41 s: x → stalls/1/"
     fr = out / "fr"
-    fr.mkdir()
     (fr / "rank_0.none").write_text("torch 2.4.1 has no flight recorder for its CPU backends (no _dump_fr_trace)\n")
 
     class Boom:
@@ -246,7 +247,7 @@ def test_a_ray_job_names_the_collective_a_rank_never_entered(tmp_path, ray4):
     assert re.fullmatch(r"all_reduce #\d+ on pg 0 \(4 B\): ranks 0–4,6,7 in it, rank 5 never entered",
                         s.get("collective", "")), s
     assert s["collective"] in s["summary"]
-    v = json.loads((run / "stalls" / "1" / "collective.json").read_text())
+    v = json.loads((run / "stalls" / "1" / "fr" / "collective.json").read_text())
     assert v["missing_ranks"] == [5] and v["expected_ranks"] == list(range(8))
 
 

@@ -13,7 +13,7 @@ command line (python -m torch.distributed.flight_recorder.fr_trace); nothing her
 (torch.distributed.flight_recorder.components.builder.build_db, partial ranks allowed), in a thread given
 ANALYSE_TIMEOUT_S: a hung or failing analyser never holds up the watchdog. The verdict — the first collective the
 ranks do not agree on (its kind, process group, sequence number and size; the ranks in it and the ranks that never
-entered it), else the last one recorded — is written to stalls/<n>/collective.json and told in one clause
+entered it), else the last one recorded — is written to stalls/<n>/fr/collective.json and told in one clause
 (`clause`): `all_reduce #412 on pg 0 (8 MiB): ranks 0–6 in it, rank 7 never entered`. Where there is none, the reason
 is told instead (no dump came, the torch cannot, the analyser failed).
 """
@@ -202,8 +202,8 @@ def _bytes(raw: dict, c) -> Optional[int]:
 
 
 def analyse(out: Path, timeout_s: float = ANALYSE_TIMEOUT_S) -> dict:
-    """The verdict for a stall's dir (its fr/ and nccl/ dumps; the one naming missing ranks first), written to
-    out/collective.json; {"why": ...} where there is none. Each dir is analysed in a daemon thread given timeout_s:
+    """The verdict for a stall's dir (its fr/ dumps; the one naming missing ranks first), written to
+    out/fr/collective.json; {"why": ...} where there is none. Each dir is analysed in a daemon thread given timeout_s:
     an analyser that does not return never holds up the stall's report. (In this process, not a child: a Ray job's
     driver is where a child of it failed to load torch's libraries.)"""
     sets = [(out / FR, p) for p in (PREFIX, NCCL_PREFIX) if fs.is_dir(out / FR) and
@@ -215,8 +215,9 @@ def analyse(out: Path, timeout_s: float = ANALYSE_TIMEOUT_S) -> dict:
             v = got
         elif not v:
             v = got
-    try:
-        writer.write_text(out / VERDICT, json.dumps(v, indent=1) + "\n", root=str(out.parent.parent))
+    try:  # inside fr/: every other .json of the stall's dir is a node's dump (vrun.launch.stall_summary)
+        os.makedirs(out / FR, exist_ok=True)
+        writer.write_text(out / FR / VERDICT, json.dumps(v, indent=1) + "\n", root=str(out.parent.parent))
     except OSError:
         pass
     return v
