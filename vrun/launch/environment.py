@@ -26,11 +26,12 @@ def tracker_env(run_id: str) -> dict:
 def child_environ(base: Mapping[str, str], env: Mapping[str, str], unset: Iterable[str], run_id: str,
                   run_dir: Optional[str] = None) -> dict:
     """base (the launching process's environment) without `unset` (the plan's env_unset) and, when base sets
-    CUDA_VISIBLE_DEVICES, without UNSET_WITH_CUDA; then what the run is watched and tracked with (NCCL's flight
-    recorder dumping under <run dir>/stalls/nccl/, the tracker's run id — each unless set already), the plan's `env`,
+    CUDA_VISIBLE_DEVICES, without UNSET_WITH_CUDA; then what the run is watched and tracked with (torch's flight
+    recorder for NCCL and gloo dumping under <run dir>/stalls/, vrun.planning.recorder.env; the tracker's run id —
+    each unless set already), the plan's `env`,
     RUN_ID=run_id and, for the stack hook, TRACER_ENV=this process's pid (it dumps a stall's stacks: under Yama's
     ptrace_scope 1 every process of the run names it its ptracer, so that py-spy, its child, may read them)."""
-    from vrun.launch.watchdog import nccl_env
+    from vrun.launch.flightrec import nccl_env
 
     out = dict(base)
     drop = set(unset) | (set(UNSET_WITH_CUDA) if out.get("CUDA_VISIBLE_DEVICES") else set())

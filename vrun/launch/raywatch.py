@@ -143,7 +143,9 @@ class Job:
     def collect(self, n: int, out: Path) -> None:
         from vrun.launch import watchdog
 
+        watchdog.poke_nccl(self.where.dir)  # every rank asked for its flight-recorder dump (vrun.launch.flightrec)
         collect(n, out, self.where.dir, watchdog.DUMP_WAIT_S)
+        watchdog.collect_nccl(self.where.dir, out)
 
     def requeue_refusal(self) -> str:
         """Why this job cannot be submitted again from here ("" when it can)."""
@@ -228,7 +230,7 @@ def start(config_path: str, config) -> Optional[Watchdog]:
     Returns it (None where nothing is watched)."""
     from omegaconf import OmegaConf
 
-    from vrun.launch import deadline
+    from vrun.launch import deadline, flightrec
     from vrun.rundir.files import RunDirError
     from vrun.rundir.record import PlanRecord
 
@@ -245,6 +247,8 @@ def start(config_path: str, config) -> Optional[Watchdog]:
     for k, v in env.items():  # every worker of the job reads it (verl's run_ppo passes this runtime env to ray.init)
         OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{k}", v, force_add=True)
         os.environ[k] = v
+    for k, v in flightrec.ray_runtime_env(where.dir, os.environ).items():  # every worker: the recorder, its listener
+        OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.{k}", v, force_add=True)
     print(f"vrun: {line}", flush=True)
     if record.watch is None:
         return None

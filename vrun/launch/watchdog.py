@@ -4,13 +4,14 @@ launch, or a Ray job's own entry on cluster=ray and cluster=kuberay: vrun.launch
 Progress is what verl prints: its step lines (vrun.rundir.joblog) in the job's output, read as they come. No step
 within the plan's bound (plan.json `watch`, vrun.planning.watch: the first step of an attempt gets the model load
 on top) is a stall. A stall is diagnosed at once — every node dumps the Python stack of every training process
-(vrun.launch.stacks), what nvidia-smi reports, NCCL's flight recorder where the run's environment turned it on
-(its dump pipes poked), and Ray's view of its nodes and actors — under <run dir>/stalls/<n>/, then summed up in one
-line (`stalled at step 312 for 41 min: 255 ranks in all_reduce, rank 133 on n17 in data loading → stalls/1/`)
-— or, where Ray's state API shows a phase of the step past its own bound (vrun.launch.phases), that phase named
-first (`stalled in weight sync for 6 min (plan 21–105 s, this run 48 s) …`) —
-recorded as a `stalled` event, which `status`, `runs` and the submitter show. stalls/ and each stall's dir are
-made only as the run dir's own plain dirs (never through a link, never outside it): where they cannot be, or a
+(vrun.launch.stacks), what nvidia-smi reports, every rank's flight-recorder dump (vrun.launch.flightrec: the stuck
+collective named with the ranks that never entered it, or why not) and Ray's view of its nodes and actors — under
+<run dir>/stalls/<n>/, then summed up in one line (`stalled at step 312 for 41 min: 255 ranks in all_reduce, rank
+133 on n17 in data loading; all_reduce #412 on pg 0 (8 MiB): ranks 0–132,134–255 in it, rank 133 never entered →
+stalls/1/`) — or, where Ray's state API shows a phase of the step past its own bound (vrun.launch.phases), that phase
+named first (`stalled in weight sync for 6 min (plan 21–105 s, this run 48 s) …`) — recorded as a `stalled` event,
+which `status`, `runs` and the submitter show. stalls/ and each stall's
+dir are made only as the run dir's own plain dirs (never through a link, never outside it): where they cannot be, or a
 dump fails, the stall is still recorded and acted on, the failure one line in the event (`dump_error`). Then
 run.on_stall: report only; or, once run.stall_grace_s more pass without a step, cancel (or submit again without the
 odd rank's node where the cluster can leave it out, then cancel). A step after the report records `unstalled` and
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from vrun.core import fs, writer
+from vrun.launch.flightrec import collect_nccl, nccl_env, poke_nccl  # noqa: F401 - the launchers' names
 from vrun.rundir import joblog
 
 POLL_S = 2.0
@@ -255,7 +257,7 @@ class Watchdog(threading.Thread):
         """Every node's stacks under stalls/<n>/ and one summary line, recorded as `stalled`. A dir that cannot be
         made or a dump that fails is one line in the event (`dump_error`): the stall is recorded and acted on.
         phase: the phase past its own bound (PhaseWatch.stalled), named first in the summary and the event."""
-        from vrun.launch import stacks
+        from vrun.launch import flightrec, stacks
 
         t0 = self.clock()
         step = self.progress.last_step
@@ -270,8 +272,11 @@ class Watchdog(threading.Thread):
                 self.collect(n, out)
             except Exception as e:  # noqa: BLE001 - the stall is still recorded and acted on
                 error = f"the dump failed: {_line(e)}"
+        found = {}
         if out is not None:
             summary, hosts = stacks.summarize(out, step, quiet), stacks.odd_hosts(out)
+            found = flightrec.named(out)
+            summary = flightrec.with_clause(summary, found)
         else:
             head = f"stalled at {'step ' + str(step) if step is not None else 'the first step'} for " \
                    f"{stacks.duration(quiet)}"
@@ -282,7 +287,7 @@ class Watchdog(threading.Thread):
         print(f"vrun: {summary}" + (f" ({error})" if error and out is not None else ""), flush=True)
         self.record("stalled", n=n, step=step, quiet_s=round(quiet, 1), summary=summary,
                     dir=str(out) if out is not None else None, odd_hosts=hosts, diagnosis_s=took,
-                    **({"dump_error": error} if error else {}),
+                    **found, **({"dump_error": error} if error else {}),
                     **({"phase": phase["phase"], "phase_bound_s": phase["bound"]} if phase is not None else {}))
         return {"n": n, "t": self.clock(), "summary": summary, "hosts": hosts}
 
@@ -327,42 +332,6 @@ def _line(e: BaseException) -> str:
     return (text[0] if text else type(e).__name__)[:300]
 
 
-def nccl_env(run_dir: str) -> dict:
-    """torch's NCCL flight recorder on, dumping under <run dir>/stalls/nccl/ on its own timeout and when a stall's
-    diagnosis writes to a rank's pipe (torch's ProcessGroupNCCL: TORCH_NCCL_TRACE_BUFFER_SIZE,
-    TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_NCCL_DEBUG_INFO_TEMP_FILE, TORCH_NCCL_DEBUG_INFO_PIPE_FILE)."""
-    prefix = str(Path(run_dir) / STALLS / "nccl" / "rank_")
-    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": prefix}
-
-
-def poke_nccl(run_dir: str) -> int:
-    """Ask every rank on this node for its flight-recorder dump (a byte into each `<prefix><rank>.pipe` a process
-    here holds open). Returns how many were poked."""
-    import stat as st_mod
-
-    base = Path(run_dir) / STALLS / "nccl"
-    n = 0
-    try:
-        pipes = [p for p in base.iterdir() if p.name.endswith(".pipe")]
-    except OSError:
-        return 0
-    for p in pipes:
-        try:
-            fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:  # no reader on this node (ENXIO), or gone
-            continue
-        try:
-            if st_mod.S_ISFIFO(os.fstat(fd).st_mode):
-                os.write(fd, b"1")
-                n += 1
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return n
-
-
 def ray_view(out: Path, address: Optional[str], env: dict, timeout_s: float = 30.0) -> None:
     """Ray's nodes and actors as its GCS knows them, into out/ray.json (a child process: never this one's Ray)."""
     import subprocess
@@ -391,25 +360,3 @@ def ray_view(out: Path, address: Optional[str], env: dict, timeout_s: float = 30
     except (OSError, subprocess.SubprocessError) as e:
         text = json.dumps({"unavailable": f"{type(e).__name__}: {e}"[:300]})
     writer.write_text(out / "ray.json", text + "\n", root=str(out.parent.parent))
-
-
-def collect_nccl(run_dir: str, out: Path, wait_s: float = 5.0) -> int:
-    """The flight-recorder dumps the ranks wrote (rank_<n>, beside their .pipe files) moved into out/nccl/."""
-    base = Path(run_dir) / STALLS / "nccl"
-    if not fs.is_dir(base):
-        return 0
-    time.sleep(wait_s)  # a poked rank writes its dump from its own watchdog thread
-    moved = 0
-    try:
-        dumps = [p for p in base.iterdir() if not p.name.endswith(".pipe") and fs.is_file(p)]
-    except OSError:
-        return 0
-    if dumps:
-        (out / "nccl").mkdir(exist_ok=True)
-    for p in dumps:
-        try:
-            os.replace(p, out / "nccl" / p.name)
-            moved += 1
-        except OSError:
-            pass
-    return moved

@@ -146,11 +146,12 @@ def one_line(idx: int, overrides, plan: Plan) -> str:
 
 
 def time_rows(plan: Plan) -> list[str]:
-    from vrun.planning import steptime_plan, watch as watching
+    from vrun.planning import recorder, steptime_plan, watch as watching
 
     rows = [f"step    no estimate: {plan.time_note}"] if plan.time is None else \
         [steptime_plan.time_line(plan.time, plan.cost)]
     rows.append(watching.line(watch(plan)))
+    rows.append(recorder.line(recorder.support(), str(plan.config.cluster.name)))
     return rows + list(plan.deadline_rows)
 
 

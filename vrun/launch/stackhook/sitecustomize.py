@@ -13,6 +13,8 @@ Python process of the run (the driver, Ray's workers, torchrun's ranks) imports 
 - does the same again in a forked child (its own file; a DataLoader worker is one);
 - under Yama's ptrace_scope 1, names the node process ($VRUN_STACK_TRACER, set by vrun.launch.environment) as
   this process's ptracer, so that py-spy, a child of the node process and not an ancestor of the ranks, may read it;
+- starts the flight-recorder listener (vrun_frdump, beside this file) where the run's environment names its dir:
+  a rank asked on a stall writes its recorder's dump, even while it is blocked in a gloo collective;
 - imports the next `sitecustomize` on sys.path (Megatron Lite's runtime patches every worker through one), as if
   this one were not there.
 
@@ -119,4 +121,10 @@ if os.environ.get("VRUN_STACKHOOK", "1") != "0" and sys.platform.startswith("lin
     except Exception:  # noqa: BLE001
         pass
     _name_ptracer()
+    try:
+        import vrun_frdump
+
+        vrun_frdump.start()
+    except Exception:  # noqa: BLE001
+        pass
 _chain()
