@@ -157,3 +157,34 @@ def test_status_and_runs_write_nothing_into_the_run_dir(run_dir, capsys):
         assert cli.main(argv) == 0
     capsys.readouterr()
     assert snapshot() == before
+
+
+def test_a_ray_jobs_start_is_stopped_after_attempts_without_progress(tmp_path, monkeypatch):
+    """cluster=ray: the job's entry (vrun.launch.entry.resume_problem, before verl starts) applies the rule as a SLURM
+    node does, so a resubmission by hand or by a stall's requeue is not started again after
+    cluster.no_progress_attempts attempts in a row ended without a newer whole checkpoint."""
+    import json
+
+    from conftest import record_json
+    from vrun.launch import entry
+    from vrun.rundir import records
+
+    d = tmp_path / "run"
+    d.mkdir()
+    data = record_json(d, mode="train", cluster="ray")
+    data["cluster_group"] = {**(data.get("cluster_group") or {}), "no_progress_attempts": 2}
+    (d / "plan.json").write_text(json.dumps(data))
+    (d / "verl_config.yaml").write_text(f"trainer:\n  default_local_dir: {d / 'checkpoints'}\n")
+    from vrun.rundir.checkpoints import CHECKED_ENV
+
+    monkeypatch.delenv(CHECKED_ENV, raising=False)
+    monkeypatch.setenv("VRUN_ATTEMPT", "1")
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.load(d / "verl_config.yaml")
+    assert entry.resume_problem(str(d / "verl_config.yaml"), config) == ""   # attempt 1 after one without a save
+    monkeypatch.setenv("VRUN_ATTEMPT", "2")
+    records.record(str(d), "resumed", attempt=0, step=None)  # an earlier attempt, as the entry recorded it
+    line = entry.resume_problem(str(d / "verl_config.yaml"), config)
+    assert line.startswith("vrun: 2 attempts in a row ended before step 20's checkpoint; stopped"), line
+    assert [e["event"] for e in records.events(str(d))][-1] == "stopped"

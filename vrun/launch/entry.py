@@ -47,7 +47,8 @@ def resume_problem(config_path: str, config) -> str:
     cluster=kuberay: the job starts here; a SLURM node and cluster=local set checkpoints.CHECKED_ENV): what verl
     will load is whole and this plan's, or the last whole step is made the one it loads, or none — each line said,
     and recorded as `resumed` in the run dir when it is reachable from here. Another plan's: its one line ("" when
-    it may go on)."""
+    it may go on). cluster.no_progress_attempts starts in a row that ended without a newer whole checkpoint (a
+    resubmission by hand or by a stall's requeue): recorded as `stopped`, its one line."""
     from pathlib import Path
 
     from omegaconf import OmegaConf
@@ -74,6 +75,15 @@ def resume_problem(config_path: str, config) -> str:
     from vrun.launch.raywatch import place
 
     where = place(here, record)  # the run dir when the job reaches it (this run's), else the job's own copy
+    from vrun.launch.slurm.node_checks import cluster_of
+    from vrun.rundir import no_progress  # restarts that make no progress stop here, as on a SLURM node
+
+    stop = no_progress.judge(rundir.events(where.dir), decision.step,
+                             cluster_of(record.cluster_group or {}).no_progress_attempts,
+                             no_progress.save_freq_of(record))
+    if stop is not None:
+        rundir.record(where.dir, "stopped", attempt=raywatch.attempt(), **stop.fields())
+        return f"vrun: {stop.line()}"
     rundir.record(where.dir, "resumed", attempt=raywatch.attempt(), **checkpoints.resumed_fields(decision))
     return ""
 
