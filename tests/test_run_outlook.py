@@ -74,11 +74,13 @@ def test_status_and_runs_show_the_step_eta_and_gpu_hours_of_a_real_run(tmp_path)
     assert done["outlook"]["projected_gpu_hours"] > done["outlook"]["spent_gpu_hours"] > 0
     assert done["checkpoint_step"] == 8
     assert " 8/20 " in vrun(env, "runs", str(run)).stdout
-    # the same run again: it resumes from global_step_8, where the stand-in has no step left, and exits 0
+    # the same run again: it resumes from global_step_8, where the stand-in has no step left, and exits 0; the
+    # runner says it trained nothing and exits 1
     again = train(env, run, cues, "run.resume=true")
     out = again.communicate(timeout=400)[0]
-    assert again.returncode == 0, out[-3000:]
+    assert again.returncode == 1, out[-3000:]
     assert "Resuming from" in out, out[-3000:]
+    assert "error: run=" in out and ": exited 0 after 0 steps (resumed from global_step_8" in out, out[-3000:]
     s = json.loads(vrun(env, "status", "--json", str(run)).stdout)
     assert s["state"] == "failed" and s["phase"].startswith("exited 0 after 0 steps (resumed from global_step_8 of 20")
     assert "failed   on " in vrun(env, "status", str(run)).stdout

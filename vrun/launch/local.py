@@ -76,7 +76,7 @@ def run_point(point, drawer=None) -> None:
         except PlanError as e:
             rundir.record(p.run_dir, "failed", attempt=0, node=0, error=str(e).splitlines()[0])
             raise
-        rc = train(p)
+        rc = train(p) or trained_nothing(p)
         if rc:
             sys.exit(rc)
     except PlanError as e:
@@ -84,6 +84,19 @@ def run_point(point, drawer=None) -> None:
     finally:
         if drawer is not None:
             drawer.close()
+
+
+def trained_nothing(plan: Plan) -> int:
+    """A run that exited 0 after resuming and printing no verl step past its checkpoint failed
+    (vrun.rundir.no_progress.zero_steps, as status reads it back): its line, and 1."""
+    from vrun.rundir import state
+
+    run = state.load(Path(plan.run_dir))
+    if run.attempts and run.attempts[-1].state == "failed" and run.attempts[-1].phase.startswith("exited 0 after 0"):
+        print(f"error: run={plan.run_dir}: {run.attempts[-1].phase}; fix: see why in the output above (python -m vrun "
+              f"status {plan.run_dir})", file=sys.stderr)
+        return 1
+    return 0
 
 
 def resume(plan: Plan) -> None:
