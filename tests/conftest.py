@@ -311,3 +311,16 @@ def pytest_sessionfinish(session, exitstatus):
               + ", ".join(x[3:] for x in left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
               + "; fix: write them under the test's tmp_path", file=sys.stderr)
         session.exitstatus = 1
+
+
+# The files that wait longest (real Ray clusters, stalls, restarts: minutes each, mostly waiting) go first, so that
+# pytest-xdist (--dist loadfile hands out whole files in collection order) starts them while the short files fill
+# the other process, instead of one of them ending the suite alone. Measured with --durations on two processes.
+LONG_FIRST = ("test_phase_watch.py", "test_ray_watch.py", "test_rayjobs.py", "test_run_outlook.py",
+              "test_watchdog.py", "test_stacks.py", "test_ray_no_progress.py", "test_flightrec.py", "test_handoff.py",
+              "test_ray_doors.py", "test_runs.py", "test_fuzz.py", "test_kuberay_kubectl.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))  # stable: the rest keep their order

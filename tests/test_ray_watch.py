@@ -129,6 +129,8 @@ def test_a_hung_rank_is_diagnosed_submitted_again_then_cancelled_at_the_cap(ray4
     wait(lambda: jobs(ray4)[second]["status"] == "FAILED", 60, "the second job to end")
     assert state[first]["status"] == "FAILED" and state[first]["driver_exit_code"] == 3
     assert "Resuming from" in logs(second) and "global_step_2" in logs(second)
+    time.sleep(5)  # the requeue submitted once: the second job's end is not a failed submission to try again
+    assert len([e for e in events(run) if e["event"] == "submitted"]) == 2, events(run)
     # verl's deadline reached the task runner: cluster.time_min (240) from the entry's start, less 120 + 60 s
     esi = json.loads((run / "standin_env.json").read_text())["esi"]
     assert esi is not None and t0 + 240 * 60 - 180 - 5 <= int(esi) <= time.time() + 240 * 60 - 180, esi

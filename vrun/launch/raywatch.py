@@ -312,8 +312,10 @@ def requeue(run_dir: str, driver_pid: int, summary: str, wait_s: float = REQUEUE
         time.sleep(0.5)
     tries = []
     while True:
-        p = subprocess.run([sys.executable, "-m", "vrun", "resubmit", run_dir], capture_output=True, text=True,
-                           timeout=300, errors="replace")
+        # detached: the submission's own outcome, not the new job's end (following it, a job that fails later
+        # would read as a failed submission and be submitted again)
+        p = subprocess.run([sys.executable, "-m", "vrun", "resubmit", run_dir, "--detach"], capture_output=True,
+                           text=True, timeout=300, errors="replace")
         tries.append((p.stdout + p.stderr).strip())
         if p.returncode == 0 or time.monotonic() >= end:
             break
