@@ -176,6 +176,9 @@ def test_a_hang_in_one_rank_is_diagnosed_and_requeued_without_its_node(shared):
     summary = s["stall"]["summary"]
     assert summary.startswith("stalled at step 4 for ") and "7 ranks in all_reduce" in summary, summary
     assert f"rank 5 on {odd} in data loading" in summary and summary.endswith("→ stalls/1/"), summary
+    # the stuck collective from every rank's flight-recorder dump (torch's gloo recorder), or why there is none
+    stalled = s["stall"]
+    assert ("collective" in stalled and "rank 5 never entered" in summary) or stalled.get("no_collective"), stalled
     stalls = d / "stalls" / "1"
     assert {p.stem for p in stalls.glob("*.json")} >= set(first["hosts"]), list(stalls.iterdir())
     text = vrun("status", str(d)).stdout
