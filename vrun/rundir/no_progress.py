@@ -139,14 +139,16 @@ def total_steps(plan) -> Optional[int]:
 # ------------------------------------------------------------------------------------------ a resume that does nothing
 def zero_steps(resumed_step: Optional[int], steps_seen: Iterable[int], console: bool,
                total: Optional[int]) -> Optional[str]:
-    """Why an attempt that exited 0 is a failure ("" / None: it is a completion). Pure."""
-    if not console:
+    """Why an attempt that exited 0 after resuming from a checkpoint is a failure (None: it is a completion; an
+    attempt that started from step 0 is not a resume: a trainer that prints no step line, a probe, is its own
+    judge). Pure."""
+    if not console or resumed_step is None:
         return None
     if total is not None and resumed_step is not None and resumed_step >= total:
         return None  # resumed at the run's last step: nothing was left to do
     if any(s > (resumed_step or 0) for s in steps_seen):
         return None
-    start = f"resumed from global_step_{resumed_step}" if resumed_step is not None else "started from step 0"
+    start = f"resumed from global_step_{resumed_step}"
     of = f" of {total:,}" if total is not None else ""
     return (f"exited 0 after 0 steps ({start}{of}, no verl step line after it): a resume that trains nothing is not a "
             "completion")
