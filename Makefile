@@ -15,7 +15,7 @@ PINS  ?=
 PYTEST_ARGS ?=
 # test files run on this many processes at once (pytest-xdist; a file's tests stay in one process); 1: one process
 JOBS ?= 2
-XDIST := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadfile,)
+XDIST := $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadfile --no-loadscope-reorder,)
 WANT  := $(TORCH) | $(VERL) | $(PINS)
 
 .PHONY: help setup run test lint bench clean

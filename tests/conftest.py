@@ -314,8 +314,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # The files that wait longest (real Ray clusters, stalls, restarts: minutes each, mostly waiting) go first, so that
-# pytest-xdist (--dist loadfile hands out whole files in collection order) starts them while the short files fill
-# the other process, instead of one of them ending the suite alone. Measured with --durations on two processes.
+# pytest-xdist starts them while the short files fill the other process, instead of one of them ending the suite
+# alone (make test: --dist loadfile --no-loadscope-reorder hands out whole files in this order; xdist's own order,
+# the files with the most tests first, put these one- and two-test files last). Chosen from --durations.
 LONG_FIRST = ("test_phase_watch.py", "test_ray_watch.py", "test_rayjobs.py", "test_run_outlook.py",
               "test_watchdog.py", "test_stacks.py", "test_ray_no_progress.py", "test_flightrec.py", "test_handoff.py",
               "test_ray_doors.py", "test_runs.py", "test_fuzz.py", "test_kuberay_kubectl.py")
