@@ -724,3 +724,20 @@ def test_the_watchdogs_requeue_becomes_a_cancel_once_max_requeues_stalls_in_a_ro
     acts = [e["action"] for e in records.events(str(run_dir)) if e["event"] == "stall_action"]
     assert acts[-2:] == ["requeue_failed", "cancelled"], acts
     assert "why" not in records.events(str(run_dir))[-1]
+
+
+def test_the_ray_heads_dashboard_takes_a_free_port_when_the_jobs_is_held():
+    """A SLURM node's Ray head asks for the job's dashboard port (vrun.launch.slurm.procs.ports) unless something
+    still listens there (a process a killed job left behind: no cgroups on every cluster), then a free one, which
+    node 0's watchdog asks (vrun.launch.slurm.node.start_watchdog reads Node.dashboard_port)."""
+    import socket
+
+    from vrun.launch.slurm.procs import free_port
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        other = free_port("127.0.0.1", port)
+        assert other != port and other > 0
+    assert free_port("127.0.0.1", port) == port  # free again once its holder is gone

@@ -80,6 +80,7 @@ class Node(NodeStall):
     failed: bool = False  # this node has recorded its failure
     served: set = field(default_factory=set)    # the stall dump requests this node has answered
     terminated: Optional[float] = None          # when SLURM's SIGTERM came (scancel, time limit, requeue)
+    dashboard_port: Optional[int] = None        # node 0: the port the Ray head's dashboard took (ray_node.ray_head)
 
     @classmethod
     def open(cls, job: Any, plan: PlanRecord, env: Any, t_start: float) -> "Node":
@@ -318,7 +319,8 @@ def start_watchdog(node: Node, ray_address: Optional[str] = None):
     from vrun.launch.phases import RayPhases
 
     host = ray_address.rsplit(":", 1)[0].strip("[]") if ray_address else ""
-    dash = f"http://{f'[{host}]' if ':' in host else host}:{node.ports['dashboard']}" if host else None
+    port = node.dashboard_port or node.ports["dashboard"]
+    dash = f"http://{f'[{host}]' if ':' in host else host}:{port}" if host else None
     dog = Watchdog(node.job.run_dir, Path(node.env.paths.stdout), node.plan.watch, record=node.record,
                    collect=lambda n, out: node.collect(n, out, ray_address), act=node.act, plan=node.plan,
                    phases=RayPhases(dash) if dash else None)

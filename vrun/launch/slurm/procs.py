@@ -19,6 +19,21 @@ def ports(job_id: str) -> dict:
             "runtime_env_agent": base + 8, "torch": base + 9, "min_worker": base + 100, "max_worker": base + 999}
 
 
+def free_port(host: str, wanted: int) -> int:
+    """`wanted` when nothing listens on it here, else a port the kernel gives (a process a killed job left behind may
+    still hold the job's block: no cgroups on every cluster)."""
+    import socket
+
+    for port in (wanted, 0):
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+                s.bind((host, port))
+                return s.getsockname()[1]
+        except OSError:
+            continue
+    return wanted
+
+
 def node_ip(interface: Optional[str] = None, host: Optional[str] = None) -> str:
     """This node's IPv4 address: on `interface` when given (several NICs), else the hostname's address."""
     if interface:

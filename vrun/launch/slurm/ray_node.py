@@ -18,7 +18,7 @@ from typing import Any, Optional
 from vrun.core.text import summarised
 from vrun.launch.slurm import nodegate
 from vrun.launch.slurm.node import Node, start_watchdog
-from vrun.launch.slurm.procs import exited, kill, node_ip, stop
+from vrun.launch.slurm.procs import exited, free_port, kill, node_ip, stop
 from vrun.rundir import records as rundir
 
 
@@ -63,9 +63,11 @@ def ray_head(node: Node) -> Any:
             return {"released": True}
         pt = node.ports
         address = f"{ray.ip}:{pt['gcs']}"
+        # the state API the watchdog asks which phase each worker is in: the job's port, else a free one
+        node.dashboard_port = free_port(ray.ip, pt["dashboard"])
         proc = ray.start(node, "--head", "--port", str(pt["gcs"]), "--ray-client-server-port", str(pt["client"]),
                          "--include-dashboard=true", "--dashboard-host", ray.ip, "--dashboard-port",
-                         str(pt["dashboard"]))  # the state API the watchdog asks which phase each worker is in
+                         str(node.dashboard_port))
         t0 = time.monotonic()
         node.publish("head", address)
         wait_for_nodes(node, address, proc, ray.extra, t0)
