@@ -214,6 +214,7 @@ def test_a_stall_without_an_analysis_says_why(tmp_path):
 
 # ------------------------------------------------------------------------------- a Ray job of the stand-in
 @pytest.mark.ray
+@pytest.mark.stack_free  # the project's watchdog and recorder on the stand-in: one CI leg, as test_phase_watch
 @SKIP_GLOO
 def test_a_ray_job_names_the_collective_a_rank_never_entered(tmp_path, ray4):
     """cluster=ray, 8 stand-in ranks on two Ray nodes in a gloo group, rank 5 cued to skip the all_reduce of step 3:

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import PY, ROOT, processes_of
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.stack_free]  # the project's outlook of a stand-in run: one CI leg
 
 ARGS = ["model=qwen3_5_35b", "mesh=8gpu", "mesh.nnodes=1", "mesh.gpus_per_node=4", "mesh.cp=4", "mesh.ep=4",
         "verl.actor_rollout_ref.rollout.tensor_model_parallel_size=4", "mode=train", "cluster=local",
