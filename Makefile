@@ -47,8 +47,10 @@ setup: ## create the venv (VENV, default .venv) with torch, VERL and the project
 run: setup ## plan the main job: GLM-5.1 GRPO on 256 GPUs (prints the plan; starts nothing)
 	$(PY) runner.py model=glm5_1 mesh=256gpu algo=grpo mode=plan
 
+# the suite starts ~500 Python processes: their bytecode is cached in the venv (never in the checkout), whatever
+# PYTHONDONTWRITEBYTECODE the shell has
 test: setup ## every test that needs no GPU (real verl, Hydra, Ray, torchrun; SLURM where reachable)
-	$(PY) -m pytest -q -rs -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX="$(abspath $(VENV))/pycache" $(PY) -m pytest -q -rs -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
 
 lint: setup ## repository conventions for conf/
 	$(PY) -m hooks.check_conventions

@@ -314,14 +314,67 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # The files that wait longest (real Ray clusters, stalls, restarts: minutes each, mostly waiting) go first, so that
-# pytest-xdist starts them while the short files fill the other process, instead of one of them ending the suite
+# pytest-xdist starts them while the short files fill the other processes, instead of one of them ending the suite
 # alone (make test: --dist loadfile --no-loadscope-reorder hands out whole files in this order; xdist's own order,
 # the files with the most tests first, put these one- and two-test files last). Chosen from --durations.
-LONG_FIRST = ("test_phase_watch.py", "test_ray_watch.py", "test_rayjobs.py", "test_run_outlook.py",
-              "test_watchdog.py", "test_stacks.py", "test_ray_no_progress.py", "test_flightrec.py", "test_handoff.py",
+LONG_FIRST = ("test_phase_watch.py", "test_flightrec.py", "test_ray_watch.py", "test_ray_no_progress.py",
+              "test_rayjobs.py", "test_run_outlook.py", "test_watchdog.py", "test_stacks.py", "test_handoff.py",
               "test_ray_doors.py", "test_runs.py", "test_fuzz.py", "test_kuberay_kubectl.py")
+
+# Files whose jobs take turns on one two-node Ray cluster (the session's `ray4`): pytest-xdist hands each pair to one
+# process as one unit, so the cluster starts once per pair instead of once per file; two pairs, so that the two
+# longest files still run side by side.
+ONE_CLUSTER = {"test_phase_watch.py": "ray4-a", "test_flightrec.py": "ray4-a",
+               "test_ray_watch.py": "ray4-b", "test_ray_no_progress.py": "ray4-b"}
 
 
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))  # stable: the rest keep their order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with each ONE_CLUSTER pair one unit (the files' tests in one process, one after the other)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            scope = super()._split_scope(nodeid)
+            return ONE_CLUSTER.get(scope.rsplit("/", 1)[-1], scope)
+
+    return Scheduling(config, log)
+
+
+@pytest.fixture(scope="session")
+def ray4(tmp_path_factory):
+    """http address of a real two-node Ray cluster started here: a head and a worker of 4 declared GPUs each, their
+    own temp dir and ports (tests/test_rayjobs.py's helpers); the jobs of the tests that use it run one after the
+    other; their pids are stopped at the session's end."""
+    from test_rayjobs import RAY, _get, node_flags, ports, stop, wait
+
+    tmp = tmp_path_factory.mktemp("ray4")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PATH=f"{Path(PY).parent}:{env['PATH']}",
+               PYTHONPATH=str(ROOT / "tests" / "support"), CUDA_VISIBLE_DEVICES="0,1,2,3")
+    gcs, dash, client, *rest = ports(12)
+    temp = Path("/tmp") / f"vw{os.getpid()}"
+    procs = [subprocess.Popen([RAY, "start", "--head", "--port", str(gcs), "--dashboard-port", str(dash),
+                               "--dashboard-host", "127.0.0.1", "--ray-client-server-port", str(client),
+                               "--include-dashboard=true", "--num-cpus", "1", "--num-gpus", "4",
+                               "--temp-dir", str(temp), *node_flags(rest[:7])], env=env, start_new_session=True,
+                              stdout=open(tmp / "head.log", "wb"), stderr=subprocess.STDOUT)]
+    url = f"http://127.0.0.1:{dash}"
+    try:
+        wait(lambda: _get(url, "/api/version"), 90, "the head's dashboard")
+        procs.append(subprocess.Popen([RAY, "start", "--address", f"127.0.0.1:{gcs}", "--num-cpus", "1",
+                                       "--num-gpus", "4", *node_flags(ports(7))], env=env, start_new_session=True,
+                                      stdout=open(tmp / "worker.log", "wb"), stderr=subprocess.STDOUT))
+        from vrun.launch import rayjobs
+
+        wait(lambda: len(rayjobs.read_shape(url, 5).nodes) == 2, 90, "the worker joining")
+        yield url
+    finally:
+        stop(procs)
+        subprocess.run(["rm", "-rf", str(temp)])

@@ -6,7 +6,7 @@ Real parts: a torch gloo group of 3 processes on this machine, started with the 
 2 skips the 4th all_reduce while ranks 0 and 1 block in it; the dumps are the ranks' own, written by the listener
 thread the hook starts while the rank is blocked in gloo, and the verdict is torch's analyser's
 (torch.distributed.flight_recorder). Then the same through a cluster=ray job of the stand-in trainer (a gloo group of
-Ray actors, rank 5 cued to skip the all_reduce) on a real two-node Ray cluster (tests/test_ray_watch.py's fixture):
+Ray actors, rank 5 cued to skip the all_reduce) on a real two-node Ray cluster (the session's ray4, tests/conftest.py):
 the `stalled` event names the collective and rank 5. The plan's environment and its `recorder` row are unit tests.
 """
 import json
@@ -20,7 +20,6 @@ import time
 import pytest
 
 from conftest import PY
-from test_ray_watch import ray4  # noqa: F401 - its two-node Ray cluster, started once for this module
 
 from vrun.planning import recorder
 

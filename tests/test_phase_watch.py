@@ -1,5 +1,5 @@
-"""Each phase watched against its own bound on a real two-node Ray cluster (cluster=ray; tests/test_ray_watch.py's
-cluster, started for this module): the stand-in trainer (tests/support/vrun_standin.py) runs each step's log-prob,
+"""Each phase watched against its own bound on a real two-node Ray cluster (cluster=ray; the session's ray4 in
+tests/conftest.py): the stand-in trainer (tests/support/vrun_standin.py) runs each step's log-prob,
 update and weight sync as rank actor methods named as verl's fused worker names them, so Ray's state API lists them
 as it lists verl's. Log-prob is cued at 5× its band for one step (recorded `slow`, shown by status and runs); then
 rank 5 never returns from the weight sync: the job's own watchdog reports `stalled in weight sync …` within that
@@ -12,14 +12,14 @@ import pytest
 
 from conftest import PY, ROOT, runner
 from test_handoff import grpo_env
-from test_ray_watch import events, ray4  # noqa: F401 - ray4 is a fixture (this module's own cluster)
+from test_ray_watch import events
 from test_rayjobs import wait
 from vrun.planning import phase_bounds as pb
 
 pytestmark = [pytest.mark.stack_free, pytest.mark.ray]
 
 
-def test_a_hung_weight_sync_is_named_within_its_bound_and_a_slow_phase_shown(ray4, tmp_path):  # noqa: F811
+def test_a_hung_weight_sync_is_named_within_its_bound_and_a_slow_phase_shown(ray4, tmp_path):
     env = dict(grpo_env(tmp_path), RAY_ADDRESS=ray4, VRUN_STATE_DIR=str(tmp_path / "state"))
     run = tmp_path / "run"
     proc = runner("model=qwen3_5_35b", "algo=grpo", "cluster=ray", "mesh=8gpu", "mesh.nnodes=2",

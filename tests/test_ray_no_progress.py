@@ -1,5 +1,5 @@
-"""Restarts that make no progress stop on cluster=ray: a real two-node Ray cluster (tests/test_ray_watch.py's), the
-stand-in trainer hanging rank 1 at step 2, before its first save, with run.on_stall=requeue and
+"""Restarts that make no progress stop on cluster=ray: a real two-node Ray cluster (the session's ray4 in tests/conftest.py),
+the stand-in trainer hanging rank 1 at step 2, before its first save, with run.on_stall=requeue and
 cluster.max_requeues=5. With cluster.no_progress_attempts=1 the stall's resubmission is not made: the job's own entry
 records `stopped` (`1 attempt ended before step 4's checkpoint; stopped`) and ends the job (FAILED, exit 3), and
 status says so. Only the processes started here are stopped (by their pids)."""
@@ -10,7 +10,7 @@ import pytest
 
 from conftest import PY, ROOT, runner
 from test_handoff import grpo_env
-from test_ray_watch import events, jobs, ray4  # noqa: F401 - ray4 is the cluster's fixture
+from test_ray_watch import events, jobs
 from test_rayjobs import wait
 
 pytestmark = [pytest.mark.stack_free, pytest.mark.ray]

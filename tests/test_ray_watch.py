@@ -1,55 +1,24 @@
-"""A cluster=ray job watched from its own entry, on a real two-node Ray cluster started here (a head and a worker,
-each declaring 4 GPUs, their own temp dir and ports; tests/test_rayjobs.py's helpers): the stand-in trainer
+"""A cluster=ray job watched from its own entry, on a real two-node Ray cluster (the session's ray4 in tests/conftest.py:
+a head and a worker, each declaring 4 GPUs, their own temp dir and ports): the stand-in trainer
 (tests/support/vrun_standin.py) steps in verl's console format, saves in verl's layout and hangs rank 5 in data
 loading on cue. The entry's watchdog reports the stall with the stacks of the job's processes on both nodes (py-spy
 in a task pinned to each node), names the rank and its node, submits the run again through `python -m vrun
 resubmit`, and at cluster.max_requeues cancels it; the job carried verl's deadline from cluster.time_min. Only the
 processes started here are stopped (by their pids)."""
 import json
-import os
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import PY, ROOT, runner
+from conftest import runner
 from test_handoff import grpo_env
-from test_rayjobs import RAY, _get, node_flags, ports, stop, wait
+from test_rayjobs import wait
 
 pytestmark = [pytest.mark.stack_free, pytest.mark.ray]
 
 STALL_S = 15
-
-
-@pytest.fixture(scope="module")
-def ray4(tmp_path_factory):
-    """http address of a head and a worker of 4 declared GPUs each; their pids are stopped at the end."""
-    tmp = tmp_path_factory.mktemp("raywatch")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PATH=f"{Path(PY).parent}:{env['PATH']}",
-               PYTHONPATH=str(ROOT / "tests" / "support"), CUDA_VISIBLE_DEVICES="0,1,2,3")
-    gcs, dash, client, *rest = ports(12)
-    temp = Path("/tmp") / f"vw{os.getpid()}"
-    procs = [subprocess.Popen([RAY, "start", "--head", "--port", str(gcs), "--dashboard-port", str(dash),
-                               "--dashboard-host", "127.0.0.1", "--ray-client-server-port", str(client),
-                               "--include-dashboard=true", "--num-cpus", "1", "--num-gpus", "4",
-                               "--temp-dir", str(temp), *node_flags(rest[:7])], env=env, start_new_session=True,
-                              stdout=open(tmp / "head.log", "wb"), stderr=subprocess.STDOUT)]
-    url = f"http://127.0.0.1:{dash}"
-    try:
-        wait(lambda: _get(url, "/api/version"), 90, "the head's dashboard")
-        procs.append(subprocess.Popen([RAY, "start", "--address", f"127.0.0.1:{gcs}", "--num-cpus", "1",
-                                       "--num-gpus", "4", *node_flags(ports(7))], env=env, start_new_session=True,
-                                      stdout=open(tmp / "worker.log", "wb"), stderr=subprocess.STDOUT))
-        from vrun.launch import rayjobs
-
-        wait(lambda: len(rayjobs.read_shape(url, 5).nodes) == 2, 90, "the worker joining")
-        yield url
-    finally:
-        stop(procs)
-        subprocess.run(["rm", "-rf", str(temp)])
 
 
 def events(run: Path) -> list:

@@ -64,22 +64,23 @@ def start_head(p: list, temp: Path, log: Path, gpus: int = 0) -> subprocess.Pope
 
 
 def stop(procs: list, sig=signal.SIGTERM) -> None:
-    """The process groups started here, by pid: TERM (or `sig`), then KILL after 5 s (a test cluster keeps nothing
-    worth a clean shutdown; `ray start --block` may take 30 s to end its children)."""
+    """The process groups started here, by pid: TERM (or `sig`), then KILL to what is left after 1 s (a test cluster
+    keeps nothing worth a clean shutdown; `ray start --block` may take 30 s to end its children, and every Ray
+    process of a node stays in its `ray start`'s group)."""
     for p in reversed(procs):
         try:
             os.killpg(p.pid, sig)
         except ProcessLookupError:
             pass
+    end = time.monotonic() + 1
+    while time.monotonic() < end and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
     for p in procs:
         try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(30)
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(30)
 
 
 def dashboard_pid(url: str) -> int:

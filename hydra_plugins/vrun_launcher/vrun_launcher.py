@@ -10,8 +10,7 @@ and checked; none composes or plans again.
   SlurmLauncher stored under the stock name, so the command users type resolves to it: one sbatch job per point,
   each with its own nodes, detached or waited on (vrun.launch.slurm.submit).
 
-The sweeper talks to them through PlannedLauncher: `prepare(n_points)` before planning, `point_problems(...)` per
-point before its plan, `launch_planned(sweep)` after every point passed. Hydra's own `launch(overrides)` would
+The sweeper talks to them through PlannedLauncher: `point_problems(...)` per point before its plan, `launch_planned(sweep)` after every point passed. Hydra's own `launch(overrides)` would
 compose each job again: refused.
 """
 from dataclasses import dataclass
@@ -52,9 +51,6 @@ class PlannedLauncher(Launcher):
         raise RuntimeError(f"{type(self).__name__} launches the points hydra/sweeper=vrun planned; it is not "
                            "driven by another sweeper (drop the hydra/sweeper override)")
 
-    def prepare(self, n_points: int) -> None:
-        """Called once the sweep is expanded, before any point is planned."""
-
     def point_problems(self, cfg: DictConfig, launcher: dict, hydra_overrides: list, sweep_dir: str,
                        run_dir: str, run_dir_key: str) -> tuple[list, dict]:
         """A composed point's problems that only this launcher knows (cfg still holds the point's hydra node), and
@@ -77,19 +73,17 @@ class VrunLocalConf:
 class VrunLocalLauncher(PlannedLauncher):
     cluster = "local"
 
-    def __init__(self) -> None:
-        self.drawer = None
-
-    def prepare(self, n_points: int) -> None:
-        if n_points == 1:  # a single run draws its plan (sweep points only when asked: python -m vrun show)
-            from vrun.planning.picture import Prerenderer
-
-            self.drawer = Prerenderer()
-
     def launch_planned(self, sweep: Any) -> Any:
         from vrun.launch import local
 
-        return local.launch(sweep, self.drawer)
+        # a single run draws its plan (sweep points only when asked: python -m vrun show); the drawing child starts
+        # once the plan is accepted, so a refused plan costs no matplotlib import
+        drawer = None
+        if sweep.single:
+            from vrun.planning.picture import Prerenderer
+
+            drawer = Prerenderer()
+        return local.launch(sweep, drawer)
 
 
 @dataclass

@@ -166,7 +166,6 @@ class PlanningSweeper(Sweeper):
         with open_dict(self.config):
             self.config.hydra.sweep.dir = str(Path(str(self.config.hydra.sweep.dir)).absolute())
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        self.launcher.prepare(len(points))
         self._bases, self._single, self._choices = {}, single, choices
         self._hydra_overrides, self._sweep_dir = hydra_overrides, sweep_dir
         try:

@@ -10,9 +10,9 @@ a sweep's overview: `point-<i>-memory`, `point-<i>-time`.
 The panels are drawn in vrun.planning.drawing (`render`, `render_overview`, `stage_memory`, `gpu_layout`: their
 names importable from here); this module names the files and draws a single run's picture in a child process.
 
-A single run's picture is drawn beside its plan (Prerenderer: a child process imports matplotlib while the plan is
-made and draws once plan.json is written; the plan does not wait for it, so plan.svg appears a moment after the
-plan printed its path); sweep points render only when asked (`python -m vrun show`, in the foreground).
+A single run's picture is drawn beside its plan (Prerenderer: a child process started once the plan is accepted
+imports matplotlib while the run dir is written and draws once plan.json is there; the plan does not wait for it, so
+plan.svg appears a moment after the plan printed its path; a refused plan starts none); sweep points render only when asked (`python -m vrun show`, in the foreground).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ HARD_S = 30
 
 
 class Prerenderer:
-    """A child process that imports matplotlib while the plan is made, then draws plan.json when given its path.
+    """A child process that imports matplotlib while the run dir is written, then draws plan.json when given its path.
     The plan does not wait for it: the child draws on after the plan has printed and exited (stdio to /dev/null, so
     no caller waits on its pipes), within its own bounds (import_s, draw_s). A drawing that fails, a matplotlib
     that does not import and one that hangs each leave PICTURE_FAILED beside plan.json with the reason;
