@@ -10,8 +10,9 @@ and checked; none composes or plans again.
   SlurmLauncher stored under the stock name, so the command users type resolves to it: one sbatch job per point,
   each with its own nodes, detached or waited on (vrun.launch.slurm.submit).
 
-The sweeper talks to them through PlannedLauncher: `point_problems(...)` per point before its plan, `launch_planned(sweep)` after every point passed. Hydra's own `launch(overrides)` would
-compose each job again: refused.
+The sweeper talks to them through PlannedLauncher: `point_problems(...)` per point before its plan,
+`launch_planned(sweep)` after every point passed. Hydra's own `launch(overrides)` would compose each job again:
+refused.
 """
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
