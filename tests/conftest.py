@@ -352,25 +352,16 @@ def ray4(tmp_path_factory):
     """http address of a real two-node Ray cluster started here: a head and a worker of 4 declared GPUs each, their
     own temp dir and ports (tests/test_rayjobs.py's helpers); the jobs of the tests that use it run one after the
     other; their pids are stopped at the session's end."""
-    from test_rayjobs import RAY, _get, node_flags, ports, stop, wait
+    from test_rayjobs import _get, ports, start_head, start_worker, stop, wait
 
     tmp = tmp_path_factory.mktemp("ray4")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PATH=f"{Path(PY).parent}:{env['PATH']}",
-               PYTHONPATH=str(ROOT / "tests" / "support"), CUDA_VISIBLE_DEVICES="0,1,2,3")
-    gcs, dash, client, *rest = ports(12)
+    p = ports(12)
     temp = Path("/tmp") / f"vw{os.getpid()}"
-    procs = [subprocess.Popen([RAY, "start", "--head", "--port", str(gcs), "--dashboard-port", str(dash),
-                               "--dashboard-host", "127.0.0.1", "--ray-client-server-port", str(client),
-                               "--include-dashboard=true", "--num-cpus", "1", "--num-gpus", "4",
-                               "--temp-dir", str(temp), *node_flags(rest[:7])], env=env, start_new_session=True,
-                              stdout=open(tmp / "head.log", "wb"), stderr=subprocess.STDOUT)]
-    url = f"http://127.0.0.1:{dash}"
+    procs = [start_head(p, temp, tmp / "head.log", gpus=4, cpus=1, h100=False)]
+    url = f"http://127.0.0.1:{p[1]}"
     try:
         wait(lambda: _get(url, "/api/version"), 90, "the head's dashboard")
-        procs.append(subprocess.Popen([RAY, "start", "--address", f"127.0.0.1:{gcs}", "--num-cpus", "1",
-                                       "--num-gpus", "4", *node_flags(ports(7))], env=env, start_new_session=True,
-                                      stdout=open(tmp / "worker.log", "wb"), stderr=subprocess.STDOUT))
+        procs.append(start_worker(p[0], tmp / "worker.log", cpus=1, gpus=4, h100=False))
         from vrun.launch import rayjobs
 
         wait(lambda: len(rayjobs.read_shape(url, 5).nodes) == 2, 90, "the worker joining")

@@ -6,7 +6,6 @@ summarised past a few items."""
 import dataclasses
 import json
 import os
-import sys
 import time
 import typing
 from pathlib import Path

@@ -5,7 +5,7 @@ import random
 import time
 
 import pytest
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from conftest import assert_a_fix, compose
 from vrun.checks import composed as check_composed

@@ -339,7 +339,7 @@ def test_site_sizes_for_the_pods(tmp_path):
     assert res["requests"] == {"cpu": 96, "memory": "64Gi"} and res["limits"]["memory"] == "64Gi"
     plan = json.loads((run / "plan.json").read_text())
     need = kuberay.pod_memory_gib(kuberay.host_gib_per_gpu(plan["memory"]), 8, False)
-    assert f"warning: cluster.mem_gb=64: each pod's memory limit" in proc.stdout + proc.stderr
+    assert "warning: cluster.mem_gb=64: each pod's memory limit" in proc.stdout + proc.stderr
     assert f"fix: cluster.mem_gb={need} " in proc.stdout + proc.stderr
 
 

@@ -150,7 +150,7 @@ def test_a_local_run_tees_its_output_to_job_log_and_learns(tmp_path, state_dir, 
 
 def test_a_slurm_run_is_read_from_its_first_nodes_stdout(tmp_path, state_dir, verl_lines, capsys):
     """On SLURM the measured steps come from submitit's stdout of node 0, found through slurm_job.json."""
-    p = planned_run(tmp_path)
+    planned_run(tmp_path)
     d = tmp_path / "r"
     logs = tmp_path / "sub" / "77"
     logs.mkdir(parents=True)

@@ -4,15 +4,13 @@ The real verl_mlite lives in a Megatron-LM checkout (not on PyPI): the drift tes
 VRUN_TEST_MLITE_ROOT) points at one and skip otherwise. The record is read, never imported as `verl_mlite`.
 """
 import ast
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import PY, ROOT, needs_real_mlite, plan, real_mlite_root, runner, verl_has, without_mlite
+from conftest import ROOT, needs_real_mlite, plan, real_mlite_root, runner, verl_has, without_mlite
 from vrun.compose import mlite
 from vrun.launch import preflight
 

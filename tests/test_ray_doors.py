@@ -4,7 +4,6 @@ instruction, `cancel` proves the job is the run's, a job the cluster forgot is `
 pasteable. The dashboard here is tests/fake_dashboard.py, which misbehaves on cue (dripping, silent, binary,
 malformed, huge, hostile text); the real cluster's side is tests/test_rayjobs.py."""
 import json
-import os
 import shlex
 import subprocess
 import time

@@ -43,24 +43,37 @@ def node_flags(p: list) -> list:
             "--runtime-env-agent-port", str(p[5]), "--min-worker-port", str(p[6]), "--max-worker-port", str(p[6] + 40)]
 
 
-def cluster_env() -> dict:
+def cluster_env(gpus: int = 8) -> dict:
+    """The environment of a test Ray node: no inherited RAY_ settings, this venv first on PATH, the stand-in packages
+    importable, `gpus` devices visible."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PATH=f"{Path(PY).parent}:{env['PATH']}",
-               PYTHONPATH=str(ROOT / "tests" / "support"), CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7")
+               PYTHONPATH=str(ROOT / "tests" / "support"), CUDA_VISIBLE_DEVICES=",".join(map(str, range(gpus))))
     return env
 
 
-def start_head(p: list, temp: Path, log: Path, gpus: int = 0) -> subprocess.Popen:
-    """`ray start --head` on the ports p (gcs, dashboard, client, then the node's seven) and its own temp dir;
-    gpus > 0: the head itself holds that many declared H100s (a one-node cluster)."""
-    gcs, dash, client, *rest = p
-    extra = ["--resources", json.dumps({"accelerator_type:H100": 1})] if gpus else []
-    return subprocess.Popen([RAY, "start", "--head", "--port", str(gcs), "--dashboard-port", str(dash),
-                             "--dashboard-host", "127.0.0.1", "--ray-client-server-port", str(client),
-                             "--include-dashboard=true", "--num-cpus", "2" if gpus else "1", "--num-gpus", str(gpus),
-                             *extra, "--temp-dir", str(temp), *node_flags(rest[:7])],
-                            env=cluster_env(), start_new_session=True, stdout=open(log, "ab"),
+def _ray_start(flags: list, log: Path, cpus: int, gpus: int, h100: bool) -> subprocess.Popen:
+    """One `ray start` (head or worker) in its own process group, its output appended to `log`; `h100`: the node
+    declares its accelerator type. It sees as many devices as it declares, eight when it declares none."""
+    extra = ["--resources", json.dumps({"accelerator_type:H100": 1})] if h100 else []
+    return subprocess.Popen([RAY, "start", *flags, "--num-cpus", str(cpus), "--num-gpus", str(gpus), *extra],
+                            env=cluster_env(gpus or 8), start_new_session=True, stdout=open(log, "ab"),
                             stderr=subprocess.STDOUT)
+
+
+def start_head(p: list, temp: Path, log: Path, gpus: int = 0, cpus: int = 0, h100: bool = True) -> subprocess.Popen:
+    """`ray start --head` on the ports p (gcs, dashboard, client, then the node's seven) and its own temp dir;
+    gpus > 0: the head itself holds that many declared GPUs (of type H100 unless h100=False); cpus: 2 with GPUs,
+    else 1, unless given."""
+    gcs, dash, client, *rest = p
+    return _ray_start(["--head", "--port", str(gcs), "--dashboard-port", str(dash), "--dashboard-host", "127.0.0.1",
+                       "--ray-client-server-port", str(client), "--include-dashboard=true", "--temp-dir", str(temp),
+                       *node_flags(rest[:7])], log, cpus or (2 if gpus else 1), gpus, h100 and gpus > 0)
+
+
+def start_worker(gcs: int, log: Path, cpus: int, gpus: int, h100: bool = True) -> subprocess.Popen:
+    """`ray start --address` joining the head at 127.0.0.1:gcs on seven fresh ports, holding `gpus` declared GPUs."""
+    return _ray_start(["--address", f"127.0.0.1:{gcs}", *node_flags(ports(7))], log, cpus, gpus, h100)
 
 
 def stop(procs: list, sig=signal.SIGTERM) -> None:
@@ -103,7 +116,6 @@ GCS: dict = {}  # the module cluster's GCS port (the address `ray start` prints 
 def ray_cluster(tmp_path_factory):
     """http address of a head (no GPUs) with one worker of 8 declared H100s; the pids are stopped at the end."""
     tmp = tmp_path_factory.mktemp("raycluster")
-    env = cluster_env()
     p = ports(12)
     temp = Path("/tmp") / f"vr{os.getpid()}"  # Ray's socket paths must stay short
     head = start_head(p, temp, tmp / "head.log")
@@ -113,11 +125,7 @@ def ray_cluster(tmp_path_factory):
     url = f"http://127.0.0.1:{dash}"
     try:
         wait(lambda: _get(url, "/api/version"), 90, "the head's dashboard")
-        worker_ports = ports(7)
-        procs.append(subprocess.Popen([RAY, "start", "--address", f"127.0.0.1:{gcs}", "--num-cpus", "2",
-                                       "--num-gpus", "8", "--resources", json.dumps({"accelerator_type:H100": 1}),
-                                       *node_flags(worker_ports)], env=env, start_new_session=True,
-                                      stdout=open(tmp / "worker.log", "wb"), stderr=subprocess.STDOUT))
+        procs.append(start_worker(gcs, tmp / "worker.log", cpus=2, gpus=8))
         from vrun.launch import rayjobs
 
         wait(lambda: len(rayjobs.read_shape(url, 5).nodes) == 2, 90, "the worker joining")

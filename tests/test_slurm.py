@@ -109,6 +109,15 @@ TWO_NODES = ["mesh=8gpu", "mesh.nnodes=2", "mesh.gpus_per_node=4", "cluster=slur
 OVERRUN = ["run.allow_memory_overrun=true"]
 
 
+def _logs(d) -> str:
+    """The tail of every log a run dir holds: what a failed assertion shows beside the submitter's output."""
+    out = []
+    for f in sorted(d.rglob("*")):
+        if f.is_file() and f.suffix in (".out", ".err", ".log", ".jsonl"):
+            out.append(f"\n--- {f.relative_to(d)}\n" + f.read_text(errors="replace")[-1500:])
+    return "".join(out)
+
+
 def only_dir(shared):
     (d,) = [p for p in (shared / "sweep").iterdir() if not p.name.startswith(".")]
     return d
@@ -122,6 +131,7 @@ def test_grpo_preflight_brings_up_ray_on_both_nodes(shared):
     proc = run(shared, "model=qwen3_5_35b", *TWO_NODES, "mode=preflight", "cluster.ray.join_timeout_s=120")
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     d = only_dir(shared)
+    assert (d / "preflight.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:] + _logs(d)
     report = json.loads((d / "preflight.json").read_text())
     assert sorted(n["host"] for n in report["nodes"]) == ["n0", "n1"]
     for host in ("n0", "n1"):

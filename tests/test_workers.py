@@ -26,16 +26,16 @@ def second(kept, total):
     return [(k, total, os.getpid()) for k in kept]
 
 
-def _kids() -> set:
-    """This process's children, running or not yet reaped (zombies), from /proc: a worker left behind is one."""
-    me, out = os.getpid(), set()
+def children(pid: int) -> set:
+    """The children of `pid`, running or not yet reaped (zombies), from /proc: a worker left behind is one."""
+    out = set()
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
                 stat = Path("/proc", d, "stat").read_text()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 out.add(int(d))
     return out
 
@@ -44,8 +44,8 @@ def _kids() -> set:
 def left():
     """The children this test left: none of them there before it (other tests' processes in this pytest process,
     a session's Ray cluster or a drawing child, are not this test's)."""
-    before = _kids()
-    return lambda: _kids() - before
+    before = children(os.getpid())
+    return lambda: children(os.getpid()) - before
 
 
 def test_parts_run_in_workers_and_come_back_in_order():
@@ -136,13 +136,6 @@ def test_worker_count_refuses_what_is_not_a_count(bad):
         workers.count(64, {"VRUN_PLAN_WORKERS": bad})
 
 
-def _children(pid: int) -> list:
-    try:
-        return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
-    except OSError:
-        return []
-
-
 @pytest.mark.parametrize("sig,whole_group", [(signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGINT, False),
                                              (signal.SIGHUP, False)])
 def test_a_signal_while_a_sweep_plans_stops_every_worker(tmp_path, sig, whole_group):
@@ -161,10 +154,10 @@ def test_a_signal_while_a_sweep_plans_stops_every_worker(tmp_path, sig, whole_gr
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not _children(proc.pid):
+        while not children(proc.pid):
             assert proc.poll() is None and time.monotonic() < deadline, "the runner never forked a worker"
             time.sleep(0.02)
-        kids = _children(proc.pid)
+        kids = children(proc.pid)
         time.sleep(0.3)  # the worker planning its part
         assert proc.poll() is None, "the sweep ended before the signal: give it more points"
         if whole_group:

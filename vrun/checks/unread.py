@@ -88,8 +88,8 @@ def cluster_problems(config) -> list[Problem]:
         for k in ("num_cpus", "num_gpus"):
             v = getattr(config.cluster.ray, k)
             if v is not None:
-                out.append(Problem(f"cluster.ray.{k}", v, f"Ray's resources for a fresh instance (cluster.ray.address="
-                                   f"local) or a SLURM job's nodes; this run joins a running cluster, whose nodes "
+                out.append(Problem(f"cluster.ray.{k}", v, "Ray's resources for a fresh instance (cluster.ray.address="
+                                   "local) or a SLURM job's nodes; this run joins a running cluster, whose nodes "
                                    "declare their own: read by nothing", f"drop cluster.ray.{k}, or "
                                    "cluster.ray.address=local", warning=True))
     return out
