@@ -131,7 +131,7 @@ def test_grpo_preflight_brings_up_ray_on_both_nodes(shared):
     proc = run(shared, "model=qwen3_5_35b", *TWO_NODES, "mode=preflight", "cluster.ray.join_timeout_s=120")
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     d = only_dir(shared)
-    assert (d / "preflight.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:] + _logs(d)
+    assert (d / "preflight.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:] + _logs(shared / "sweep")
     report = json.loads((d / "preflight.json").read_text())
     assert sorted(n["host"] for n in report["nodes"]) == ["n0", "n1"]
     for host in ("n0", "n1"):
