@@ -101,8 +101,15 @@ def test_a_drawing_that_fails_leaves_its_reason_and_show_draws_it_again(tmp_path
     reason = (d / picture.PICTURE_FAILED).read_text()
     assert reason.startswith("RunDirError: ") and "plan.json=not JSON" in reason, reason
     (d / "plan.json").write_text(good)
+    capsys.readouterr()
+    assert cli.main(["status", str(d)]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("picture ")]
+    assert line == [f"picture  not drawn: {reason.splitlines()[0]} (python -m vrun show {d} draws it)"], line
     assert cli.main(["show", str(d)]) == 0
     check_picture(d / "plan.svg", json.loads(good))
+    capsys.readouterr()
+    assert cli.main(["status", str(d)]) == 0
+    assert f"picture  {d / 'plan.svg'}" in capsys.readouterr().out.splitlines()
 
 
 def test_sweep_points_draw_nothing_until_shown(tmp_path, capsys):

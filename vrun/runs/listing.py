@@ -231,7 +231,20 @@ def cmd_status(a) -> int:
     if r.on_slurm:
         files = sorted({str(f[3].parent) for f in log_files(r)})
         print(f"logs     python -m vrun logs {r.dir}  ({summarised(files) or 'none yet'})")
+    print(_picture_line(r.dir))
     return 0
+
+
+def _picture_line(d: Path) -> str:
+    """Where the plan's picture is; else the verb that draws it and, where the drawing beside the plan failed, its
+    reason's first line (sweep points draw nothing until shown)."""
+    from vrun.planning.picture import PICTURE, PICTURE_FAILED
+
+    if fs.is_file(d / PICTURE):
+        return f"picture  {d / PICTURE}"
+    reason = (fs.read_small(d / PICTURE_FAILED, 1 << 16) or "").strip().splitlines()
+    why = f": {reason[0][:200]}" if reason else ""
+    return f"picture  not drawn{why} (python -m vrun show {d} draws it)"
 
 
 def _preflight_lines(r: state.Run) -> list:
