@@ -14,6 +14,7 @@ from typing import Optional
 
 from vrun.core import fs
 from vrun.core.text import summarised
+from vrun.core.units import clock
 
 
 # torch.distributed's collectives by their function names (distributed_c10d.py, _functional_collectives.py)
@@ -230,9 +231,5 @@ def summarize(out_dir: Path, step: Optional[int], stalled_for_s: float) -> str:
 
 
 def duration(s: float) -> str:
-    s = int(round(s))
-    if s < 120:
-        return f"{s} s"
-    if s < 7200:
-        return f"{s // 60} min"
-    return f"{s / 3600:.1f} h"
+    """How long a stall has lasted, in whole seconds as the watch says them."""
+    return clock(round(s))

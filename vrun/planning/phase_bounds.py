@@ -25,6 +25,7 @@ import math
 import statistics
 from typing import Optional
 
+from vrun.core.units import clock
 from vrun.rundir.record import PhaseBound
 
 PHASE_FACTOR = 3.0
@@ -131,19 +132,9 @@ def watch_line(bounds: dict) -> str:
     return ", ".join(parts)
 
 
-def clock_text(s: float) -> str:
-    """Seconds as the watch says them: `90 s`, `5 min`, `2.5 h`."""
-    s = float(s)
-    if s < 120:
-        return f"{s:g} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    return f"{s / 3600:.1f} h"
-
-
 def duration(s: float) -> str:
     """A measured or bounding time: whole seconds from 10 s on (`321 s` is `5 min`)."""
-    return clock_text(round(s) if s >= 10 else round(s, 1))
+    return clock(round(s) if s >= 10 else round(s, 1))
 
 
 def band_text(low: float, high: float) -> str:

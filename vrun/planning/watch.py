@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from vrun.core.units import clock
 from vrun.estimate.timelimit import SAVE_WRITE_RATE
 from vrun.planning import phase_bounds
 from vrun.rundir.record import WatchRecord
@@ -77,7 +78,7 @@ def line(w: WatchRecord) -> str:
 
 
 def _t(s: float) -> str:
-    return phase_bounds.clock_text(s)
+    return clock(s)
 
 
 HOOK = "the process's own dump on SIGURG (faulthandler, vrun/launch/stackhook)"

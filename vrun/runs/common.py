@@ -16,11 +16,3 @@ def one_run(path: str) -> state.Run:
     r = state.load(ps[0])
     state.refresh([r])
     return r
-
-
-
-def dur(s: float) -> str:
-    s = int(s)
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"

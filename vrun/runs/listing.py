@@ -10,10 +10,11 @@ from pathlib import Path
 
 from vrun.core import fs
 from vrun.core.text import summarised
+from vrun.core.units import elapsed
 from vrun.rundir import records as rundir
 from vrun.rundir import slowness, state
 from vrun.rundir.state import RunDirError
-from vrun.runs.common import Usage, dur as _dur, one_run
+from vrun.runs.common import Usage, one_run
 from vrun.runs.logs import log_files
 
 INDEX_LIMIT = 16 << 20  # bytes of the runs index read (its newest lines): ~150,000 runs
@@ -107,7 +108,7 @@ def cmd_runs(a) -> int:
         s = r.summary()
         rows.append((time.strftime("%m-%d %H:%M", time.localtime(r.when)) if r.when else "-", s["model"] or "?",
                      s["algo"] or "?", str(s["gpus"]), s["mode"] or "?", _short(state.describe(r)),
-                     r.job_id or "-", str(r.attempt) if r.on_slurm or r.on_ray else "-", _dur(r.elapsed_s) if r.elapsed_s else "-",
+                     r.job_id or "-", str(r.attempt) if r.on_slurm or r.on_ray else "-", elapsed(r.elapsed_s) if r.elapsed_s else "-",
                      _step(o), _eta(o, now), _gpu_h(r, o), _step_s(r, m),
                      str(s["checkpoint_step"]) if s["checkpoint_step"] is not None else "-", str(r.dir)))
     if not rows:
@@ -219,7 +220,7 @@ def cmd_status(a) -> int:
     if r.resumed:
         print(f"resumed  {r.resumed.get('line') or _resumed(r.resumed)}")
     if r.elapsed_s:
-        print(f"elapsed  {_dur(r.elapsed_s)}, {r.gpu_hours:.2f} GPU-hours")
+        print(f"elapsed  {elapsed(r.elapsed_s)}, {r.gpu_hours:.2f} GPU-hours")
     for line in [*measured.lines(r), *(outlook.lines(look) if r.plan.mode == "train" else []), *_preflight_lines(r)]:
         print(line)
     step = r.checkpoint_step()

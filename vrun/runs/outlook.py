@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from vrun.core.units import elapsed
 from vrun.rundir import joblog
 
 # clusters whose attempts end at a time limit (cluster.time_min): a SLURM job, a Ray job's entry, a RayJob's deadline
@@ -82,9 +83,9 @@ class Outlook:
             return head + ": the last step is done"
         tail = f", {left:,} to go at {_s(self.pace_s)} s/step ({self.pace_from})"
         if self.eta is not None:
-            tail += f": the last step ≈ {_clock(self.eta, now)} (in {_dur(self.eta - now)})"
+            tail += f": the last step ≈ {_clock(self.eta, now)} (in {elapsed(self.eta - now)})"
         elif self.remaining_s is not None:
-            tail += f": {_dur(self.remaining_s)} of training left"
+            tail += f": {elapsed(self.remaining_s)} of training left"
         return head + tail
 
     def cost_line(self) -> str:
@@ -97,7 +98,7 @@ class Outlook:
         if self.limit_step is None:
             return None
         if self.limit_left_s is not None:
-            return f"on this pace the last step ({self.total:,}) comes {_dur(self.limit_left_s)} before the time limit"
+            return f"on this pace the last step ({self.total:,}) comes {elapsed(self.limit_left_s)} before the time limit"
         of = f" of {self.total:,}" if self.total else ""
         save = f"; the last save before it at {self.limit_save:,}" if self.limit_save else \
             "; no periodic save before it (trainer.save_freq)" if self.limit_save is None else "; no save before it"
@@ -216,15 +217,6 @@ def _r(x: Optional[float], nd: int = 1) -> Optional[float]:
 
 def _s(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.0f}" if x >= 10 else f"{x:.1f}" if x >= 1 else f"{x:.2g}"
-
-
-def _dur(s: float) -> str:
-    s = int(max(s, 0))
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def _clock(t: float, now: float) -> str:
