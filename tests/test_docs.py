@@ -11,6 +11,8 @@ What counts as a command: in any fenced block, a line that starts with `python r
   session's run dir stand for it, RUN_B for a sweep planned beside it, FILE for a file in the tmp dir; exit 0, or 2
   with one line (a verb that refuses a planned run: logs, cancel, resubmit).
 - A synopsis's `[optional]` parts are left out, a pipe's right side too; `model=<name>` is `model=qwen3_5_35b`.
+- `127.0.0.1:8265`, in a command and its quoted output, is a port on this machine that the test holds bound and
+  not listening: the page shows a dashboard nobody runs, and a Ray cluster beside the tests must not answer it.
 - `make help` and `make run` as the Makefile runs them (`make run` is the plan of `runner.py`).
 What counts as quoted output: in a ```console block, the lines after a `$ ` command up to the next one; each must
 appear in the command's output, a `…` standing for any text (a line of `…` alone skips lines). Other blocks
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 import subprocess
 from pathlib import Path
 
@@ -173,6 +176,18 @@ def matches(quoted: list, printed: list) -> list:
 
 @pytest.mark.parametrize("page,cmd,quoted", ALL, ids=[f"{p.name}:{c[:60]}" for p, c, _ in ALL])
 def test_every_command_runs_as_the_page_says(page, cmd, quoted, tmp_path, planned):
+    with socket.socket() as closed:  # bound, never listening: a connection to it is refused
+        closed.bind(("127.0.0.1", 0))
+        here = f"127.0.0.1:{closed.getsockname()[1]}"
+        cmd = cmd.replace(NOBODY, here)
+        quoted = None if quoted is None else [q.replace(NOBODY, here) for q in quoted]
+        _runs_as_the_page_says(page, cmd, quoted, tmp_path, planned)
+
+
+NOBODY = "127.0.0.1:8265"  # the pages' dashboard address that nothing answers
+
+
+def _runs_as_the_page_says(page, cmd, quoted, tmp_path, planned):
     argv = as_run(cmd, tmp_path, planned)
     (tmp_path / "vrun-docs").mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("MLITE_ROOT",) and not k.endswith("MODEL_PATH")}
