@@ -121,8 +121,9 @@ class Dashboard:
         elif mode.startswith("http:"):
             status, data = int(mode.split(":")[1]), b"Traceback ...\nValueError: boom \x1b[2J"
         raw = data if isinstance(data, bytes) else json.dumps(data).encode()
-        if mode == "huge":
-            raw = b"[" + b" " * (65 << 20) + b"]"
+        if mode == "huge":  # 65 MiB of JSON: the status line at once, then the body a MiB at a time
+            self._huge(h, status)
+            return
         head = (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(raw)}\r\n"
                 "Connection: close\r\n\r\n").encode()
         if mode == "drip":
@@ -136,6 +137,20 @@ class Dashboard:
             return
         try:
             h.wfile.write(head + raw)
+        except OSError:
+            pass
+        h.close_connection = True
+
+    @staticmethod
+    def _huge(h, status: int, mib: int = 65) -> None:
+        chunk = b" " * (1 << 20)
+        try:
+            h.wfile.write((f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: "
+                           f"{2 + mib * len(chunk)}\r\nConnection: close\r\n\r\n[").encode())
+            h.wfile.flush()
+            for _ in range(mib):
+                h.wfile.write(chunk)
+            h.wfile.write(b"]")
         except OSError:
             pass
         h.close_connection = True
