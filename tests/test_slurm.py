@@ -110,7 +110,8 @@ OVERRUN = ["run.allow_memory_overrun=true"]
 
 
 def _logs(d) -> str:
-    """The tail of every log a run dir holds: what a failed assertion shows beside the submitter's output."""
+    """The tail of every log under d (a sweep dir: its runs' files and submitit's per-node logs): what a failed
+    assertion shows beside the submitter's output."""
     out = []
     for f in sorted(d.rglob("*")):
         if f.is_file() and f.suffix in (".out", ".err", ".log", ".jsonl"):
