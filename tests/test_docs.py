@@ -174,6 +174,9 @@ def matches(quoted: list, printed: list) -> list:
     return missing
 
 
+NOBODY = "127.0.0.1:8265"  # the pages' dashboard address that nothing answers
+
+
 @pytest.mark.parametrize("page,cmd,quoted", ALL, ids=[f"{p.name}:{c[:60]}" for p, c, _ in ALL])
 def test_every_command_runs_as_the_page_says(page, cmd, quoted, tmp_path, planned):
     with socket.socket() as closed:  # bound, never listening: a connection to it is refused
@@ -182,9 +185,6 @@ def test_every_command_runs_as_the_page_says(page, cmd, quoted, tmp_path, planne
         cmd = cmd.replace(NOBODY, here)
         quoted = None if quoted is None else [q.replace(NOBODY, here) for q in quoted]
         _runs_as_the_page_says(page, cmd, quoted, tmp_path, planned)
-
-
-NOBODY = "127.0.0.1:8265"  # the pages' dashboard address that nothing answers
 
 
 def _runs_as_the_page_says(page, cmd, quoted, tmp_path, planned):
